@@ -1,0 +1,45 @@
+"""Peer-outlier detection for LLM inference node groups: pure Python + numpy, no I/O.
+
+A node that has gone *gray* (PCIe link downgraded, thermally throttled, replaying ECC errors, swapping
+its KV cache) still answers its health checks; only its latency gives it away, and only relative to its
+peers serving the same model on the same hardware. This package turns per-request samples into
+per-node weights for a gateway, with an explanation for every decision.
+
+Modules, one concept each:
+
+- :mod:`detector.thresholds` — the validated per-group configuration
+- :mod:`detector.samples` — request samples, validation, the seed's signal formulas
+- :mod:`detector.costmodel` — the learned per-group cost model used to normalise latency
+- :mod:`detector.ewma` — vectorised EW mean/variance per node
+- :mod:`detector.window` — per-node sliding windows and percentiles
+- :mod:`detector.baseline` — peer baseline and Z-score (seed and robust)
+- :mod:`detector.tail` — P99/P50 ratio detector and cross-node P50
+- :mod:`detector.errors` — Envoy-style consecutive-error and success-rate ejection
+- :mod:`detector.states` — node states, allowed edges, transition records
+- :mod:`detector.group` — :class:`GroupDetector`, which composes the above
+- :mod:`detector.picking` — smooth weighted round-robin and power-of-two-choices
+"""
+
+from detector.group import SIGNALS, Evaluation, GroupDetector, IngestResult
+from detector.picking import PowerOfTwoChoices, SmoothWeightedRoundRobin
+from detector.samples import RejectReason, SampleBatch
+from detector.states import ALLOWED_EDGES, IllegalTransition, NodeState, Reason, Transition
+from detector.thresholds import ThresholdError, Thresholds
+
+__all__ = [
+    "ALLOWED_EDGES",
+    "SIGNALS",
+    "Evaluation",
+    "GroupDetector",
+    "IllegalTransition",
+    "IngestResult",
+    "NodeState",
+    "PowerOfTwoChoices",
+    "Reason",
+    "RejectReason",
+    "SampleBatch",
+    "SmoothWeightedRoundRobin",
+    "ThresholdError",
+    "Thresholds",
+    "Transition",
+]

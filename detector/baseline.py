@@ -1,0 +1,85 @@
+"""Peer baseline and Z-score of every node of a group.
+
+Two modes.
+
+``seed`` — seed 000 exactly: over the *eligible* nodes (not quarantined, more than 5 samples; at
+least 3 of them), the population mean and standard deviation of their EMAs, and
+``Z_i = (EMA_i - mean) / (std + 1e-6)``.
+
+That formula has two flaws, which is why it is not our default:
+
+1. **It cannot see an outlier in a small group.** The outlier is part of the mean and std it is
+   compared with. By Samuelson's inequality (1968), for any M values with population std,
+   ``(x_i - mean) / std <= sqrt(M - 1)``. So with M = 13 nodes, Z can never exceed sqrt(12) = 3.46 < 3.5:
+   the seed never quarantines anything in a group of fewer than 14 nodes, however slow, and never even
+   degrades (Z = 2) in a group of fewer than 5 — one node 10x slower among 13 gives exactly Z = 3.46.
+2. **It explodes in a uniform group.** With only ``+1e-6`` in the denominator, nodes that agree to
+   0.1% turn a 1% difference into Z ≈ 10 — a quarantine of a perfectly healthy node.
+
+``robust`` (default) — the baseline is the median of the eligible EMAs and the spread is
+``max(1.4826 * MAD, spread_floor * baseline)``:
+
+    Z_i = (EMA_i - median_j EMA_j) / max(1.4826 * median_j |EMA_j - median|, r * median)
+
+The median and MAD have a 50% breakdown point, so the slow node (or several) does not hide itself by
+inflating the spread; a slow node among 8 gets Z in the dozens. The relative floor ``r`` says "peers
+closer than r are the same": real fleets differ by 3-6% between healthy machines (Azure VM-noise
+data: sd(log latency) 0.03-0.19), so a 1% difference is never an outlier. The state machine adds a
+*materiality* floor on ``EMA / baseline`` on top (see :mod:`detector.group`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MAD_TO_SD = 1.4826
+SEED_MIN_SAMPLES = 5
+SEED_MIN_NODES = 3
+SEED_EPSILON = 1e-6
+
+
+@dataclass(frozen=True)
+class PeerBaseline:
+    """Result for one signal: per-node Z (NaN where not judged), the baseline and the spread."""
+
+    z: np.ndarray
+    baseline: float
+    spread: float
+    peers: int
+
+
+def _nan_result(n: int, peers: int) -> PeerBaseline:
+    return PeerBaseline(z=np.full(n, np.nan), baseline=float("nan"), spread=float("nan"), peers=peers)
+
+
+def seed_zscores(ema: np.ndarray, count: np.ndarray, quarantined: np.ndarray) -> PeerBaseline:
+    """Seed 000's population Z over non-quarantined nodes with more than 5 samples."""
+    eligible = ~quarantined & (count > SEED_MIN_SAMPLES)
+    peers = int(eligible.sum())
+    if peers < SEED_MIN_NODES:
+        return _nan_result(len(ema), peers)
+    mean = float(ema[eligible].mean())
+    std = float(ema[eligible].std())  # population std, as the seed
+    z = np.where(count > SEED_MIN_SAMPLES, (ema - mean) / (std + SEED_EPSILON), np.nan)
+    return PeerBaseline(z=z, baseline=mean, spread=std, peers=peers)
+
+
+def robust_zscores(
+    ema: np.ndarray, judged: np.ndarray, eligible: np.ndarray, *, min_peers: int, spread_floor: float
+) -> PeerBaseline:
+    """Median/MAD Z with a relative spread floor.
+
+    ``eligible``: nodes that form the baseline (healthy or degraded, warmed up, enough samples, fresh).
+    ``judged``: nodes that get a Z (enough samples, fresh) — includes nodes outside the baseline.
+    """
+    peers = int(eligible.sum())
+    if peers < min_peers:
+        return _nan_result(len(ema), peers)
+    values = ema[eligible]
+    baseline = float(np.median(values))
+    mad = float(np.median(np.abs(values - baseline)))
+    spread = max(MAD_TO_SD * mad, spread_floor * abs(baseline), 1e-12)
+    z = np.where(judged, (ema - baseline) / spread, np.nan)
+    return PeerBaseline(z=z, baseline=baseline, spread=spread, peers=peers)

@@ -1,0 +1,897 @@
+"""One model group's detector: samples in, weights and explained transitions out.
+
+:class:`GroupDetector` holds numpy arrays over the group's nodes and composes the small modules of
+this package:
+
+1. :meth:`GroupDetector.ingest` validates a :class:`~detector.samples.SampleBatch`, normalises each
+   request (learned cost model, :mod:`detector.costmodel`), and applies it in one vectorised step to
+   the per-node EW statistics (:mod:`detector.ewma`), the sliding windows (:mod:`detector.window`) and
+   the error counters (:mod:`detector.errors`).
+2. :meth:`GroupDetector.evaluate` (one tick) refits the cost model on healthy nodes, computes the peer
+   baseline and Z of every signal (:mod:`detector.baseline`), runs the tail and error detectors, moves
+   every node through the state machine (:mod:`detector.states`) under the group safeguard, and returns
+   an :class:`Evaluation` with weights, explanations and the canary probes that are due.
+
+Decision rules (robust mode; ``score`` is the node's largest Z over the signals ``norm``, ``prefill``,
+``decode``, and ``excess`` is that signal's ``EMA / baseline``):
+
+- degrade when ``score >= degrade_z`` and ``excess >= degrade_materiality``:
+  ``weight = base * 2^-(score - degrade_z)``, floored at ``min_weight_fraction * base``;
+- quarantine when ``score >= quarantine_z`` and ``excess >= quarantine_materiality`` for
+  ``quarantine_persistence`` consecutive samples — or the tail detector says *unhealthy*, the node's
+  P50 is over ``cross_p50_ratio`` x its peers', or the error detector ejects it;
+- safeguard: at most ``floor(max_quarantine_fraction * nodes)`` nodes out of service (and pending);
+  further candidates stay degraded at the floor weight and the group raises ``safeguard``;
+- canary: a quarantined node is probed after ``canary_interval_s * 2^(ejections-1)`` (capped), then
+  every ``canary_interval_s``; ``canary_passes`` probes in a row within
+  ``baseline + canary_tolerance_sigma * spread`` start a stepwise restore (``recovery_steps``);
+  a bad step sends it back to quarantine with a doubled interval.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from detector.baseline import PeerBaseline, robust_zscores, seed_zscores
+from detector.costmodel import CostModel, fit_cost_model
+from detector.errors import consecutive_error_runs, success_rate_outliers
+from detector.ewma import EwmaArrays
+from detector.samples import (
+    RejectReason,
+    SampleBatch,
+    classify_status,
+    decode_per_token,
+    prefill_per_token,
+    seed_norm,
+    validate,
+)
+from detector.states import (
+    BASELINE_STATES,
+    OUT_OF_SERVICE,
+    NodeState,
+    Reason,
+    Transition,
+    check_edge,
+)
+from detector.tail import TailStatus, cross_p50_slow, tail_step
+from detector.thresholds import Thresholds
+from detector.window import SlidingWindows
+
+SIGNALS: tuple[str, ...] = ("norm", "prefill", "decode")
+DEFAULT_BASE_WEIGHT = 100.0
+STATE_FORMAT_VERSION = 1
+
+S = NodeState
+_OUT = np.array(sorted(int(s) for s in OUT_OF_SERVICE))
+_BASELINE = np.array(sorted(int(s) for s in BASELINE_STATES))
+_ACTIVE = np.array([int(S.HEALTHY), int(S.DEGRADED)])
+
+# The thresholds shown with every transition (the ones that decide states).
+_EXPLAINED = (
+    "degrade_z",
+    "quarantine_z",
+    "quarantine_persistence",
+    "degrade_materiality",
+    "quarantine_materiality",
+    "spread_floor",
+    "tail_ratio",
+    "cross_p50_ratio",
+    "consecutive_errors",
+    "max_quarantine_fraction",
+    "canary_tolerance_sigma",
+)
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    accepted: int
+    rejected: list[tuple[int, RejectReason]]
+    unknown_nodes: list[str]
+    ignored: int = 0  # valid samples that carry neither latency nor error (4xx)
+
+
+@dataclass
+class Evaluation:
+    """The outcome of one tick for every node of the group (arrays aligned with ``nodes``)."""
+
+    at: float
+    nodes: tuple[str, ...]
+    states: np.ndarray
+    weights: np.ndarray
+    base_weights: np.ndarray
+    z: np.ndarray
+    z_by_signal: dict[str, np.ndarray]
+    ema: dict[str, np.ndarray]
+    baseline: dict[str, float]
+    spread: dict[str, float]
+    p50: np.ndarray
+    p99: np.ndarray
+    counts: np.ndarray
+    transitions: list[Transition] = field(default_factory=list)
+    safeguard: bool = False
+    safeguard_reason: str | None = None
+    fallback: bool = False
+    fallback_reason: str | None = None
+    probes_due: list[str] = field(default_factory=list)
+
+    def index(self, node: str) -> int:
+        return self.nodes.index(node)
+
+    def row(self, node: str) -> dict[str, Any]:
+        """JSON-able summary of one node (NaN -> None)."""
+        i = self.index(node)
+
+        def num(v: float) -> float | None:
+            v = float(v)
+            return None if math.isnan(v) else v
+
+        return {
+            "node": node,
+            "state": NodeState(int(self.states[i])).label,
+            "weight": float(self.weights[i]),
+            "base_weight": float(self.base_weights[i]),
+            "z": num(self.z[i]),
+            "z_by_signal": {s: num(v[i]) for s, v in self.z_by_signal.items()},
+            "ema": {s: num(v[i]) for s, v in self.ema.items()},
+            "p50": num(self.p50[i]),
+            "p99": num(self.p99[i]),
+            "samples": int(self.counts[i]),
+        }
+
+
+def _nan_max(stack: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row-wise max over signals ignoring NaN, and which signal gave it (-1 when all NaN)."""
+    filled = np.where(np.isnan(stack), -np.inf, stack)
+    arg = filled.argmax(axis=0)
+    best = filled[arg, np.arange(stack.shape[1])]
+    has = np.isfinite(best)
+    return np.where(has, best, np.nan), np.where(has, arg, -1)
+
+
+class GroupDetector:
+    """Peer-outlier detector for one model group (see the module docstring for the rules)."""
+
+    def __init__(
+        self,
+        thresholds: Thresholds | None = None,
+        nodes: Sequence[str] = (),
+        base_weights: Sequence[float] | None = None,
+        *,
+        now: float = 0.0,
+        warm: bool = True,
+    ) -> None:
+        """``warm=True`` (default) treats the initial nodes as already in service (no warm-up ramp):
+        a control plane that starts against a running fleet must not slow-start all of it."""
+        self.thresholds = thresholds or Thresholds()
+        self.node_ids: list[str] = []
+        self._index: dict[str, int] = {}
+        self._init_arrays(0)
+        self._fit_norm: CostModel | None = None
+        self._fit_prefill: CostModel | None = None
+        self._res = {k: np.zeros(self.thresholds.cost_model_reservoir) for k in ("p", "c", "t", "f")}
+        self._res_pos = 0
+        self._res_filled = 0
+        self._last_tail_at = now
+        self._interval_started = now
+        self._last: dict[str, float] = {}
+        self._pending: list[Transition] = []
+        self.rejected_total: dict[str, int] = {}
+        self.accepted_total = 0
+        for i, node in enumerate(nodes):
+            bw = DEFAULT_BASE_WEIGHT if base_weights is None else float(base_weights[i])
+            self.add_node(node, base_weight=bw, now=now, warm=warm)
+
+    # ---------------------------------------------------------------------------------- membership
+    def _init_arrays(self, n: int) -> None:
+        t = self.thresholds
+        self.ewma = {s: EwmaArrays(n, t.ema_alpha) for s in SIGNALS}
+        self.window = SlidingWindows(n, t.window_size)
+        self.a: dict[str, np.ndarray] = {name: np.zeros(n, dtype=dt) for name, dt in _NODE_ARRAYS.items()}
+        for name in _NAN_ARRAYS:
+            self.a[name][:] = np.nan
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(self.node_ids)
+
+    def __len__(self) -> int:
+        return len(self.node_ids)
+
+    def index_of(self, node: str) -> int:
+        try:
+            return self._index[node]
+        except KeyError:
+            raise KeyError(f"unknown node {node!r} in this group") from None
+
+    def add_node(self, node: str, *, base_weight: float = DEFAULT_BASE_WEIGHT, now: float, warm: bool = False) -> None:
+        """Add a node. New nodes start ``WARMING`` (slow start, not judged) unless ``warm``."""
+        if node in self._index:
+            raise ValueError(f"node {node!r} is already in the group")
+        if not base_weight > 0:
+            raise ValueError(f"base_weight must be > 0, got {base_weight!r}")
+        self._index[node] = len(self.node_ids)
+        self.node_ids.append(node)
+        for e in self.ewma.values():
+            e.append(1)
+        self.window.append(1)
+        for name, arr in self.a.items():
+            fill = np.nan if name in _NAN_ARRAYS else 0
+            self.a[name] = np.concatenate([arr, np.array([fill], dtype=arr.dtype)])
+        i = len(self.node_ids) - 1
+        self.a["base"][i] = base_weight
+        self.a["state"][i] = S.HEALTHY if warm or self.thresholds.warmup_samples == 0 else S.WARMING
+        self.a["joined"][i] = now
+        self.a["healthy_since"][i] = now
+
+    def remove_node(self, node: str) -> None:
+        i = self.index_of(node)
+        del self.node_ids[i]
+        self._index = {n: k for k, n in enumerate(self.node_ids)}
+        for e in self.ewma.values():
+            e.delete(i)
+        self.window.delete(i)
+        for name in self.a:
+            self.a[name] = np.delete(self.a[name], i)
+
+    def state_of(self, node: str) -> NodeState:
+        return NodeState(int(self.a["state"][self.index_of(node)]))
+
+    # ----------------------------------------------------------------------------------- ingestion
+    def ingest(self, batch: SampleBatch) -> IngestResult:
+        """Validate and apply a batch. Invalid samples and samples of unknown nodes are reported, not
+        applied; every sample is accounted for in the result."""
+        valid, rejected = validate(batch)
+        idx = np.array([self._index.get(n, -1) for n in batch.node], dtype=np.int64)
+        unknown_mask = valid & (idx < 0)
+        unknown = sorted({str(n) for n in batch.node[unknown_mask]})
+        rejected += [(int(i), RejectReason.UNKNOWN_NODE) for i in np.flatnonzero(unknown_mask)]
+        rejected.sort()
+        for _, reason in rejected:
+            if reason is not RejectReason.UNKNOWN_NODE:
+                self.rejected_total[reason.value] = self.rejected_total.get(reason.value, 0) + 1
+        keep = valid & (idx >= 0)
+        if not keep.any():
+            return IngestResult(0, rejected, unknown)
+        b = batch.take(keep)
+        node = idx[keep]
+        order = np.argsort(b.ts, kind="stable")  # time order within each node
+        b, node = b.take(order), node[order]
+        is_latency, is_error = classify_status(b.status)
+        counted = is_latency | is_error
+        n = len(self.node_ids)
+        a = self.a
+
+        a["consec_err"] = consecutive_error_runs(a["consec_err"], node[counted], is_error[counted])
+        a["int_requests"] += np.bincount(node[counted], minlength=n)
+        a["int_success"] += np.bincount(node[counted & ~is_error], minlength=n)
+        last = np.full(n, -np.inf)
+        np.maximum.at(last, node, b.ts)
+        a["last_seen"] = np.fmax(a["last_seen"], np.where(np.isfinite(last), last, np.nan))
+
+        lat = b.take(is_latency)
+        lat_node = node[is_latency]
+        state = a["state"][lat_node]
+        self._reservoir_add(lat.take(state == S.HEALTHY))
+        if self._fit_norm is None and self._res_filled >= self.thresholds.cost_model_min_samples:
+            self._refit()
+        # Warming nodes are counted (slow start), not learned from: their first requests are
+        # 5-10x slower by design (CUDA init, weight loading) and must not be judged.
+        per_node = np.bincount(lat_node, minlength=n)
+        a["warm_samples"] += np.where(a["state"] == S.WARMING, per_node, 0)
+        learn = state != S.WARMING
+        signals = self._signals(lat.take(learn))
+        learn_node = lat_node[learn]
+        for s, x in signals.items():
+            ok = np.isfinite(x)
+            self.ewma[s].update(learn_node[ok], x[ok])
+            if s == "norm":
+                self.window.add(learn_node[ok], x[ok].astype(np.float32))
+        a["new_samples"] += np.bincount(learn_node, minlength=n)
+        accepted = int(keep.sum())
+        self.accepted_total += accepted
+        return IngestResult(accepted, rejected, unknown, ignored=int((~counted).sum()))
+
+    def _signals(self, b: SampleBatch) -> dict[str, np.ndarray]:
+        """Per-request signals. ``norm`` is NaN until the cost model is fitted (learned mode)."""
+        t = self.thresholds
+        if t.normalization == "seed":
+            return {"norm": seed_norm(b, t.seed_prompt_weight), "prefill": prefill_per_token(b), "decode": decode_per_token(b)}
+        norm = np.full(len(b), np.nan)
+        if self._fit_norm is not None:
+            pred = self._fit_norm.predict(np.column_stack([b.prompt_tokens, b.completion_tokens]))
+            norm = b.total_ms / np.maximum(pred, 1e-6)
+        prefill = np.full(len(b), np.nan)
+        if self._fit_prefill is not None:
+            pred = self._fit_prefill.predict(b.prompt_tokens[:, None])
+            prefill = b.ttft_ms / np.maximum(pred, 1e-6)
+        return {"norm": norm, "prefill": prefill, "decode": decode_per_token(b)}
+
+    def _reservoir_add(self, b: SampleBatch) -> None:
+        cap = len(self._res["p"])
+        k = len(b)
+        if k == 0:
+            return
+        if k > cap:
+            b = b.take(np.arange(k - cap, k))
+            k = cap
+        slots = (self._res_pos + np.arange(k)) % cap
+        self._res["p"][slots] = b.prompt_tokens
+        self._res["c"][slots] = b.completion_tokens
+        self._res["t"][slots] = b.total_ms
+        self._res["f"][slots] = b.ttft_ms
+        self._res_pos = int((self._res_pos + k) % cap)
+        self._res_filled = int(min(self._res_filled + k, cap))
+
+    def _refit(self, now: float | None = None) -> None:
+        if self._res_filled < self.thresholds.cost_model_min_samples:
+            return
+        if now is not None:
+            if now - self._last.get("fit_at", -math.inf) < self.thresholds.cost_model_refit_s:
+                return
+            self._last["fit_at"] = now
+        m = self._res_filled
+        p, c, t, f = (self._res[k][:m] for k in ("p", "c", "t", "f"))
+        fit = fit_cost_model(np.column_stack([p, c]), t, start=self._fit_norm)
+        if fit is not None:
+            self._fit_norm = fit
+        has_ttft = np.isfinite(f)
+        if has_ttft.sum() >= self.thresholds.cost_model_min_samples:
+            fit_p = fit_cost_model(p[has_ttft][:, None], f[has_ttft], start=self._fit_prefill)
+            if fit_p is not None:
+                self._fit_prefill = fit_p
+
+    @property
+    def cost_model(self) -> CostModel | None:
+        """The fitted total-latency model (coefficients: ms/prompt token, ms/output token, ms)."""
+        return self._fit_norm
+
+    # ---------------------------------------------------------------------------------- evaluation
+    def evaluate(self, now: float) -> Evaluation:
+        """One tick: decide every node's state and weight at time ``now`` (epoch seconds)."""
+        t = self.thresholds
+        a = self.a
+        n = len(self.node_ids)
+        self._refit(now)
+        moves: list[tuple[int, NodeState, NodeState, Reason, str]] = []
+        moved = np.zeros(n, dtype=bool)
+
+        def move(mask: np.ndarray, to: NodeState, reason: Reason, detail: str = "") -> None:
+            # One record per edge taken: a node may take two edges in one tick (expiry, then probe).
+            mask = mask & (a["state"] != to)
+            for i in np.flatnonzero(mask):
+                moves.append((int(i), NodeState(int(a["state"][i])), to, reason, detail))
+            a["state"][mask] = to
+            moved[mask] = True
+
+        # Overrides that expired.
+        expired = np.isfinite(a["override_until"]) & (a["override_until"] <= now)
+        fq = expired & (a["state"] == S.FORCED_QUARANTINE)
+        if fq.any():
+            # Back under the detector's control, which may only hold nodes out within the cap.
+            cap = math.floor(t.max_quarantine_fraction * n + 1e-9)
+            held = int(np.isin(a["state"], _OUT).sum() + (a["state"] == S.PENDING_APPROVAL).sum())
+            held -= int((a["state"] == S.FORCED_QUARANTINE).sum())
+            keep = np.flatnonzero(fq)[: max(cap - held, 0)]
+            stay = np.zeros(n, dtype=bool)
+            stay[keep] = True
+            a["next_probe"][stay] = now
+            move(stay, S.QUARANTINED, Reason.OVERRIDE_EXPIRED, "override expired: probing before restore")
+            a["healthy_since"][fq & ~stay] = now
+            move(fq & ~stay, S.HEALTHY, Reason.OVERRIDE_EXPIRED, "override expired; safeguard cap full")
+        move(expired & (a["state"] == S.FORCED_ACTIVE), S.HEALTHY, Reason.OVERRIDE_EXPIRED)
+        a["override_until"][expired] = np.nan
+        pin_expired = np.isfinite(a["pin_until"]) & (a["pin_until"] <= now)
+        a["pin"][pin_expired] = np.nan
+        a["pin_until"][pin_expired] = np.nan
+
+        # Warm-up done.
+        warmed = (a["state"] == S.WARMING) & (a["warm_samples"] >= t.warmup_samples)
+        a["healthy_since"][warmed] = now
+        move(warmed, S.HEALTHY, Reason.WARMED_UP)
+
+        # Per-signal peer baseline and Z.
+        state = a["state"]
+        fresh = np.isfinite(a["last_seen"]) & (a["last_seen"] >= now - t.stale_after_s)
+        out = np.isin(state, _OUT)
+        z_rows, ema_rows, base_d, spread_d = [], [], {}, {}
+        for s in SIGNALS:
+            e = self.ewma[s]
+            if t.baseline_mode == "seed":
+                pb = seed_zscores(e.mean, e.count, out)
+            else:
+                judged = fresh & (e.count > t.min_samples) & ~out & (state != S.WARMING)
+                judged &= ~np.isin(state, [S.FORCED_ACTIVE, S.FORCED_QUARANTINE])
+                eligible = judged & np.isin(state, _BASELINE)
+                pb = robust_zscores(e.mean, judged, eligible, min_peers=t.min_peers, spread_floor=t.spread_floor)
+            z_rows.append(pb.z)
+            ema_rows.append(np.where(e.count > 0, e.mean, np.nan))
+            base_d[s], spread_d[s] = pb.baseline, pb.spread
+            self._last[f"baseline:{s}"] = pb.baseline
+            self._last[f"spread:{s}"] = pb.spread
+        z_stack = np.vstack(z_rows) if n else np.zeros((len(SIGNALS), 0))
+        score, which = _nan_max(z_stack)
+        base_arr = np.array([base_d[s] for s in SIGNALS])
+        ema_stack = np.vstack(ema_rows) if n else np.zeros((len(SIGNALS), 0))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            excess = np.where(which >= 0, ema_stack[np.maximum(which, 0), np.arange(n)] / base_arr[np.maximum(which, 0)], np.nan)
+        if t.baseline_mode == "seed":
+            excess = np.where(np.isnan(excess), np.nan, np.inf)  # the seed has no materiality floor
+        judged_any = np.isfinite(score)
+
+        # Tail ratio and cross-node P50, once per window.
+        if now - self._last_tail_at >= t.tail_window_s:
+            self._last_tail_at = now
+            q = self.window.percentiles((50.0, 99.0))
+            a["p50"], a["p99"] = q[0], q[1]
+            a["tail"], a["tail_windows"] = tail_step(
+                a["tail"], a["tail_windows"], q[0], q[1], self.window.filled,
+                min_samples=t.tail_min_samples, ratio=t.tail_ratio, windows=t.tail_windows,
+            )
+            enough = self.window.filled >= t.tail_min_samples
+            peers = np.isin(state, _BASELINE) & fresh
+            a["cross_slow"] = cross_p50_slow(q[0], peers, enough, factor=t.cross_p50_ratio).astype(np.int8)
+        tail_bad = a["tail"] == TailStatus.UNHEALTHY
+        cross_bad = a["cross_slow"].astype(bool)
+
+        # Errors.
+        err_eject = a["consec_err"] >= t.consecutive_errors
+        sr_bad = np.zeros(n, dtype=bool)
+        if now - self._interval_started >= t.error_interval_s:
+            sr_bad = success_rate_outliers(
+                a["int_requests"], a["int_success"], min_hosts=t.success_rate_min_hosts,
+                min_requests=t.success_rate_min_requests, stdev_factor=t.success_rate_stdev,
+            )
+            a["int_requests"][:] = 0
+            a["int_success"][:] = 0
+            self._interval_started = now
+
+        # Z persistence: samples in a row at or above the quarantine line.
+        over_q = judged_any & (score >= t.quarantine_z) & (excess >= t.quarantine_materiality)
+        a["over_q"] = np.where(over_q, a["over_q"] + a["new_samples"], 0)
+        z_sustained = a["over_q"] >= t.quarantine_persistence
+        over_d = judged_any & (score >= t.degrade_z) & (excess >= t.degrade_materiality)
+        # Leaving DEGRADED needs a clear margin (hysteresis), or the node flaps at the line.
+        still_d = judged_any & (score >= t.degrade_z - t.degrade_hysteresis) & (
+            excess >= 1.0 + (t.degrade_materiality - 1.0) / 2
+        )
+
+        # Candidates for leaving service, by cause (errors first: they are unambiguous).
+        active = np.isin(a["state"], _ACTIVE)
+        cause = np.full(n, -1, dtype=np.int8)
+        causes = [
+            (err_eject, Reason.CONSECUTIVE_ERRORS),
+            (sr_bad, Reason.SUCCESS_RATE),
+            (z_sustained, Reason.Z_QUARANTINE),
+            (tail_bad, Reason.TAIL_RATIO),
+            (cross_bad, Reason.CROSS_P50),
+        ]
+        for k, (mask, _) in enumerate(causes):
+            cause[(cause < 0) & mask] = k
+        want = active & (cause >= 0)
+
+        # Safeguard: never more than max_quarantine_fraction of the group out (or pending).
+        cap = math.floor(t.max_quarantine_fraction * n + 1e-9)
+        held = int(np.isin(a["state"], _OUT).sum() + (a["state"] == S.PENDING_APPROVAL).sum())
+        slots = max(cap - held, 0)
+        cand = np.flatnonzero(want)
+        rank_key = np.where(cause[cand] <= 1, np.inf, np.nan_to_num(score[cand], nan=0.0))
+        cand = cand[np.argsort(-rank_key, kind="stable")]
+        allowed, blocked = cand[:slots], cand[slots:]
+        safeguard_reason = None
+        if len(blocked):
+            safeguard_reason = (
+                f"detector wants {len(cand)} more node(s) out of service, but {held} of {n} already are "
+                f"and the cap is {cap} ({t.max_quarantine_fraction:.0%}); holding "
+                f"{len(blocked)} node(s) at the floor weight: a group-wide slowdown is not a node fault"
+            )
+        for i in allowed:
+            reason = causes[cause[i]][1]
+            detail = _detail(reason, a, i, t)
+            if t.require_approval:
+                a["pending_since"][i] = now
+                move(np.arange(n) == i, S.PENDING_APPROVAL, reason, f"{detail}; awaiting operator approval")
+            else:
+                self._enter_quarantine(i, now)
+                move(np.arange(n) == i, S.QUARANTINED, reason, detail)
+        blocked_mask = np.zeros(n, dtype=bool)
+        blocked_mask[blocked] = True
+        move(blocked_mask & (a["state"] == S.HEALTHY), S.DEGRADED, Reason.Z_DEGRADE, "safeguard: held at floor weight")
+
+        # Soft degrade and its way back.
+        state = a["state"]
+        to_deg = (state == S.HEALTHY) & over_d
+        move(to_deg, S.DEGRADED, Reason.Z_DEGRADE)
+        back = (state == S.DEGRADED) & ~still_d & ~blocked_mask & ~moved
+        a["healthy_since"][back] = now
+        move(back, S.HEALTHY, Reason.Z_RECOVERED)
+        cleared = (state == S.PENDING_APPROVAL) & ~over_d & (cause < 0)
+        a["pending_since"][cleared] = np.nan
+        move(cleared, S.HEALTHY, Reason.CONDITION_CLEARED)
+
+        # Recovering: a bad step sends the node back; a good one advances the restore.
+        rec = a["state"] == S.RECOVERING
+        rec_judged = rec & (self.ewma["norm"].count > t.min_samples)
+        bad_now = rec & (z_sustained | err_eject | (cause == 1))
+        step_over = rec & (now - a["step_started"] >= t.recovery_step_s)
+        bad_step = bad_now | (step_over & rec_judged & over_d)
+        for i in np.flatnonzero(bad_step):
+            self._enter_quarantine(i, now)
+            interval = a["next_probe"][i] - now
+            move(np.arange(n) == i, S.QUARANTINED, Reason.RECOVERY_STEP_FAILED,
+                 f"slow again at restore step {int(a['step'][i]) + 1}; next probe in {interval:g} s")
+        advance = step_over & ~bad_step & (rec_judged | (a["new_samples"] == 0))
+        a["step"][advance] += 1
+        a["step_started"][advance] = now
+        done = advance & (a["step"] >= len(t.recovery_steps))
+        a["healthy_since"][done] = now
+        move(done, S.HEALTHY, Reason.RECOVERED)
+
+        # Ejection backoff decays after a long healthy stretch.
+        long_ok = (a["state"] == S.HEALTHY) & (now - a["healthy_since"] >= t.backoff_cap_s)
+        a["ejections"][long_ok] = 0
+
+        # Canary probes due.
+        due = np.isin(a["state"], [S.QUARANTINED, S.PROBING]) & (a["next_probe"] <= now)
+        move(due & (a["state"] == S.QUARANTINED), S.PROBING, Reason.PROBE_DUE)
+        a["next_probe"][due] = now + t.canary_interval_s
+        probes_due = [self.node_ids[i] for i in np.flatnonzero(due)]
+
+        weights = self._weights(score)
+        fallback_reason = None
+        if n and not (weights > 0).any():
+            pick = self._least_slow(score)
+            weights[pick] = a["base"][pick]
+            fallback_reason = (
+                f"every node is unavailable; sending traffic to the least slow node "
+                f"{self.node_ids[pick]!r} instead of nowhere"
+            )
+        a["new_samples"][:] = 0
+        transitions = self._pending
+        self._pending = []
+        thr = {k: getattr(t, k) for k in _EXPLAINED}
+        for i, src, dst, reason, detail in moves:
+            w = int(which[i])
+            sig = SIGNALS[w] if w >= 0 else None
+            transitions.append(
+                Transition(
+                    node=self.node_ids[i], at=now, from_state=src, to_state=dst, reason=reason.value,
+                    signal=sig, z=_f(score[i]), baseline=_f(base_d[sig]) if sig else None,
+                    spread=_f(spread_d[sig]) if sig else None, ema=_f(ema_stack[w, i]) if sig else None,
+                    p50=_f(a["p50"][i]), p99=_f(a["p99"][i]),
+                    samples=int(self.ewma[sig].count[i]) if sig else 0, weight=float(weights[i]),
+                    detail=detail or _detail(reason, a, i, t), thresholds=thr,
+                )
+            )
+        self._validate_edges(transitions)
+        return Evaluation(
+            at=now, nodes=self.nodes, states=a["state"].copy(), weights=weights, base_weights=a["base"].copy(),
+            z=score, z_by_signal=dict(zip(SIGNALS, z_rows, strict=True)),
+            ema=dict(zip(SIGNALS, ema_rows, strict=True)), baseline=base_d, spread=spread_d,
+            p50=a["p50"].copy(), p99=a["p99"].copy(), counts=self.ewma["norm"].count.copy(),
+            transitions=transitions, safeguard=safeguard_reason is not None, safeguard_reason=safeguard_reason,
+            fallback=fallback_reason is not None, fallback_reason=fallback_reason, probes_due=probes_due,
+        )
+
+    def _weights(self, score: np.ndarray) -> np.ndarray:
+        t = self.thresholds
+        a = self.a
+        base, state = a["base"], a["state"]
+        w = base.copy()
+        floor = t.min_weight_fraction * base
+        deg = state == S.DEGRADED
+        factor = np.power(2.0, -(np.nan_to_num(score, nan=t.degrade_z) - t.degrade_z))
+        w[deg] = np.clip(base * factor, floor, base)[deg]
+        warming = state == S.WARMING
+        ramp = t.warmup_min_weight_fraction + (1 - t.warmup_min_weight_fraction) * np.minimum(
+            a["warm_samples"] / max(t.warmup_samples, 1), 1.0
+        )
+        w[warming] = (base * ramp)[warming]
+        w[state == S.PENDING_APPROVAL] = floor[state == S.PENDING_APPROVAL]
+        w[np.isin(state, _OUT)] = 0.0
+        rec = state == S.RECOVERING
+        steps = np.array(t.recovery_steps)
+        w[rec] = (base * steps[np.minimum(a["step"], len(steps) - 1)])[rec]
+        pinned = np.isfinite(a["pin"])
+        w[pinned] = a["pin"][pinned]
+        return w
+
+    def _least_slow(self, score: np.ndarray) -> int:
+        """The node to keep serving when every node is out: lowest score, forced ones last."""
+        key = np.nan_to_num(score, nan=np.inf).copy()
+        key[self.a["state"] == S.FORCED_QUARANTINE] = np.inf
+        if np.isinf(key).all():
+            key = np.nan_to_num(self.ewma["norm"].mean, nan=np.inf)
+        return int(np.argmin(key))
+
+    def _enter_quarantine(self, i: int, now: float) -> None:
+        t = self.thresholds
+        a = self.a
+        a["ejections"][i] += 1
+        interval = min(t.canary_interval_s * 2.0 ** (a["ejections"][i] - 1), t.backoff_cap_s)
+        a["next_probe"][i] = now + interval
+        a["passes"][i] = 0
+        a["over_q"][i] = 0
+        a["consec_err"][i] = 0
+        a["tail"][i] = TailStatus.INSUFFICIENT
+        a["tail_windows"][i] = 0
+        a["cross_slow"][i] = 0
+        a["pending_since"][i] = np.nan
+
+    def _start_recovery(self, i: int, now: float) -> None:
+        # A fresh start: the EMA from before the quarantine describes the fault, not the node now.
+        mask = np.arange(len(self.node_ids)) == i
+        for e in self.ewma.values():
+            e.reset(mask)
+        self.window.clear(mask)
+        self.a["step"][i] = 0
+        self.a["step_started"][i] = now
+        self.a["p50"][i] = np.nan
+        self.a["p99"][i] = np.nan
+
+    @staticmethod
+    def _validate_edges(transitions: Iterable[Transition]) -> None:
+        for tr in transitions:
+            check_edge(tr.from_state, tr.to_state)
+
+    # ------------------------------------------------------------------------------ canary probes
+    def probe_threshold(self) -> float:
+        """The largest normalised probe latency that passes: ``baseline + tolerance * spread``."""
+        t = self.thresholds
+        base = self._last.get("baseline:norm", float("nan"))
+        spread = self._last.get("spread:norm", float("nan"))
+        if not (math.isfinite(base) and math.isfinite(spread)):
+            # No peer baseline yet: for the learned ratio "as predicted" is 1.0.
+            base = 1.0 if t.normalization == "learned" else float("nan")
+            spread = t.spread_floor * base
+        return base + t.canary_tolerance_sigma * spread
+
+    def record_probe(
+        self,
+        node: str,
+        now: float,
+        prompt_tokens: float,
+        completion_tokens: float,
+        ttft_ms: float | None,
+        total_ms: float | None,
+        ok: bool,
+    ) -> bool:
+        """Judge one canary probe of a ``PROBING``/``QUARANTINED`` node; returns whether it passed."""
+        i = self.index_of(node)
+        a = self.a
+        src = NodeState(int(a["state"][i]))
+        if src not in (S.PROBING, S.QUARANTINED):
+            return False
+        value = float("nan")
+        if ok and total_ms is not None and math.isfinite(total_ms):
+            b = SampleBatch.from_columns(
+                node=[node], ts=[now], prompt_tokens=[prompt_tokens], completion_tokens=[completion_tokens],
+                total_ms=[total_ms], ttft_ms=[np.nan if ttft_ms is None else ttft_ms], status=[200],
+            )
+            value = float(self._signals(b)["norm"][0])
+        limit = self.probe_threshold()
+        passed = bool(ok and math.isfinite(value) and value <= limit)
+        detail = f"probe normalised latency {value:.3g} vs limit {limit:.3g}" if ok else "probe failed (error/timeout)"
+        if passed:
+            a["passes"][i] += 1
+            if a["passes"][i] >= self.thresholds.canary_passes:
+                self._start_recovery(i, now)
+                self._set(i, S.RECOVERING, now, Reason.PROBES_PASSED, detail)
+        else:
+            a["passes"][i] = 0
+            a["next_probe"][i] = now + self.thresholds.canary_interval_s
+            if src == S.PROBING:
+                self._set(i, S.QUARANTINED, now, Reason.PROBE_FAILED, detail)
+        return passed
+
+    # ---------------------------------------------------------------------------- operator actions
+    def approve(self, node: str, now: float) -> None:
+        """Approve a pending quarantine."""
+        i = self.index_of(node)
+        self._require(i, {S.PENDING_APPROVAL}, "approve")
+        self._enter_quarantine(i, now)
+        self._set(i, S.QUARANTINED, now, Reason.APPROVED)
+
+    def reject(self, node: str, now: float) -> None:
+        """Reject a pending quarantine: the node returns to service; its persistence count restarts."""
+        i = self.index_of(node)
+        self._require(i, {S.PENDING_APPROVAL}, "reject")
+        self.a["over_q"][i] = 0
+        self.a["consec_err"][i] = 0
+        self.a["tail"][i] = TailStatus.INSUFFICIENT
+        self.a["tail_windows"][i] = 0
+        self.a["cross_slow"][i] = 0
+        self.a["pending_since"][i] = np.nan
+        self._set(i, S.HEALTHY, now, Reason.REJECTED)
+
+    def force_quarantine(self, node: str, now: float, until: float | None = None) -> None:
+        i = self.index_of(node)
+        self.a["override_until"][i] = np.nan if until is None else until
+        if self.a["state"][i] != S.FORCED_QUARANTINE:  # forcing again only moves the expiry
+            self._set(i, S.FORCED_QUARANTINE, now, Reason.OPERATOR_QUARANTINE)
+
+    def force_active(self, node: str, now: float, until: float | None = None) -> None:
+        i = self.index_of(node)
+        self.a["override_until"][i] = np.nan if until is None else until
+        if self.a["state"][i] != S.FORCED_ACTIVE:
+            self._set(i, S.FORCED_ACTIVE, now, Reason.OPERATOR_ACTIVE)
+
+    def release(self, node: str, now: float) -> None:
+        """Return a held node to service at full weight, with fresh statistics."""
+        i = self.index_of(node)
+        src = NodeState(int(self.a["state"][i]))
+        if src in (S.HEALTHY, S.DEGRADED):
+            return
+        if src == S.PENDING_APPROVAL:
+            self.reject(node, now)
+            return
+        mask = np.arange(len(self.node_ids)) == i
+        for e in self.ewma.values():
+            e.reset(mask)
+        self.window.clear(mask)
+        self.a["override_until"][i] = np.nan
+        self.a["healthy_since"][i] = now
+        self.a["tail"][i] = TailStatus.INSUFFICIENT
+        self.a["cross_slow"][i] = 0
+        self.a["consec_err"][i] = 0
+        self.a["over_q"][i] = 0
+        self.a["warm_samples"][i] = max(self.a["warm_samples"][i], self.thresholds.warmup_samples)
+        self._set(i, S.HEALTHY, now, Reason.OPERATOR_RELEASE)
+
+    def pin_weight(self, node: str, weight: float, now: float, until: float | None = None) -> None:
+        if not (weight >= 0 and math.isfinite(weight)):
+            raise ValueError(f"pinned weight must be a finite number >= 0, got {weight!r}")
+        i = self.index_of(node)
+        self.a["pin"][i] = weight
+        self.a["pin_until"][i] = np.nan if until is None else until
+
+    def unpin(self, node: str) -> None:
+        i = self.index_of(node)
+        self.a["pin"][i] = np.nan
+        self.a["pin_until"][i] = np.nan
+
+    def _require(self, i: int, states: set[NodeState], action: str) -> None:
+        cur = NodeState(int(self.a["state"][i]))
+        if cur not in states:
+            raise ValueError(f"cannot {action} node {self.node_ids[i]!r}: it is {cur.label}")
+
+    def _set(self, i: int, to: NodeState, now: float, reason: Reason, detail: str = "") -> None:
+        src = NodeState(int(self.a["state"][i]))
+        check_edge(src, to)
+        self.a["state"][i] = to
+        self._pending.append(
+            Transition(
+                node=self.node_ids[i], at=now, from_state=src, to_state=to, reason=reason.value,
+                detail=detail, samples=int(self.ewma["norm"].count[i]),
+                thresholds={k: getattr(self.thresholds, k) for k in _EXPLAINED},
+            )
+        )
+
+    # ---------------------------------------------------------------------------- serialisation
+    def to_bytes(self) -> bytes:
+        """Exact snapshot (numpy ``.npz`` + JSON metadata); restore with :meth:`from_bytes`."""
+        arrays: dict[str, np.ndarray] = {f"a.{k}": v for k, v in self.a.items()}
+        for s, e in self.ewma.items():
+            arrays[f"e.{s}.mean"], arrays[f"e.{s}.sq"], arrays[f"e.{s}.count"] = e.mean, e.sq, e.count
+        arrays["w.values"], arrays["w.pos"], arrays["w.filled"] = self.window.values, self.window.pos, self.window.filled
+        for k, v in self._res.items():
+            arrays[f"r.{k}"] = v
+        for name, fit in (("norm", self._fit_norm), ("prefill", self._fit_prefill)):
+            if fit is not None:
+                arrays[f"fit.{name}"] = fit.coef
+        meta = {
+            "version": STATE_FORMAT_VERSION,
+            "thresholds": self.thresholds.to_dict(),
+            "nodes": self.node_ids,
+            "res_pos": self._res_pos,
+            "res_filled": self._res_filled,
+            "last_tail_at": self._last_tail_at,
+            "interval_started": self._interval_started,
+            "last": self._last,
+            "fits": {
+                name: [fit.residual_sd, fit.n_samples]
+                for name, fit in (("norm", self._fit_norm), ("prefill", self._fit_prefill))
+                if fit is not None
+            },
+            "pending": [tr.to_dict() for tr in self._pending],
+            "rejected_total": self.rejected_total,
+            "accepted_total": self.accepted_total,
+        }
+        buf = io.BytesIO()
+        np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> GroupDetector:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            meta = json.loads(z["meta"].tobytes().decode())
+            if meta.get("version") != STATE_FORMAT_VERSION:
+                raise ValueError(f"unsupported detector state version {meta.get('version')!r}")
+            gd = cls(Thresholds.from_dict(meta["thresholds"]))
+            gd.node_ids = list(meta["nodes"])
+            gd._index = {n: i for i, n in enumerate(gd.node_ids)}
+            gd.a = {k[2:]: z[k].copy() for k in z.files if k.startswith("a.")}
+            for s, e in gd.ewma.items():
+                e.mean, e.sq, e.count = z[f"e.{s}.mean"].copy(), z[f"e.{s}.sq"].copy(), z[f"e.{s}.count"].copy()
+            gd.window.values, gd.window.pos, gd.window.filled = (
+                z["w.values"].copy(), z["w.pos"].copy(), z["w.filled"].copy()
+            )
+            gd._res = {k: z[f"r.{k}"].copy() for k in ("p", "c", "t", "f")}
+            for name, (sd, count) in meta["fits"].items():
+                fit = CostModel(coef=z[f"fit.{name}"].copy(), residual_sd=sd, n_samples=count)
+                setattr(gd, f"_fit_{name}", fit)
+        gd._res_pos, gd._res_filled = meta["res_pos"], meta["res_filled"]
+        gd._last_tail_at, gd._interval_started = meta["last_tail_at"], meta["interval_started"]
+        gd._last = meta["last"]
+        gd._pending = [_transition_from_dict(d) for d in meta["pending"]]
+        gd.rejected_total = meta["rejected_total"]
+        gd.accepted_total = meta["accepted_total"]
+        return gd
+
+
+# Per-node arrays (name -> dtype). NaN-initialised ones are listed in _NAN_ARRAYS.
+_NODE_ARRAYS: dict[str, Any] = {
+    "base": np.float64,
+    "state": np.int8,
+    "joined": np.float64,
+    "last_seen": np.float64,
+    "warm_samples": np.int64,
+    "new_samples": np.int64,
+    "over_q": np.int64,
+    "consec_err": np.int64,
+    "int_requests": np.int64,
+    "int_success": np.int64,
+    "tail": np.int8,
+    "tail_windows": np.int64,
+    "cross_slow": np.int8,
+    "p50": np.float64,
+    "p99": np.float64,
+    "next_probe": np.float64,
+    "passes": np.int64,
+    "ejections": np.int64,
+    "step": np.int64,
+    "step_started": np.float64,
+    "pending_since": np.float64,
+    "healthy_since": np.float64,
+    "override_until": np.float64,
+    "pin": np.float64,
+    "pin_until": np.float64,
+}
+_NAN_ARRAYS = frozenset(
+    {"last_seen", "p50", "p99", "next_probe", "step_started", "pending_since", "override_until", "pin", "pin_until"}
+)
+
+
+def _f(v: float) -> float | None:
+    v = float(v)
+    return None if math.isnan(v) else v
+
+
+def _detail(reason: Reason, a: dict[str, np.ndarray], i: int, t: Thresholds) -> str:
+    if reason is Reason.CONSECUTIVE_ERRORS:
+        return f"{int(a['consec_err'][i])} errors in a row (limit {t.consecutive_errors})"
+    if reason is Reason.SUCCESS_RATE:
+        return f"success rate below mean - {t.success_rate_stdev} stdev of its peers"
+    if reason is Reason.TAIL_RATIO:
+        return f"P99/P50 above {t.tail_ratio} for {int(a['tail_windows'][i])} windows of {t.tail_window_s:g} s"
+    if reason is Reason.CROSS_P50:
+        return f"P50 above {t.cross_p50_ratio}x the peers' median P50"
+    if reason is Reason.Z_QUARANTINE:
+        return f"Z >= {t.quarantine_z} for {int(a['over_q'][i])} samples (limit {t.quarantine_persistence})"
+    return ""
+
+
+def _transition_from_dict(d: dict[str, Any]) -> Transition:
+    d = dict(d)
+    d["from_state"] = NodeState.from_label(d["from_state"])
+    d["to_state"] = NodeState.from_label(d["to_state"])
+    return Transition(**d)
+
+
+__all__ = ["SIGNALS", "Evaluation", "GroupDetector", "IngestResult", "PeerBaseline"]

@@ -1,0 +1,185 @@
+"""Per-request samples, their validation, and the seed's per-request signal formulas.
+
+A sample is what a gateway sees of one request: the node it went to, when it finished, prompt and
+completion token counts, time to first token (``NaN`` when the gateway does not log it, as nginx), total
+latency and HTTP status. Batches are columnar (one numpy array per field) so that a tick's worth of
+samples for many nodes is processed in a few vectorised operations.
+
+Status semantics (why: a crashed node that answers 503 in 2 ms must not look *fast*):
+
+- 2xx / 3xx: a latency sample;
+- 0 (client gave up / connection failed), 408, 504: a *timeout* — an error **and** a latency sample
+  (its latency is a lower bound on the truth, still evidence of slowness);
+- any other 5xx: an error only;
+- any other 4xx: the client's fault, counted but neither latency nor error.
+
+Signal formulas (seed 000 and the issue's definitions):
+
+- ``seed_norm  = total / (prompt * w + completion)``
+- ``prefill    = ttft / max(prompt, 1)``            (ms per prompt token)
+- ``decode     = (total - ttft) / max(completion - 1, 1)``  (ms per output token after the first)
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+class RejectReason(enum.StrEnum):
+    """Why a sample was refused. Every refused sample is counted under one of these codes."""
+
+    NOT_FINITE = "not_finite"
+    NEGATIVE = "negative"
+    TOTAL_BELOW_TTFT = "total_below_ttft"
+    NO_TOKENS = "no_tokens"
+    BAD_STATUS = "bad_status"
+    UNKNOWN_NODE = "unknown_node"
+
+
+TIMEOUT_STATUSES = (0, 408, 504)
+
+
+@dataclass(frozen=True)
+class SampleBatch:
+    """Columnar batch of request samples. ``node`` holds node ids (str); the rest are numeric."""
+
+    node: np.ndarray  # object (str)
+    ts: np.ndarray  # float64, epoch seconds
+    prompt_tokens: np.ndarray  # float64 (integers)
+    completion_tokens: np.ndarray  # float64 (integers)
+    ttft_ms: np.ndarray  # float64, NaN when unknown
+    total_ms: np.ndarray  # float64
+    status: np.ndarray  # int64
+
+    @classmethod
+    def from_columns(
+        cls,
+        *,
+        node: Sequence[str] | np.ndarray,
+        ts: Sequence[float] | np.ndarray,
+        prompt_tokens: Sequence[float] | np.ndarray,
+        completion_tokens: Sequence[float] | np.ndarray,
+        total_ms: Sequence[float] | np.ndarray,
+        ttft_ms: Sequence[float] | np.ndarray | None = None,
+        status: Sequence[int] | np.ndarray | None = None,
+    ) -> SampleBatch:
+        n = len(node)
+        ttft = np.full(n, np.nan) if ttft_ms is None else np.asarray(ttft_ms, dtype=np.float64)
+        st = np.full(n, 200, dtype=np.int64) if status is None else np.asarray(status, dtype=np.int64)
+        batch = cls(
+            node=np.asarray(node, dtype=object),
+            ts=np.asarray(ts, dtype=np.float64),
+            prompt_tokens=np.asarray(prompt_tokens, dtype=np.float64),
+            completion_tokens=np.asarray(completion_tokens, dtype=np.float64),
+            ttft_ms=ttft,
+            total_ms=np.asarray(total_ms, dtype=np.float64),
+            status=st,
+        )
+        lengths = {len(getattr(batch, f)) for f in cls.__dataclass_fields__}
+        if len(lengths) != 1:
+            raise ValueError("SampleBatch columns must all have the same length")
+        return batch
+
+    @classmethod
+    def from_records(cls, records: Iterable[Mapping[str, Any]]) -> SampleBatch:
+        """Build from dicts with keys node, ts, prompt_tokens, completion_tokens, total_ms,
+        and optional ttft_ms (None/missing -> NaN) and status (missing -> 200)."""
+        rows = list(records)
+
+        def col(key: str, default: Any) -> list[Any]:
+            out = []
+            for r in rows:
+                v = r.get(key, default)
+                out.append(default if v is None else v)
+            return out
+
+        return cls.from_columns(
+            node=[str(r["node"]) for r in rows],
+            ts=col("ts", np.nan),
+            prompt_tokens=col("prompt_tokens", np.nan),
+            completion_tokens=col("completion_tokens", np.nan),
+            ttft_ms=col("ttft_ms", np.nan),
+            total_ms=col("total_ms", np.nan),
+            status=col("status", 200),
+        )
+
+    @classmethod
+    def empty(cls) -> SampleBatch:
+        return cls.from_columns(node=[], ts=[], prompt_tokens=[], completion_tokens=[], total_ms=[])
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def take(self, index: np.ndarray) -> SampleBatch:
+        """The sub-batch at ``index`` (a boolean mask or integer indices)."""
+        return SampleBatch(**{f: getattr(self, f)[index] for f in self.__dataclass_fields__})
+
+
+def validate(batch: SampleBatch) -> tuple[np.ndarray, list[tuple[int, RejectReason]]]:
+    """Check every sample; return the boolean mask of valid ones and ``(index, reason)`` for the rest.
+
+    Rules: timestamps, token counts and total latency must be finite; no value may be negative; when
+    TTFT is known, ``total >= ttft``; a request with 0 prompt and 0 completion tokens carries no
+    signal; the status must be 0 or a valid HTTP code (100..599). The first failing rule is reported.
+    """
+    n = len(batch)
+    reason = np.full(n, -1, dtype=np.int8)
+    codes = list(RejectReason)
+
+    def mark(mask: np.ndarray, r: RejectReason) -> None:
+        reason[(reason < 0) & mask] = codes.index(r)
+
+    with np.errstate(invalid="ignore"):
+        finite = (
+            np.isfinite(batch.ts)
+            & np.isfinite(batch.prompt_tokens)
+            & np.isfinite(batch.completion_tokens)
+            & np.isfinite(batch.total_ms)
+            & ~np.isinf(batch.ttft_ms)
+        )
+        mark(~finite, RejectReason.NOT_FINITE)
+        negative = (
+            (batch.prompt_tokens < 0)
+            | (batch.completion_tokens < 0)
+            | (batch.total_ms < 0)
+            | (batch.ttft_ms < 0)
+        )
+        mark(negative, RejectReason.NEGATIVE)
+        mark(batch.total_ms < batch.ttft_ms, RejectReason.TOTAL_BELOW_TTFT)
+        mark((batch.prompt_tokens == 0) & (batch.completion_tokens == 0), RejectReason.NO_TOKENS)
+        bad_status = (batch.status != 0) & ((batch.status < 100) | (batch.status > 599))
+        mark(bad_status, RejectReason.BAD_STATUS)
+    bad = np.flatnonzero(reason >= 0)
+    return reason < 0, [(int(i), codes[reason[i]]) for i in bad]
+
+
+def classify_status(status: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(is_latency_sample, is_error)`` per the module's status semantics."""
+    timeout = np.isin(status, TIMEOUT_STATUSES)
+    ok = (status >= 200) & (status < 400)
+    error = timeout | (status >= 500)
+    return ok | timeout, error
+
+
+def seed_norm(batch: SampleBatch, prompt_weight: float) -> np.ndarray:
+    """Seed 000: ``total / (prompt * w + completion)`` (ms per weighted token)."""
+    denom = batch.prompt_tokens * prompt_weight + batch.completion_tokens
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(denom > 0, batch.total_ms / denom, np.nan)
+
+
+def prefill_per_token(batch: SampleBatch) -> np.ndarray:
+    """``ttft / max(prompt, 1)`` in ms per prompt token; NaN where TTFT is unknown."""
+    return batch.ttft_ms / np.maximum(batch.prompt_tokens, 1.0)
+
+
+def decode_per_token(batch: SampleBatch) -> np.ndarray:
+    """``(total - ttft) / max(completion - 1, 1)`` in ms per output token; NaN where TTFT is unknown
+    or the request produced fewer than 2 tokens (no inter-token time to measure)."""
+    out = (batch.total_ms - batch.ttft_ms) / np.maximum(batch.completion_tokens - 1.0, 1.0)
+    return np.where(batch.completion_tokens >= 2, out, np.nan)

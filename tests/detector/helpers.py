@@ -1,0 +1,67 @@
+"""Synthetic traffic for detector tests: a group of nodes with known per-token costs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from detector import SampleBatch
+
+
+class Fleet:
+    """N nodes costing ``prefill_ms``/prompt token and ``decode_ms``/output token, times a per-node speed
+    factor and log-normal per-request noise; ``slow`` multiplies chosen nodes' latency."""
+
+    def __init__(
+        self,
+        n: int,
+        *,
+        seed: int = 0,
+        prefill_ms: float = 0.12,
+        decode_ms: float = 14.0,
+        overhead_ms: float = 20.0,
+        speed_spread: float = 0.03,
+        jitter: float = 0.08,
+        rate: float = 180.0,
+    ) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.n = n
+        self.nodes = [f"10.0.0.{i}:8000" for i in range(n)]
+        self.prefill_ms, self.decode_ms, self.overhead_ms = prefill_ms, decode_ms, overhead_ms
+        self.speed = 1.0 + speed_spread * self.rng.standard_normal(n)
+        self.jitter = jitter
+        self.rate = rate
+        self.slow: dict[int, float] = {}
+        self.surge = 1.0
+
+    def batch(self, t0: float, dt: float, *, status: dict[int, int] | None = None) -> SampleBatch:
+        k = max(int(self.rate * dt), 1)
+        node = self.rng.integers(0, self.n, k)
+        p = np.minimum(self.rng.lognormal(np.log(1000), 1.0, k), 16000).round()
+        c = np.maximum(np.minimum(self.rng.lognormal(np.log(180), 0.9, k), 2000).round(), 1)
+        f = self.speed[node] * self.rng.lognormal(0, self.jitter, k) * self.surge
+        for i, factor in self.slow.items():
+            f = np.where(node == i, f * factor, f)
+        ttft = (p * self.prefill_ms + self.overhead_ms) * f
+        total = ttft + c * self.decode_ms * f
+        st = np.full(k, 200)
+        for i, code in (status or {}).items():
+            st[node == i] = code
+        return SampleBatch.from_columns(
+            node=[self.nodes[i] for i in node], ts=t0 + np.sort(self.rng.uniform(0, dt, k)),
+            prompt_tokens=p, completion_tokens=c, ttft_ms=ttft, total_ms=total, status=st,
+        )
+
+
+def run(gd, fleet: Fleet, t0: float, seconds: float, tick: float = 0.2, probe=None):
+    """Drive ``gd`` for ``seconds``; returns the list of evaluations. ``probe(node, t)`` answers canaries."""
+    evs = []
+    t = t0
+    for _ in range(round(seconds / tick)):
+        gd.ingest(fleet.batch(t, tick))
+        t += tick
+        ev = gd.evaluate(t)
+        evs.append(ev)
+        for node in ev.probes_due:
+            if probe is not None:
+                probe(node, t)
+    return evs
