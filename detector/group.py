@@ -240,6 +240,39 @@ class GroupDetector:
         for name in self.a:
             self.a[name] = np.delete(self.a[name], i)
 
+    def set_thresholds(self, thresholds: Thresholds) -> None:
+        """Apply new thresholds to a running group, keeping what the nodes have learned.
+
+        EW statistics carry over (the new ``ema_alpha`` applies from the next sample). A new
+        ``window_size`` keeps each node's newest samples that fit; a new ``cost_model_reservoir`` keeps
+        the newest healthy samples. Node states are untouched: the next :meth:`evaluate` judges them
+        against the new values.
+        """
+        old = self.thresholds
+        self.thresholds = thresholds
+        for e in self.ewma.values():
+            e.alpha = thresholds.ema_alpha
+        if thresholds.window_size != old.window_size:
+            resized = SlidingWindows(len(self.node_ids), thresholds.window_size)
+            w = self.window
+            for i in range(len(self.node_ids)):  # once per change, not on the hot path
+                k = int(w.filled[i])
+                if k:
+                    newest = np.roll(w.values[i], -int(w.pos[i]))[w.size - k :] if k == w.size else w.values[i, :k]
+                    resized.add(np.full(k, i), newest)
+            self.window = resized
+        if thresholds.cost_model_reservoir != old.cost_model_reservoir:
+            cap_old, m = len(self._res["p"]), self._res_filled
+            order = (self._res_pos - m + np.arange(m)) % cap_old  # oldest -> newest
+            cap = thresholds.cost_model_reservoir
+            keep = order[-cap:]
+            new = {k: np.zeros(cap) for k in self._res}
+            for k in self._res:
+                new[k][: len(keep)] = self._res[k][keep]
+            self._res = new
+            self._res_filled = len(keep)
+            self._res_pos = len(keep) % cap
+
     def state_of(self, node: str) -> NodeState:
         return NodeState(int(self.a["state"][self.index_of(node)]))
 

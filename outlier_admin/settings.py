@@ -6,7 +6,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from outlier_admin.env import envbool, envlist, envstr
+from outlier_admin.env import envbool, envint, envlist, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -15,19 +15,157 @@ SECRET_KEY = envstr("SECRET_KEY") or ("insecure-dev-only-key" if DEBUG else "ins
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
 
 INSTALLED_APPS = [
+    "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
+    "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "outlier_admin.fleet",
+    "outlier_admin.ingest",
+    "outlier_admin.control",
+    "outlier_admin.observability",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_filters",
+    "outlier_admin.api",
+    "outlier_admin.dashboard",
 ]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
 ROOT_URLCONF = "outlier_admin.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+WSGI_APPLICATION = "outlier_admin.wsgi.application"
+
+# Embedded default (zero-setup demo): SQLite. Tests and deployments set DATABASE_URL (PostgreSQL).
 DATABASES = {
     "default": dj_database_url.parse(
         envstr("DATABASE_URL") or f"sqlite:///{BASE_DIR / 'outlier_admin.sqlite3'}", conn_max_age=60
     )
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
 REDIS_URL = envstr("REDIS_URL") or "redis://127.0.0.1:6379/0"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+# --- Celery (broker: CELERY_BROKER_URL, else REDIS_URL) ----------------------------------------------
+CELERY_BROKER_URL = envstr("CELERY_BROKER_URL") or REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TIMEZONE = "UTC"
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+
+# --- Control-plane tunables (see README "Configuration") -------------------------------------------------
+# Records for an unknown node register it (off: rejected with reason "unknown_node").
+AUTO_REGISTER_NODES = envbool("AUTO_REGISTER_NODES", True)
+INGEST_MAX_BODY_BYTES = envint("INGEST_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
+# Records with a timestamp further in the future / older than this are rejected records.
+INGEST_MAX_FUTURE_S = envint("INGEST_MAX_FUTURE_S", 300, minimum=0)
+INGEST_RETENTION_S = envint("INGEST_RETENTION_S", 3600, minimum=60)
+# request_id de-duplication window (seconds).
+INGEST_DEDUP_WINDOW_S = envint("INGEST_DEDUP_WINDOW_S", 900, minimum=60)
+# Detector tick period (ms) and the per-group lock lease (ms).
+TICK_INTERVAL_MS = envint("TICK_INTERVAL_MS", 1000, minimum=100)
+TICK_LOCK_TTL_MS = envint("TICK_LOCK_TTL_MS", 30_000, minimum=1000)
+# Max stream entries (each holds a batch of records) read per tick.
+TICK_MAX_ENTRIES = envint("TICK_MAX_ENTRIES", 500, minimum=1)
+# History rows: written on every transition and otherwise at most once per node/signal per this period.
+HISTORY_EVERY_S = envint("HISTORY_EVERY_S", 10, minimum=1)
+HISTORY_RAW_DAYS = envint("HISTORY_RAW_DAYS", 2, minimum=1)
+HISTORY_KEEP_DAYS = envint("HISTORY_KEEP_DAYS", 30, minimum=1)
+# Weights documents older than this should be ignored by gateways (they fall back to base weights).
+WEIGHTS_STALE_AFTER_S = envint("WEIGHTS_STALE_AFTER_S", 30, minimum=1)
+CANARY_TIMEOUT_S = envint("CANARY_TIMEOUT_S", 30, minimum=1)
+CANARY_MAX_TOKENS = envint("CANARY_MAX_TOKENS", 32, minimum=1)
+CANARY_MODEL = envstr("CANARY_MODEL") or ""
+DCGM_SCRAPE_INTERVAL_S = envint("DCGM_SCRAPE_INTERVAL_S", 15, minimum=1)
+DCGM_TIMEOUT_S = envint("DCGM_TIMEOUT_S", 5, minimum=1)
+LOG_TAIL_INTERVAL_S = envint("LOG_TAIL_INTERVAL_S", 2, minimum=1)
+
+CELERY_BEAT_SCHEDULE = {
+    "tick-all-groups": {"task": "control.tick_all_groups", "schedule": TICK_INTERVAL_MS / 1000.0},
+    "canary-probes": {"task": "control.run_due_canaries", "schedule": 1.0},
+    "dcgm-scrape": {"task": "ingest.scrape_all_dcgm", "schedule": float(DCGM_SCRAPE_INTERVAL_S)},
+    "tail-logs": {"task": "ingest.tail_all_logs", "schedule": float(LOG_TAIL_INTERVAL_S)},
+    "retention": {"task": "control.retention", "schedule": 3600.0},
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "outlier_admin.fleet.auth.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    # Every endpoint states its own role permission (outlier_admin.api.permissions); reading needs a login.
+    "DEFAULT_PERMISSION_CLASSES": ["outlier_admin.api.permissions.CanRead"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "outlier_admin.api.errors.exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "outlier-admin API",
+    "DESCRIPTION": "Gray-failure control plane: groups, nodes, transitions, proposals, overrides, audit.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["outlier_admin.api.permissions.CanRead"],
+    # Swagger UI assets are served from our own static files (no CDN at run time).
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+}
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard:overview"
+LOGOUT_REDIRECT_URL = "login"
+
+# --- Observability (outlier_admin.observability; see README "Observability" / "Alerts") ----------------
+from outlier_admin.observability.logconfig import logging_config  # noqa: E402
+
+LOGGING = logging_config(json_logs=envbool("LOG_JSON", True), level=envstr("LOG_LEVEL") or "INFO")
+# Static files served by the app itself (gunicorn + whitenoise; no separate web server needed).
+MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+                  "whitenoise.middleware.WhiteNoiseMiddleware")
+WHITENOISE_USE_FINDERS = True
+# Alert receivers (comma-separated URLs): Alertmanager API v2 base URLs, receivers of Alertmanager's
+# webhook format, generic JSON webhooks.
+ALERTMANAGER_URLS = envlist("ALERTMANAGER_URLS", [])
+ALERTMANAGER_WEBHOOK_URLS = envlist("ALERTMANAGER_WEBHOOK_URLS", [])
+ALERT_WEBHOOK_URLS = envlist("ALERT_WEBHOOK_URLS", [])
+ALERT_TIMEOUT_S = envint("ALERT_TIMEOUT_S", 5, minimum=1)
+ALERT_RETRIES = envint("ALERT_RETRIES", 2, minimum=0)
+# Base URL of the dashboard, for links in alerts (generatorURL).
+ALERT_EXTERNAL_URL = envstr("ALERT_EXTERNAL_URL") or ""
+EVENT_SCAN_INTERVAL_S = envint("EVENT_SCAN_INTERVAL_S", 5, minimum=1)
+CELERY_BEAT_SCHEDULE["scan-events"] = {"task": "observability.scan_events", "schedule": float(EVENT_SCAN_INTERVAL_S)}

@@ -1,0 +1,165 @@
+"""Command line: ``python -m detector.sim {run,suite,fast} ...`` (see ``--help``).
+
+    python -m detector.sim run scenarios/seed-drill-32.json --out reports/seed-drill-32.json --plot reports/seed-drill-32.png
+    python -m detector.sim run scenarios/seed-drill-32.json --policies round_robin,default --quick --out /tmp/r.json
+    python -m detector.sim suite scenarios --out reports/sim
+    python -m detector.sim fast --hours 160 --tick 5 --out reports/sim/fast.json
+
+Exit status 2 with a one-line message naming the field for a bad scenario file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from detector.sim.policies import ALL_POLICIES
+from detector.sim.runner import run_scenario, stderr_progress
+from detector.sim.scenario import ScenarioError, load_scenario
+
+QUICK_S = 60.0
+TABLE_KEYS = ("p50_ms", "p99_ms", "p999_ms", "ttft_p99_ms", "timeouts", "errors", "false_degrades",
+              "false_quarantines")
+
+
+def _policies(arg: str | None) -> list[str]:
+    if not arg:
+        return list(ALL_POLICIES)
+    names = [p.strip() for p in arg.split(",") if p.strip()]
+    bad = [p for p in names if p not in ALL_POLICIES]
+    if bad:
+        raise SystemExit(f"error: unknown policy {bad[0]!r} (known: {', '.join(ALL_POLICIES)})")
+    return names
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """One scenario's report as a markdown table (one row per policy, plus the baseline)."""
+    head = ["policy", *TABLE_KEYS, "detect (degrade/quarantine s)"]
+    lines = [f"### {report['scenario']} ({report['requests']} requests)", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    b = report["baseline"]
+    lines.append(f"| baseline (no fault) | {_fmt(b['p50_ms'])} | {_fmt(b['p99_ms'])} | {_fmt(b['p999_ms'])} | "
+                 f"| {b['timeouts']} | | | | |")
+    for name, r in report["policies"].items():
+        det = "; ".join(f"n{f['node']}:{_fmt(f['first_degrade_s'])}/{_fmt(f['quarantine_s'])}"
+                        for f in r["faults"] if f["node"] != "all" and f["kind"] != "warmup")
+        lines.append("| " + " | ".join([name, *(_fmt(r[k]) for k in TABLE_KEYS), det or "–"]) + " |")
+    cb = "; ".join(f"n{c['node']} ({c['kind']}): {_fmt(c['min_delay_s'])} s" for c in report.get("cusum_bound", []))
+    if cb:
+        lines += ["", f"CUSUM floor: {cb}"]
+    return "\n".join(lines) + "\n"
+
+
+def _write(report: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    clean = {k: v for k, v in report.items() if not k.startswith("_")}
+    out.write_text(json.dumps(clean, indent=1))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    scn = load_scenario(args.scenario)
+    if args.quick:
+        scn = scn.with_duration(min(scn.duration_s, QUICK_S))
+    if args.duration:
+        scn = scn.with_duration(args.duration)
+    report = run_scenario(scn, _policies(args.policies), progress=None if args.quiet else stderr_progress,
+                          keep_sims=bool(args.plot))
+    _write(report, Path(args.out))
+    if args.plot:
+        from detector.sim.plot import plot_report
+
+        plot_report(report, report["_sims"], args.plot)
+    print(markdown_table(report))
+    return 0
+
+
+def cmd_suite(args: argparse.Namespace) -> int:
+    files = sorted(Path(args.dir).glob("*.json"))
+    if not files:
+        print(f"error: no *.json scenario in {args.dir}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    scenarios = [load_scenario(f) for f in files]  # validate all before spending minutes on the first
+    tables = []
+    summary: dict[str, Any] = {}
+    for scn in scenarios:
+        if args.quick:
+            scn = scn.with_duration(min(scn.duration_s, QUICK_S))
+        report = run_scenario(scn, _policies(args.policies), progress=None if args.quiet else stderr_progress,
+                              keep_sims=True)
+        _write(report, out / f"{scn.name}.json")
+        from detector.sim.plot import plot_report
+
+        plot_report(report, report["_sims"], out / f"{scn.name}.png")
+        tables.append(markdown_table(report))
+        summary[scn.name] = {name: {k: r[k] for k in (*TABLE_KEYS, "faults")}
+                             for name, r in report["policies"].items()}
+        summary[scn.name]["_baseline"] = {k: v for k, v in report["baseline"].items() if k != "timeline"}
+        summary[scn.name]["_cusum_bound"] = report["cusum_bound"]
+        summary[scn.name]["_speed"] = report["speed"]
+    (out / "summary.md").write_text("\n".join(tables))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print("\n".join(tables))
+    return 0
+
+
+def cmd_fast(args: argparse.Namespace) -> int:
+    from detector.sim.fastmode import run_fast
+
+    res = run_fast(nodes=args.nodes, hours=args.hours, rate_per_node=args.rate, tick_s=args.tick, seed=args.seed,
+                   progress=None if args.quiet else stderr_progress)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(res, indent=1))
+    print(json.dumps(res, indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m detector.sim", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="simulate one scenario with every (or the given) policy")
+    r.add_argument("scenario")
+    r.add_argument("--policies", help=f"comma-separated subset of {','.join(ALL_POLICIES)}")
+    r.add_argument("--out", required=True, help="report JSON path")
+    r.add_argument("--plot", help="PNG path")
+    r.add_argument("--quick", action="store_true", help=f"cut the run to {QUICK_S:.0f} s")
+    r.add_argument("--duration", type=float, help="override duration_s")
+    r.add_argument("--quiet", action="store_true")
+    s = sub.add_parser("suite", help="every scenario of a folder: reports, plots and one summary table")
+    s.add_argument("dir")
+    s.add_argument("--out", required=True, help="output folder")
+    s.add_argument("--policies")
+    s.add_argument("--quick", action="store_true")
+    s.add_argument("--quiet", action="store_true")
+    f = sub.add_parser("fast", help="false quarantines per 1,000 node-hours on healthy samples")
+    f.add_argument("--nodes", type=int, default=64)
+    f.add_argument("--hours", type=float, default=1.0)
+    f.add_argument("--rate", type=float, default=3.0, help="requests/s per node")
+    f.add_argument("--tick", type=float, default=1.0, help="detector evaluation period, s")
+    f.add_argument("--seed", type=int, default=1)
+    f.add_argument("--out")
+    f.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        return {"run": cmd_run, "suite": cmd_suite, "fast": cmd_fast}[args.cmd](args)
+    except ScenarioError as exc:
+        print(f"error: bad scenario: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

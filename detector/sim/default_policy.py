@@ -1,0 +1,121 @@
+"""The ``default`` policy: our detector (:class:`detector.GroupDetector`) driving a weighted gateway.
+
+Per group and per tick (``scenario.tick_s``, 200 ms): the access-log lines that completed since the
+last tick become one :class:`detector.SampleBatch` (node, ts, tokens, ttft_ms, total_ms, status; a
+timeout is status 0 with ``total = timeout``), ``ingest`` then ``evaluate(now)``; the weights go to a
+smooth weighted round robin (the same nginx algorithm as :class:`detector.SmoothWeightedRoundRobin`,
+vectorised here because the simulator picks ~10^6 times per run). Each node in ``probes_due`` gets one
+canary request of the scenario's probe size through the simulated node, reported with
+``record_probe`` when it completes (at most one probe in flight per node).
+
+Simulated time is offset by ``EPOCH`` so the detector sees realistic epoch timestamps.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from detector.sim.engine import GroupContext, Policy
+from detector.sim.policies import Swrr
+
+EPOCH = 1_700_000_000.0
+
+
+class DefaultPolicy(Policy):
+    name = "default"
+    wants_records = True
+
+    def __init__(self, ctx: GroupContext, thresholds: Any) -> None:
+        from detector import GroupDetector, NodeState, SampleBatch
+
+        super().__init__(ctx)
+        self.tick_s = ctx.sim.scn.tick_s
+        self._batch_cls = SampleBatch
+        self._out_of_service = {int(NodeState.QUARANTINED), int(NodeState.PROBING),
+                                int(NodeState.FORCED_QUARANTINE)}
+        members = [i for i in range(ctx.n) if ctx.members[i]]
+        self.gd = GroupDetector(thresholds=thresholds, nodes=[ctx.node_ids[i] for i in members], now=EPOCH)
+        self.base = 100.0
+        w = np.zeros(ctx.n)
+        w[members] = self.base
+        self.swrr = Swrr(w)
+        self.pos = {nid: i for i, nid in enumerate(ctx.node_ids)}
+        self.buf: tuple[list, ...] = ([], [], [], [], [], [], [])
+        self.probing: set[int] = set()
+        self.last_eval: Any = None
+
+    def add_node(self, node: int, now: float) -> None:
+        self.gd.add_node(self.ctx.node_ids[node], base_weight=self.base, now=now + EPOCH)
+        w = self.swrr.w.copy()
+        w[node] = self.base * 0.1  # slow start until the detector's first evaluation sets it
+        self.swrr.set_weights(w)
+
+    def pick(self, now: float) -> int:
+        if self.swrr.total <= 0:
+            return int(np.argmax(self.ctx.members))
+        return self.swrr.pick()
+
+    def on_record(self, node: int, now: float, prompt: int, completion: int, ttft_ms: float,
+                  total_ms: float, status: int) -> None:
+        b = self.buf
+        b[0].append(self.ctx.node_ids[node])
+        b[1].append(now + EPOCH)
+        b[2].append(prompt)
+        b[3].append(completion)
+        b[4].append(ttft_ms)
+        b[5].append(total_ms)
+        b[6].append(status)
+
+    def on_tick(self, now: float) -> None:
+        ctx = self.ctx
+        b = self.buf
+        if b[0]:
+            batch = self._batch_cls.from_columns(node=b[0], ts=b[1], prompt_tokens=b[2], completion_tokens=b[3],
+                                                 ttft_ms=b[4], total_ms=b[5], status=b[6])
+            self.gd.ingest(batch)
+            self.buf = ([], [], [], [], [], [], [])
+        ev = self.gd.evaluate(now + EPOCH)
+        self.last_eval = ev
+        w = np.zeros(ctx.n)
+        for k, nid in enumerate(ev.nodes):
+            i = self.pos[nid]
+            wk = float(ev.weights[k])
+            w[i] = wk
+            frac = wk / self.base
+            st = int(ev.states[k])
+            ctx.note(i, now, frac, st in self._out_of_service)
+            if i in ctx.tracked:
+                z = float(ev.z[k])
+                ctx.trace(i, now, z if math.isfinite(z) else math.nan, frac)
+        self.swrr.set_weights(w)
+        for nid in ev.probes_due:
+            i = self.pos[nid]
+            if i in self.probing:
+                continue
+            self.probing.add(i)
+            ctx.send_probe(i, now, self._probe_callback(nid, i))
+
+    def _probe_callback(self, nid: str, i: int):
+        scn = self.ctx.sim.scn
+
+        def done(now: float, ttft_ms: float, total_ms: float, ok: bool) -> None:
+            self.probing.discard(i)
+            self.gd.record_probe(nid, now + EPOCH, scn.probe_prompt_tokens, scn.probe_completion_tokens,
+                                 None if not math.isfinite(ttft_ms) else ttft_ms, total_ms, ok)
+
+        return done
+
+
+def make_default_policy(options: dict[str, Any]):
+    """Factory for the engine. ``options`` may hold ``thresholds``: a dict for ``Thresholds.from_dict``."""
+    from detector import Thresholds
+
+    thresholds = Thresholds.from_dict(options["thresholds"]) if options.get("thresholds") else Thresholds()
+
+    def factory(ctx: GroupContext) -> Policy:
+        return DefaultPolicy(ctx, thresholds)
+
+    return factory

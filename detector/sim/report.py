@@ -1,0 +1,267 @@
+"""Figures of one simulated run (the report's per-policy block) and the scenario-level figures.
+
+Definitions (what an SRE reads in the report):
+
+- Latency percentiles are per *client request*: first arrival at the gateway to its final answer
+  (success, or the last failed attempt), so retries and timeouts are included. ``ttft_p99_ms``: first
+  arrival to first token of the successful attempt.
+- ``timeouts``: gateway log lines with status 0 (the client gave up after ``timeout_s``);
+  ``timeout_rate = timeouts / attempts``; ``errors``: log lines with a 5xx status; ``client_failures``:
+  requests whose last attempt failed; ``retries``: attempts beyond the first.
+- ``first_degrade_s`` / ``quarantine_s``: seconds from the fault's onset to the node's first weight cut /
+  first removal from service (``null``: never). ``traffic_share_after_detect``: the node's share of
+  the group's attempts from first detection to the fault's end, over its fair share. ``recovery_s``:
+  seconds after the fault ends until the node is back at full weight (``null``: the fault does not end,
+  the node was never cut, or it never came back within the run).
+- ``false_degrades`` / ``false_quarantines``: weight cuts / removals of nodes that are not in
+  ``expect.faulty`` (events, not nodes). ``healthy_node_hours``: observation time of those nodes, the
+  denominator of a false-alarm rate; ``healthy_out_of_service_node_hours``: how much of it they spent
+  removed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from detector.sim.cusum import cusum_min_delay
+from detector.sim.engine import KIND_CLIENT, STATUS_OK, STATUS_TIMEOUT, Simulation
+from detector.sim.scenario import Scenario
+
+TIMELINE_BIN_S = 5.0
+
+
+def _pct(x: np.ndarray, q: float) -> float | None:
+    x = x[np.isfinite(x)]
+    return round(float(np.percentile(x, q)), 1) if len(x) else None
+
+
+def _r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(float(x), nd)
+
+
+def client_latency_ms(sim: Simulation) -> np.ndarray:
+    s = sim.summary_arrays()
+    return (s["final_t"] - np.asarray(sim.r_t)) * 1000.0
+
+
+def timeline(sim: Simulation, bin_s: float = TIMELINE_BIN_S) -> dict[str, list]:
+    """Cluster P99 of client latency per ``bin_s`` bin of completion time (the plot's top panel)."""
+    s = sim.summary_arrays()
+    lat = client_latency_ms(sim)
+    t = s["final_t"]
+    ok = np.isfinite(t)
+    bins = np.floor(t[ok] / bin_s).astype(np.int64)
+    n_bins = math.ceil(sim.scn.duration_s / bin_s)
+    out_t, out_p = [], []
+    order = np.argsort(bins, kind="stable")
+    b_sorted = bins[order]
+    l_sorted = lat[ok][order]
+    edges = np.searchsorted(b_sorted, np.arange(n_bins + 1))
+    for b in range(n_bins):
+        chunk = l_sorted[edges[b]:edges[b + 1]]
+        out_t.append(round((b + 0.5) * bin_s, 1))
+        out_p.append(round(float(np.percentile(chunk, 99)), 1) if len(chunk) else None)
+    return {"t": out_t, "p99_ms": out_p}
+
+
+def _group_index(scn: Scenario, name: str) -> int:
+    return next(i for i, g in enumerate(scn.groups) if g.name == name)
+
+
+def node_state_at(changes: list[tuple[float, float, bool]], t: float) -> tuple[float, bool]:
+    w, q = 1.0, False
+    for ct, cw, cq in changes:
+        if ct > t:
+            break
+        w, q = cw, cq
+    return w, q
+
+
+def policy_report(scn: Scenario, sim: Simulation) -> dict[str, Any]:
+    """The per-policy block of the report (schema keys plus documented extras)."""
+    a = sim.attempts()
+    client = a["kind"] == KIND_CLIENT
+    gw = a["gw_status"][client]
+    lat = client_latency_ms(sim)
+    s = sim.summary_arrays()
+    ttft = (s["ttft_t"] - np.asarray(sim.r_t)) * 1000.0
+    n_att = int(client.sum())
+    timeouts = int((gw == STATUS_TIMEOUT).sum())
+    faulty = {(_group_index(scn, g), n) for g, n in scn.faulty}
+    out: dict[str, Any] = {
+        "p50_ms": _pct(lat, 50),
+        "p99_ms": _pct(lat, 99),
+        "p999_ms": _pct(lat, 99.9),
+        "ttft_p99_ms": _pct(ttft[s["final_status"] == STATUS_OK], 99),
+        "timeouts": timeouts,
+        "timeout_rate": round(timeouts / n_att, 6) if n_att else 0.0,
+        "errors": int((gw >= 500).sum()),
+        "client_failures": int((s["final_status"] != STATUS_OK).sum()),
+        "retries": int(n_att - len(sim.r_t)),
+        "probes": int((a["kind"] != KIND_CLIENT).sum()),
+    }
+    # False alarms and exposure of healthy nodes.
+    false_deg = false_q = 0
+    healthy_hours = 0.0
+    oos_hours = 0.0
+    join_t: dict[tuple[int, int], float] = {}
+    for f in scn.faults:
+        if f.kind == "warmup" and f.node is not None:
+            join_t[(_group_index(scn, f.group), f.node)] = f.start_s
+    for gi, g in enumerate(scn.groups):
+        for node in range(g.nodes):
+            if (gi, node) in faulty:
+                continue
+            healthy_hours += (scn.duration_s - join_t.get((gi, node), 0.0)) / 3600.0
+            prev_w, prev_q, prev_t = 1.0, False, 0.0
+            for ct, cw, cq in sim.log.changes.get((gi, node), []):
+                if prev_w >= 0.999 and not prev_q and (cw < 0.999 or cq):
+                    false_deg += 1
+                if cq and not prev_q:
+                    false_q += 1
+                if prev_q:
+                    oos_hours += (min(ct, scn.duration_s) - prev_t) / 3600.0
+                prev_w, prev_q, prev_t = cw, cq, ct
+            if prev_q:
+                oos_hours += max(0.0, scn.duration_s - prev_t) / 3600.0
+    out["false_degrades"] = false_deg
+    out["false_quarantines"] = false_q
+    out["healthy_node_hours"] = round(healthy_hours, 4)
+    out["healthy_out_of_service_node_hours"] = round(oos_hours, 4)
+    # Per fault.
+    faults = []
+    for f in scn.faults:
+        gi = _group_index(scn, f.group)
+        entry: dict[str, Any] = {"group": f.group, "node": "all" if f.node is None else f.node, "kind": f.kind,
+                                 "onset_s": f.start_s, "first_degrade_s": None, "quarantine_s": None,
+                                 "traffic_share_after_detect": None, "recovery_s": None}
+        if f.node is not None:
+            changes = sim.log.changes.get((gi, f.node), [])
+            end = f.end_s if f.end_s is not None else scn.duration_s
+            deg = next((ct for ct, cw, cq in changes if ct >= f.start_s and (cw < 0.999 or cq)), None)
+            q = next((ct for ct, cw, cq in changes if ct >= f.start_s and cq), None)
+            entry["first_degrade_s"] = _r(deg - f.start_s if deg is not None else None)
+            entry["quarantine_s"] = _r(q - f.start_s if q is not None else None)
+            det = deg if deg is not None else q
+            if det is not None and det < end:
+                node_g = np.asarray(sim.node_group)[a["node"][client]]
+                in_win = (a["t"][client] >= det) & (a["t"][client] < end) & (node_g == gi)
+                local = np.asarray(sim.node_local)[a["node"][client][in_win]]
+                n_group = int(in_win.sum())
+                if n_group:
+                    present = sum(sim.members[gi])
+                    entry["traffic_share_after_detect"] = _r((local == f.node).sum() / (n_group / present))
+            if f.end_s is not None and det is not None and det < f.end_s:
+                w, qq = node_state_at(changes, f.end_s)
+                if w >= 0.999 and not qq:
+                    entry["recovery_s"] = 0.0
+                else:
+                    back = next((ct for ct, cw, cq in changes if ct > f.end_s and cw >= 0.999 and not cq), None)
+                    entry["recovery_s"] = _r(back - f.end_s if back is not None else None)
+        faults.append(entry)
+    out["faults"] = faults
+    out["timeline"] = timeline(sim)
+    return out
+
+
+def _fit_log_residual(y: np.ndarray, cols: list[np.ndarray]) -> np.ndarray:
+    """Residuals of ``log y`` against ``log(least-squares linear fit of y on cols)``."""
+    X = np.column_stack([np.ones(len(y)), *cols])
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    pred = np.maximum(X @ coef, 1e-9)
+    return np.log(y) - np.log(pred)
+
+
+def signal_quality(scn: Scenario, sim: Simulation, seed_w: float = 0.25) -> dict[str, Any]:
+    """Spread (sd of log) of each healthy signal, per group, from a fault-free run.
+
+    - ``norm_seed``: ``total / (N_prompt * w + N_completion)`` with the seed's fixed ``w = 0.25``;
+    - ``norm_learned``: ``total`` over a least-squares cost model ``a + b*N_prompt + c*N_completion``;
+    - ``prefill``: TTFT over a fitted ``a + b*N_prompt``; ``decode``: ``(total - TTFT)/(N_completion - 1)``.
+
+    ``pooled`` is the sd over all samples of the group (what a detector must see through per sample);
+    ``peer`` is the sd of the per-node medians (the heterogeneity a peer baseline must absorb).
+    """
+    a = sim.attempts()
+    ok = (a["kind"] == KIND_CLIENT) & (a["gw_status"] == STATUS_OK)
+    req = a["req"][ok]
+    p = np.asarray(sim.r_prompt, dtype=np.float64)[req]
+    c = np.asarray(sim.r_comp, dtype=np.float64)[req]
+    total = (a["gw_t"][ok] - a["t"][ok]) * 1000.0
+    ttft = (a["ttft"][ok] - a["t"][ok]) * 1000.0
+    node = a["node"][ok]
+    gidx = np.asarray(sim.node_group)[node]
+    out: dict[str, Any] = {}
+    for gi, g in enumerate(scn.groups):
+        m = gidx == gi
+        if m.sum() < 50:
+            continue
+        sig: dict[str, np.ndarray] = {
+            "norm_seed": np.log(total[m] / (p[m] * seed_w + c[m])),
+            "norm_learned": _fit_log_residual(total[m], [p[m], c[m]]),
+            "prefill": _fit_log_residual(np.maximum(ttft[m], 1e-6), [p[m]]),
+        }
+        d = c[m] > 1
+        sig["decode"] = np.log(np.maximum((total[m][d] - ttft[m][d]) / (c[m][d] - 1), 1e-6))
+        entry = {}
+        for k, v in sig.items():
+            nodes_k = node[m][d] if k == "decode" else node[m]
+            meds = [float(np.median(v[nodes_k == n])) for n in np.unique(nodes_k) if (nodes_k == n).sum() >= 10]
+            entry[k] = {"pooled": _r(float(np.std(v)), 4), "peer": _r(float(np.std(meds)), 4) if len(meds) > 1 else None}
+        out[g.name] = entry
+    return out
+
+
+def cusum_bounds(scn: Scenario, sim: Simulation, false_alarm_node_hours: float = 10_000.0,
+                 window_s: float = 60.0) -> list[dict[str, Any]]:
+    """The statistical floor per faulty node (see :func:`detector.sim.cusum.cusum_min_delay`).
+
+    Signal: ``log(service time / (prefill_ms * N_prompt + decode_ms * N_completion))`` per request (the
+    node's own slowness, without queueing, i.e. the evidence available at onset). Pre-change: that
+    node's requests started before the onset (all healthy nodes' when fewer than 30); post-change: its
+    requests started in ``[onset, onset + window_s)`` during the fault. ``δ`` is the mean shift in units
+    of the pre-change sd. The false-alarm budget is one alarm per ``false_alarm_node_hours`` node-hours:
+    ``ARL0 = rate * 3600 * false_alarm_node_hours`` samples, with ``rate`` the node's fair-share request
+    rate ``(group requests / duration) / nodes``.
+    """
+    a = sim.attempts()
+    ok = (a["kind"] == KIND_CLIENT) & np.isfinite(a["service_ms"]) & (a["status"] == STATUS_OK)
+    req = a["req"][ok]
+    node = a["node"][ok]
+    start = a["start"][ok]
+    p = np.asarray(sim.r_prompt, dtype=np.float64)[req]
+    c = np.asarray(sim.r_comp, dtype=np.float64)[req]
+    pre_ms = np.asarray(sim.pre_ms)[node]
+    dec_ms = np.asarray(sim.dec_ms)[node]
+    sig = np.log(a["service_ms"][ok] / (pre_ms * p + dec_ms * c))
+    out = []
+    for gname, local in scn.faulty:
+        gi = _group_index(scn, gname)
+        n_glob = sim.offset[gi] + local
+        f = next((f for f in scn.faults if f.group == gname and f.node == local), None)
+        if f is None:
+            continue
+        end = min(f.end_s if f.end_s is not None else scn.duration_s, f.start_s + window_s)
+        mine = node == n_glob
+        before = sig[mine & (start < f.start_s)]
+        if len(before) < 30:
+            healthy = np.asarray([sim.node_group[n] == gi for n in range(len(sim.node_group))])[node]
+            before = sig[healthy & ~mine]
+        after = sig[mine & (start >= f.start_s) & (start < end)]
+        rate = float((np.asarray(sim.r_group) == gi).sum()) / scn.duration_s / scn.groups[gi].nodes
+        entry: dict[str, Any] = {"group": gname, "node": local, "kind": f.kind, "min_delay_s": None}
+        if len(before) >= 10 and len(after) >= 5:
+            sd = float(np.std(before))
+            delta = (float(np.mean(after)) - float(np.mean(before))) / sd if sd > 0 else math.inf
+            arl0 = rate * 3600.0 * false_alarm_node_hours
+            samples = cusum_min_delay(delta, arl0)
+            entry.update({
+                "delta_sd": _r(delta), "arl0_samples": _r(arl0, 0), "arl1_samples": _r(samples),
+                "node_rate_rps": _r(rate), "min_delay_s": _r(samples / rate if samples is not None else None),
+                "samples_pre": len(before), "samples_post": len(after),
+            })
+        out.append(entry)
+    return out

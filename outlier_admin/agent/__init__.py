@@ -1,0 +1,10 @@
+"""Gateway agent: puts the published weights into HAProxy, nginx or Envoy on the gateway host.
+
+Plain Python (redis-py only; prometheus-client optional): no Django import anywhere in this package,
+so it runs on a gateway host without the control plane installed. Run it with
+``python -m outlier_admin.agent --help``; see ``outlier_admin/agent/README.md``.
+
+Modules: ``core`` (the apply loop around ``outlier_admin.gateway_client``), one applier per gateway
+(``haproxy``, ``nginx``, ``envoy``), ``metrics`` (``outlier_agent_*``), ``harness`` (fake inference
+servers and per-test HAProxy/nginx processes for the end-to-end tests and the benchmark), ``bench``.
+"""

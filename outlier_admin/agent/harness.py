@@ -1,0 +1,382 @@
+"""End-to-end harness: fake inference servers, per-test HAProxy and nginx processes, loopback traffic.
+
+Used by ``tests/outlier_admin/agent/test_e2e_*.py`` and ``python -m outlier_admin.agent.bench``.
+Everything binds 127.0.0.1 on ephemeral ports, lives in one temp directory (config, pid, socket,
+logs), and every process is started by us and stopped by pid (``stop()``; also a context manager).
+
+* ``FakeInferenceServer``: OpenAI-compatible ``POST /v1/completions``; sleeps
+  ``base_delay_s * slowdown`` per request, answers with ``usage`` token counts and the header
+  ``X-Served-By: <name>`` so a client can count each server's share.
+* ``HAProxyProcess``: ``balance roundrobin`` backend over the servers, runtime API on a UNIX stats
+  socket (``level admin``), HTTP logs (``option httplog``) sent over UDP to a ``SyslogCollector``.
+* ``NginxProcess``: ``proxy_pass`` to the upstream rendered in an include file by the agent.
+* ``send_traffic``: bounded sequential requests (one connection each, so each request is balanced
+  on its own), returns per-server counts and latencies.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+HAPROXY_BIN = shutil.which("haproxy") or "/usr/sbin/haproxy"
+NGINX_BIN = shutil.which("nginx") or "/usr/sbin/nginx"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(0.2)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.02)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout_s}s")
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Gateways close idle upstream connections with a reset; that is not a test failure.
+        return
+
+
+def wait_for_socket(path: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            if os.path.exists(path) and s.connect_ex(path) == 0:
+                s.sendall(b"show info\n")
+                s.recv(1024)
+                return
+        time.sleep(0.02)
+    raise TimeoutError(f"no stats socket at {path} after {timeout_s}s")
+
+
+class FakeInferenceServer:
+    """A tiny OpenAI-compatible completion server (see module docstring)."""
+
+    def __init__(self, name: str, base_delay_s: float = 0.002, slowdown: float = 1.0,
+                 completion_tokens: int = 16) -> None:
+        self.name = name
+        self.delay_s = base_delay_s * slowdown
+        self.completion_tokens = completion_tokens
+        self.requests = 0
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b"{}"
+                try:
+                    prompt = str(json.loads(raw).get("prompt", ""))
+                except ValueError:
+                    prompt = ""
+                if self.path != "/v1/completions":
+                    self.send_error(404)
+                    return
+                time.sleep(outer.delay_s)
+                with outer._lock:
+                    outer.requests += 1
+                prompt_tokens = max(1, len(prompt.split()))
+                body = json.dumps({
+                    "id": f"cmpl-{outer.name}-{outer.requests}", "object": "text_completion",
+                    "created": int(time.time()), "model": "fake",
+                    "choices": [{"index": 0, "text": " ok" * outer.completion_tokens, "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": outer.completion_tokens,
+                              "total_tokens": prompt_tokens + outer.completion_tokens},
+                }).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("X-Served-By", outer.name)
+                # What a tokens-aware sidecar would add; HAProxy captures them into its log line.
+                self.send_header("X-Prompt-Tokens", str(prompt_tokens))
+                self.send_header("X-Completion-Tokens", str(outer.completion_tokens))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST
+
+            def log_message(self, *args: Any) -> None:  # keep test output clean
+                return
+
+        self.httpd = _QuietServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.address = f"127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"fake-{name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class SyslogCollector:
+    """Receives HAProxy's UDP syslog datagrams on loopback and keeps the message lines."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.lines: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="syslog", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.lines.append(data.decode("utf-8", "replace").rstrip("\n"))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.sock.close()
+
+
+class _Process:
+    """A gateway process we started; ``stop()`` ends it by pid (SIGTERM, then SIGKILL)."""
+
+    proc: subprocess.Popen[bytes] | None = None
+    workdir: Path
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.proc = None
+
+    def __enter__(self) -> _Process:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class HAProxyProcess(_Process):
+    """A real HAProxy in front of ``servers`` (name -> "host:port"), in its own temp directory."""
+
+    def __init__(self, workdir: Path, servers: dict[str, str], *, backend: str = "llm",
+                 initial_weight: int = 256, log_port: int | None = None) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.backend = backend
+        self.port = free_port()
+        self.socket_path = str(self.workdir / "admin.sock")
+        self.config_path = self.workdir / "haproxy.cfg"
+        log_line = f"    log 127.0.0.1:{log_port} local0 info\n" if log_port else ""
+        server_lines = "".join(f"    server {name} {addr} weight {initial_weight}\n"
+                               for name, addr in servers.items())
+        self.config_path.write_text(
+            "global\n"
+            f"    stats socket {self.socket_path} mode 600 level admin\n"
+            f"{log_line}"
+            "defaults\n"
+            "    mode http\n    log global\n    option httplog\n"
+            "    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n"
+            "frontend llm_in\n"
+            f"    bind 127.0.0.1:{self.port}\n"
+            "    capture response header X-Prompt-Tokens len 10\n"
+            "    capture response header X-Completion-Tokens len 10\n"
+            f"    default_backend {backend}\n"
+            f"backend {backend}\n"
+            "    balance roundrobin\n"
+            f"{server_lines}"
+        )
+        check = subprocess.run([HAPROXY_BIN, "-c", "-q", "-f", str(self.config_path)], capture_output=True,
+                               text=True, timeout=10, check=False)
+        if check.returncode != 0:
+            raise RuntimeError(f"haproxy -c failed: {check.stderr}")
+        # -db: stay in the foreground so the Popen pid is HAProxy itself.
+        self.proc = subprocess.Popen([HAPROXY_BIN, "-db", "-f", str(self.config_path)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Wait on the stats socket, not the HTTP port: a probe connection would be logged as <BADREQ>.
+        deadline = time.monotonic() + 5
+        while not os.path.exists(self.socket_path) and time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"haproxy exited with {self.proc.returncode}")
+            time.sleep(0.02)
+        wait_for_socket(self.socket_path)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class NginxProcess(_Process):
+    """A real nginx proxying to the upstream in ``include_path`` (which must already be valid)."""
+
+    def __init__(self, workdir: Path, include_path: Path, upstream: str) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.config_path = self.workdir / "nginx.conf"
+        self.error_log = self.workdir / "error.log"
+        tmp = self.workdir / "tmp"
+        tmp.mkdir(exist_ok=True)
+        temps = "".join(f"    {kind}_temp_path {tmp}/{kind};\n"
+                        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        self.config_path.write_text(
+            "worker_processes 1;\n"
+            f"pid {self.workdir / 'nginx.pid'};\n"
+            f"error_log {self.error_log} warn;\n"
+            "events { worker_connections 256; }\n"
+            "http {\n"
+            "    access_log off;\n"
+            f"{temps}"
+            f"    include {include_path};\n"
+            "    server {\n"
+            f"        listen 127.0.0.1:{self.port};\n"
+            f"        location / {{ proxy_pass http://{upstream}; }}\n"
+            "    }\n"
+            "}\n"
+        )
+        self.base_cmd = [NGINX_BIN, "-p", str(self.workdir), "-c", str(self.config_path), "-e", str(self.error_log)]
+        self.proc = subprocess.Popen([*self.base_cmd, "-g", "daemon off;"], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        wait_for_port(self.port)
+
+    def worker_pids(self) -> set[int]:
+        """Pids of the master's live worker processes (from /proc)."""
+        if self.proc is None:
+            return set()
+        pids = set()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == self.proc.pid and fields[0] != "Z":
+                pids.add(int(entry))
+        return pids
+
+    def wait_reloaded(self, old_workers: set[int], timeout_s: float = 10.0) -> None:
+        """Block until every worker from before a reload has exited and a new one runs: only then
+        does all traffic follow the new upstream (reload is graceful and asynchronous)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            now = self.worker_pids()
+            if now and not (now & old_workers):
+                return
+            time.sleep(0.02)
+        raise TimeoutError(f"nginx workers {old_workers} still running after reload")
+
+    @property
+    def test_cmd(self) -> list[str]:
+        return [*self.base_cmd, "-t", "-q"]
+
+    @property
+    def reload_cmd(self) -> list[str]:
+        return [*self.base_cmd, "-s", "reload"]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass
+class TrafficResult:
+    counts: Counter[str] = field(default_factory=Counter)
+    latencies_ms: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    errors: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def share(self, server: str) -> float:
+        return self.counts[server] / self.total if self.total else 0.0
+
+
+def send_traffic(url: str, n: int, *, timeout_s: float = 5.0, deadline_s: float = 30.0) -> TrafficResult:
+    """``n`` sequential completions through the gateway at ``url`` (bounded by ``deadline_s``)."""
+    host, _, port = url.removeprefix("http://").partition(":")
+    result = TrafficResult()
+    stop_at = time.monotonic() + deadline_s
+    body = json.dumps({"model": "fake", "prompt": "hello gray failure world", "max_tokens": 16})
+    for _ in range(n):
+        if time.monotonic() > stop_at:
+            break
+        conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+        t0 = time.perf_counter()
+        try:
+            conn.request("POST", "/v1/completions", body=body,
+                         headers={"Content-Type": "application/json", "Connection": "close"})
+            resp = conn.getresponse()
+            resp.read()
+            served_by = resp.getheader("X-Served-By")
+        except OSError:
+            result.errors += 1
+            continue
+        finally:
+            conn.close()
+        if resp.status != 200 or not served_by:
+            result.errors += 1
+            continue
+        result.counts[served_by] += 1
+        result.latencies_ms[served_by].append((time.perf_counter() - t0) * 1000)
+    return result
+
+
+def weights_document(group: str, version: int, servers: dict[str, str], *, quarantined: tuple[str, ...] = (),
+                     weights: dict[str, int] | None = None, generated_at: float | None = None,
+                     stale_after_s: float = 60.0, safeguard: bool = False) -> dict[str, Any]:
+    """A weights document in the control plane's contract (for tests and the benchmark)."""
+    weights = weights or {}
+    nodes = []
+    for name, addr in servers.items():
+        q = name in quarantined
+        nodes.append({"node": name, "address": addr, "weight": 0 if q else weights.get(name, 100),
+                      "state": "quarantined" if q else "healthy", "base_weight": 100})
+    return {"group": group, "version": version,
+            "generated_at": time.time() if generated_at is None else generated_at,
+            "stale_after_s": stale_after_s, "safeguard": safeguard, "nodes": nodes}
+
+
+def publish(redis_client: Any, doc: dict[str, Any], *, key_prefix: str = "outlier:weights:",
+            channel: str = "outlier:weights") -> None:
+    """Write the document and notify, as the control plane does."""
+    redis_client.set(f"{key_prefix}{doc['group']}", json.dumps(doc))
+    redis_client.publish(channel, json.dumps({"group": doc["group"], "version": doc["version"]}))
+
+
+def make_workdir(prefix: str = "oa-gw-") -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))

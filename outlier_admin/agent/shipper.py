@@ -1,0 +1,119 @@
+"""HAProxy log shipper: HAProxy's UDP syslog -> ingest records -> ``POST /api/v1/ingest/requests``.
+
+Runs next to HAProxy (``log 127.0.0.1:5514 local0`` in its ``global`` section) and next to the
+agent; standard library only (plus the ``outlier_admin.ingest.logformats`` parsers, which need
+``orjson``). Each datagram is parsed with ``outlier_admin.ingest.logformats.haproxy.parse_line``;
+parsed records are batched and POSTed as a JSON array with ``Authorization: Bearer <token>``.
+
+HAProxy logs server *names*; the ingest pipeline resolves node *addresses*. ``node_map_from_haproxy``
+reads ``show servers state`` once at start (and on ``refresh_node_map``) and maps ``backend/server``
+to ``addr:port`` so each record's ``node`` is the address the control plane knows.
+
+Nothing is lost silently: lines that do not parse are counted by reason and the last ones kept
+(``rejected``); a batch the API refuses or cannot take stays buffered (bounded) and is retried.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter, deque
+from typing import Any
+
+from outlier_admin.agent.haproxy import RuntimeAPI
+from outlier_admin.ingest.logformats import ParseError
+from outlier_admin.ingest.logformats.haproxy import parse_line
+
+log = logging.getLogger("outlier_admin.agent.shipper")
+
+
+def node_map_from_haproxy(api: RuntimeAPI, backend: str) -> dict[str, str]:
+    """``{"<backend>/<server>": "<addr>:<port>"}`` from the runtime API."""
+    return {f"{s.backend}/{s.name}": f"{s.addr}:{s.port}" for s in api.show_servers_state(backend)}
+
+
+class LogShipper:
+    """Parse HAProxy log lines and ship the records to the ingest API in batches."""
+
+    def __init__(self, ingest_url: str, token: str, *, node_map: dict[str, str] | None = None,
+                 group: str | None = None, batch_size: int = 500, max_buffer: int = 100_000,
+                 timeout_s: float = 5.0) -> None:
+        self.ingest_url = ingest_url
+        self.token = token
+        self.node_map = node_map or {}
+        self.group = group
+        self.batch_size = batch_size
+        self.timeout_s = timeout_s
+        self.buffer: deque[dict[str, Any]] = deque(maxlen=max_buffer)
+        self.rejected: deque[tuple[str, str]] = deque(maxlen=1000)  # (reason, line)
+        self.rejected_by_reason: Counter[str] = Counter()
+        self.shipped = 0
+        self.post_errors = 0
+        self.last_response: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+
+    def feed(self, line: str) -> bool:
+        """Parse one line; True if it became a record (buffered for the next flush)."""
+        try:
+            rec = parse_line(line, node_map=self.node_map)
+        except ParseError as exc:
+            reason = getattr(exc, "reason", "bad_format")
+            self.rejected_by_reason[reason] += 1
+            self.rejected.append((reason, line))
+            return False
+        if self.group:
+            rec["group"] = self.group
+        with self._lock:
+            self.buffer.append(rec)
+            full = len(self.buffer) >= self.batch_size
+        if full:
+            self.flush()
+        return True
+
+    def flush(self) -> int:
+        """POST everything buffered; returns how many records the API took (kept on failure)."""
+        with self._lock:
+            batch = list(self.buffer)
+            self.buffer.clear()
+        if not batch:
+            return 0
+        req = urllib.request.Request(
+            self.ingest_url, data=json.dumps(batch).encode(), method="POST",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                self.last_response = json.loads(resp.read() or b"{}")
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            self.post_errors += 1
+            log.warning("ingest POST failed (%s); keeping %d records for retry", exc, len(batch))
+            with self._lock:
+                self.buffer.extendleft(reversed(batch))
+            return 0
+        self.shipped += len(batch)
+        return len(batch)
+
+
+def serve_udp(shipper: LogShipper, sock: socket.socket, stop: threading.Event,
+              flush_interval_s: float = 1.0) -> None:
+    """Read syslog datagrams from ``sock`` until ``stop``; flush at least every ``flush_interval_s``."""
+    sock.settimeout(min(flush_interval_s, 0.5))
+    last_flush = 0.0
+    while not stop.is_set():
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            data = b""
+        except OSError:
+            break
+        if data:
+            shipper.feed(data.decode("utf-8", "replace").rstrip("\n"))
+        if time.monotonic() - last_flush >= flush_interval_s:
+            shipper.flush()
+            last_flush = time.monotonic()
+    shipper.flush()

@@ -1,0 +1,189 @@
+"""Threshold preview: which transitions new thresholds would have produced over recorded history.
+
+Replays the stored per-node history (signal ``norm``: EMA, Z, P50, P99, recorded state) of a group
+against two :class:`detector.Thresholds` — the current ones and the proposed ones — and returns the
+simulated transitions of each, so an operator sees what a change *would have done* before saving it.
+
+Rules replayed (the detector's, on the history cadence of ``HISTORY_EVERY_S`` seconds):
+
+- degrade: ``Z >= degrade_z`` (robust mode also needs ``EMA >= degrade_materiality * baseline``);
+  back to healthy when ``Z < degrade_z - degrade_hysteresis``;
+- quarantine: ``Z >= quarantine_z`` (robust: ``EMA >= quarantine_materiality * baseline``) for
+  ``quarantine_persistence`` rows in a row, or ``P99/P50 >= tail_ratio`` for ``tail_windows`` rows in
+  a row, or ``P50 >= cross_p50_ratio * median peer P50`` for ``tail_windows`` rows in a row;
+- safeguard: a quarantine is refused (``safeguard_blocked``) when it would put more than
+  ``floor(max_quarantine_fraction * nodes)`` nodes out of service; the node stays degraded.
+
+``baseline`` at a timestamp is the median EMA of the nodes recorded healthy/degraded at it.
+
+Approximations, stated so nobody over-reads the preview: persistence is counted per history row (the
+detector counts per evaluation, i.e. per tick, so real quarantines come sooner); recovery needs canary
+probes, which are not replayed, so a simulated quarantine lasts to the end of the window; nodes the
+history shows warming, probing, recovering or forced by an operator are not judged at those rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+from django.utils import timezone
+
+from detector.thresholds import Thresholds
+from outlier_admin.control.models import NodeHistory
+from outlier_admin.fleet.models import ModelGroup
+
+#: Thresholds whose effect the replay can show (they act on stored figures).
+PREVIEW_FIELDS = (
+    "degrade_z", "degrade_hysteresis", "quarantine_z", "quarantine_persistence", "degrade_materiality",
+    "quarantine_materiality", "tail_ratio", "cross_p50_ratio", "tail_windows", "max_quarantine_fraction",
+)
+OUT_OF_SERVICE = frozenset({"quarantined", "probing", "forced_quarantine"})
+JUDGED = frozenset({"healthy", "degraded", "pending_approval"})
+#: Recorded states the replay always follows (membership and operator decisions, not thresholds).
+FOLLOWED = frozenset({"warming", "forced_quarantine", "forced_active"})
+
+
+@dataclass(frozen=True)
+class SimTransition:
+    node: str
+    at: datetime
+    from_state: str
+    to_state: str
+    rule: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "at": self.at.isoformat(), "from_state": self.from_state,
+                "to_state": self.to_state, "rule": self.rule}
+
+
+@dataclass
+class Preview:
+    rows: int
+    nodes: int
+    start: datetime
+    end: datetime
+    current: list[SimTransition] = field(default_factory=list)
+    proposed: list[SimTransition] = field(default_factory=list)
+
+    @staticmethod
+    def _keys(ts: list[SimTransition]) -> set[tuple[str, str, str]]:
+        return {(t.node, t.to_state, t.rule) for t in ts}
+
+    @property
+    def added(self) -> list[SimTransition]:
+        """Transitions the proposed thresholds produce that the current ones do not (by node/state/rule)."""
+        old = self._keys(self.current)
+        return [t for t in self.proposed if (t.node, t.to_state, t.rule) not in old]
+
+    @property
+    def removed(self) -> list[SimTransition]:
+        new = self._keys(self.proposed)
+        return [t for t in self.current if (t.node, t.to_state, t.rule) not in new]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows, "nodes": self.nodes, "start": self.start.isoformat(), "end": self.end.isoformat(),
+            "current": [t.to_dict() for t in self.current], "proposed": [t.to_dict() for t in self.proposed],
+            "added": [t.to_dict() for t in self.added], "removed": [t.to_dict() for t in self.removed],
+        }
+
+
+Row = tuple[datetime, str, float | None, float | None, float | None, float | None, str]  # at,node,z,ema,p50,p99,state
+
+
+def replay(rows: list[Row], t: Thresholds, node_count: int) -> list[SimTransition]:
+    """Simulated transitions of ``rows`` (sorted by ``at``) under thresholds ``t``. Pure function.
+
+    ``node_count`` sizes the safeguard (the group's nodes, not only those with history)."""
+    by_at: dict[datetime, list[Row]] = defaultdict(list)
+    for r in rows:
+        by_at[r[0]].append(r)
+    state: dict[str, str] = {}
+    held: set[str] = set()
+    z_streak: dict[str, int] = defaultdict(int)
+    tail_streak: dict[str, int] = defaultdict(int)
+    p50_streak: dict[str, int] = defaultdict(int)
+    max_out = math.floor(t.max_quarantine_fraction * node_count + 1e-9)
+    robust = t.baseline_mode == "robust"
+    out: list[SimTransition] = []
+    for at in sorted(by_at):
+        batch = by_at[at]
+        peers = [r for r in batch if r[6] in ("healthy", "degraded")]
+        emas = [r[3] for r in peers if r[3] is not None]
+        p50s = [r[4] for r in peers if r[4] is not None]
+        baseline = float(np.median(emas)) if emas else None
+        median_p50 = float(np.median(p50s)) if p50s else None
+        for _, node, z, ema, p50, p99, recorded in batch:
+            if node in held:
+                continue  # quarantined by the simulation: canaries are not replayed
+            cur = state.get(node)
+            if recorded not in JUDGED:
+                # Warming, forced by an operator, or in the detector's quarantine path: no fresh
+                # figure to judge. Follow the record, except that a node the simulation keeps in
+                # service stays there (the new thresholds might not have quarantined it).
+                if cur is None or cur not in JUDGED or recorded in FOLLOWED:
+                    state[node] = recorded
+                continue
+            if cur is None or cur not in JUDGED:
+                cur = state[node] = "degraded" if recorded == "pending_approval" else recorded
+            zq = z is not None and z >= t.quarantine_z and (
+                not robust or baseline is None or (ema is not None and ema >= t.quarantine_materiality * baseline))
+            z_streak[node] = z_streak[node] + 1 if zq else 0
+            tail = p50 is not None and p99 is not None and p50 > 0 and p99 / p50 >= t.tail_ratio
+            tail_streak[node] = tail_streak[node] + 1 if tail else 0
+            slow50 = p50 is not None and median_p50 is not None and median_p50 > 0 and p50 >= t.cross_p50_ratio * median_p50
+            p50_streak[node] = p50_streak[node] + 1 if slow50 else 0
+            rule = ("z_quarantine" if z_streak[node] >= t.quarantine_persistence
+                    else "tail_ratio" if tail_streak[node] >= t.tail_windows
+                    else "cross_p50" if p50_streak[node] >= t.tail_windows else None)
+            if rule is not None:
+                n_out = sum(1 for s in state.values() if s in OUT_OF_SERVICE)
+                if n_out + 1 <= max_out:
+                    out.append(SimTransition(node, at, cur, "quarantined", rule))
+                    state[node] = "quarantined"
+                    held.add(node)
+                    continue
+                if cur != "degraded":
+                    out.append(SimTransition(node, at, cur, "degraded", "safeguard_blocked"))
+                    state[node] = "degraded"
+                continue
+            zd = z is not None and z >= t.degrade_z and (
+                not robust or baseline is None or (ema is not None and ema >= t.degrade_materiality * baseline))
+            if cur == "healthy" and zd:
+                out.append(SimTransition(node, at, cur, "degraded", "z_degrade"))
+                state[node] = "degraded"
+            elif cur == "degraded" and (z is None or z < t.degrade_z - t.degrade_hysteresis):
+                out.append(SimTransition(node, at, cur, "healthy", "z_recovered"))
+                state[node] = "healthy"
+    return out
+
+
+def history_rows(group: ModelGroup, start: datetime, end: datetime) -> list[Row]:
+    """The group's ``norm`` history rows in ``[start, end)`` as replay input, sorted by time."""
+    qs = (
+        NodeHistory.objects.filter(node__group=group, signal="norm", at__gte=start, at__lt=end)
+        .order_by("at", "node_id").values_list("at", "node__name", "z", "ema", "p50", "p99", "state")
+    )
+    return list(qs)
+
+
+def preview_thresholds(
+    group: ModelGroup, changes: dict[str, Any], *, window_s: float = 3600.0, now: datetime | None = None
+) -> Preview:
+    """Replay the last ``window_s`` seconds of ``group``'s history under its current thresholds and
+    under ``current.replace(**changes)`` (raises ``ThresholdError`` for an invalid change)."""
+    current = group.thresholds()
+    proposed = current.replace(**changes)
+    end = now or timezone.now()
+    start = end - timedelta(seconds=window_s)
+    rows = history_rows(group, start, end)
+    n = group.nodes.filter(retired=False).count()
+    return Preview(
+        rows=len(rows), nodes=len({r[1] for r in rows}), start=start, end=end,
+        current=replay(rows, current, n), proposed=replay(rows, proposed, n),
+    )

@@ -1,0 +1,21 @@
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from outlier_admin.api import views
+
+router = DefaultRouter()
+router.register("groups", views.GroupViewSet, basename="group")
+router.register("nodes", views.NodeViewSet, basename="node")
+router.register("transitions", views.TransitionViewSet, basename="transition")
+router.register("proposals", views.ProposalViewSet, basename="proposal")
+router.register("overrides", views.OverrideViewSet, basename="override")
+router.register("probes", views.ProbeViewSet, basename="probe")
+router.register("gpu-readings", views.GpuReadingViewSet, basename="gpu-reading")
+router.register("audit", views.AuditViewSet, basename="audit")
+
+urlpatterns = [
+    path("api/v1/", include(router.urls)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+]

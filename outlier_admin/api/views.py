@@ -1,0 +1,293 @@
+"""``/api/v1/`` endpoints. Thin: parse input, check the role, call an action or a query, serialize.
+
+Role checks: :mod:`outlier_admin.api.permissions` (reads: any role; thresholds/policy/proposal
+decisions: ``operator``; overrides: ``oncall``). Every change goes through
+:mod:`outlier_admin.control.actions`, which validates it and writes the audit event.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from detector.thresholds import Thresholds
+from outlier_admin.api import filters, queries
+from outlier_admin.api import serializers as s
+from outlier_admin.api.permissions import capability_permission
+from outlier_admin.api.preview import preview_thresholds
+from outlier_admin.api.timeline import MAX_POINTS, RangeError, node_timeline, parse_range
+from outlier_admin.control import actions
+from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
+from outlier_admin.fleet.models import ModelGroup, Node
+from outlier_admin.ingest.models import GpuReading
+
+CanTune = capability_permission("tune")
+CanDecide = capability_permission("decide")
+CanOverride = capability_permission("override")
+
+
+def actor_of(request: Request) -> Any:
+    """The principal recorded in the audit log: the Django user (also for a token acting as it)."""
+    return request.user
+
+
+def _valid(serializer_class: type[serializers.Serializer], request: Request) -> dict[str, Any]:
+    ser = serializer_class(data=request.data)
+    ser.is_valid(raise_exception=True)
+    return dict(ser.validated_data)
+
+
+class GroupViewSet(viewsets.ReadOnlyModelViewSet):
+    """Model groups: the peers each node is compared with, their thresholds and policy."""
+
+    queryset = ModelGroup.objects.all()
+    serializer_class = s.GroupSerializer
+    lookup_field = "name"
+    lookup_value_regex = "[-a-zA-Z0-9_]+"
+    filterset_fields = ["policy"]
+    ordering_fields = ["name", "created_at"]
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        ctx = super().get_serializer_context()
+        ctx["state_counts"] = queries.state_counts()
+        return ctx
+
+    @extend_schema(responses=inline_serializer("Thresholds", {
+        "version": serializers.IntegerField(), "policy": serializers.CharField(),
+        "values": serializers.DictField(), "overrides": serializers.DictField(), "ranges": serializers.DictField(),
+    }))
+    @action(detail=True, methods=["get"])
+    def thresholds(self, request: Request, name: str | None = None) -> Response:
+        """Effective thresholds, the stored overrides of the defaults, and every field's allowed range."""
+        group = self.get_object()
+        return Response({
+            "version": group.thresholds_version, "policy": group.policy,
+            "values": group.thresholds().to_dict(), "overrides": group.threshold_overrides,
+            "ranges": Thresholds.field_ranges(),
+        })
+
+    @extend_schema(request=s.ThresholdUpdateSerializer, responses=s.ThresholdChangeSerializer)
+    @thresholds.mapping.patch
+    def update_thresholds(self, request: Request, name: str | None = None) -> Response:
+        """Change some thresholds (role ``operator``): a new version, audited. A value out of range is
+        a 400 naming the field and its range; nothing is stored then."""
+        group = self.get_object()
+        data = _valid(s.ThresholdUpdateSerializer, request)
+        change = actions.do_update_thresholds(group, data["changes"], actor=actor_of(request), reason=data["reason"])
+        return Response(s.ThresholdChangeSerializer(change).data)
+
+    @extend_schema(responses=s.ThresholdChangeSerializer(many=True))
+    @action(detail=True, methods=["get"], url_path="thresholds/history")
+    def threshold_history(self, request: Request, name: str | None = None) -> Response:
+        """Every thresholds/policy version with who, when, why and the diff ``{field: [old, new]}``."""
+        group = self.get_object()
+        page = self.paginate_queryset(group.threshold_changes.all())
+        return self.get_paginated_response(s.ThresholdChangeSerializer(page, many=True).data)
+
+    @extend_schema(request=s.ThresholdPreviewSerializer, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"], url_path="thresholds/preview")
+    def threshold_preview(self, request: Request, name: str | None = None) -> Response:
+        """Replay recorded history under the proposed values (changes nothing; any role)."""
+        group = self.get_object()
+        data = _valid(s.ThresholdPreviewSerializer, request)
+        if not data["changes"]:
+            raise ValidationError({"changes": ["give at least one threshold to preview"]})
+        return Response(preview_thresholds(group, data["changes"], window_s=data["window_s"]).to_dict())
+
+    @extend_schema(request=s.PolicySerializer, responses=s.GroupSerializer)
+    @action(detail=True, methods=["post"], permission_classes=[CanTune])
+    def policy(self, request: Request, name: str | None = None) -> Response:
+        """Set the group's policy (``shadow``/``approval``/``auto``; role ``operator``)."""
+        group = self.get_object()
+        data = _valid(s.PolicySerializer, request)
+        group = actions.do_set_group_policy(group, data["policy"], actor=actor_of(request), reason=data["reason"])
+        return Response(self.get_serializer(group).data)
+
+    def get_permissions(self) -> list[Any]:
+        if self.request is not None and self.request.method == "PATCH":
+            return [CanTune()]
+        return super().get_permissions()
+
+
+class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+    """Nodes with their state, weight and latest figures; overrides for on-call engineers."""
+
+    serializer_class = s.NodeSerializer
+    filterset_class = filters.NodeFilter
+    ordering_fields = ["name", "state", "weight", "last_seen", "latest_z", "latest_ema"]
+
+    def get_queryset(self) -> QuerySet[Node]:
+        return queries.with_latest_figures(Node.objects.select_related("group"))
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("start", OpenApiTypes.DATETIME, description="ISO 8601; default end - hours"),
+            OpenApiParameter("end", OpenApiTypes.DATETIME, description="ISO 8601; default now"),
+            OpenApiParameter("hours", OpenApiTypes.FLOAT, description="length of the range (default 1)"),
+            OpenApiParameter("signal", OpenApiTypes.STR, description="norm | prefill | decode"),
+            OpenApiParameter("max_points", OpenApiTypes.INT, description=f"at most {MAX_POINTS}"),
+        ],
+        responses=inline_serializer("Timeline", {
+            "node": serializers.IntegerField(), "signal": serializers.CharField(),
+            "start": serializers.DateTimeField(), "end": serializers.DateTimeField(),
+            "points": s.TimelinePointSerializer(many=True), "transitions": s.TransitionSerializer(many=True),
+        }),
+    )
+    @action(detail=True, methods=["get"])
+    def timeline(self, request: Request, pk: str | None = None) -> Response:
+        """EMA/Z/P50/P99/weight/state over a range, downsampled to at most 2,000 points (Z and P99 keep
+        each bucket's maximum, weight its minimum), with the transitions in the range."""
+        node = get_object_or_404(Node, pk=pk)
+        try:
+            start, end = parse_range(request.query_params, now=timezone.now())
+        except RangeError as exc:
+            raise ValidationError({"range": [str(exc)]}) from None
+        signal = request.query_params.get("signal", "norm")
+        if signal not in ("norm", "prefill", "decode"):
+            raise ValidationError({"signal": ["must be one of norm, prefill, decode"]})
+        try:
+            max_points = int(request.query_params.get("max_points", MAX_POINTS))
+        except ValueError:
+            raise ValidationError({"max_points": ["must be an integer"]}) from None
+        if not 1 <= max_points <= MAX_POINTS:
+            raise ValidationError({"max_points": [f"must be in [1, {MAX_POINTS}]"]})
+        points = node_timeline(node, start, end, signal=signal, max_points=max_points)
+        transitions = Transition.objects.filter(node=node, at__gte=start, at__lt=end).select_related("node", "group")
+        return Response({
+            "node": node.pk, "signal": signal, "start": start, "end": end,
+            "points": [p.to_dict() for p in points],
+            "transitions": s.TransitionSerializer(transitions.order_by("at"), many=True).data,
+        })
+
+    def _override(self, request: Request, pk: str | None, kind: str) -> Response:
+        node = get_object_or_404(Node, pk=pk)
+        serializer_class = s.PinInputSerializer if kind == "pin" else (
+            s.ReasonSerializer if kind in ("release", "unpin") else s.OverrideInputSerializer)
+        data = _valid(serializer_class, request)
+        actor = actor_of(request)
+        if kind == "quarantine":
+            row = actions.do_quarantine(node, actor=actor, reason=data["reason"], expires_in_s=data["expires_in_s"])
+        elif kind == "activate":
+            row = actions.do_activate(node, actor=actor, reason=data["reason"], expires_in_s=data["expires_in_s"])
+        elif kind == "pin":
+            row = actions.do_pin_weight(node, data["weight"], actor=actor, reason=data["reason"],
+                                        expires_in_s=data["expires_in_s"])
+        elif kind == "unpin":
+            row = actions.do_unpin_weight(node, actor=actor, reason=data["reason"])
+        else:
+            row = actions.do_release(node, actor=actor, reason=data["reason"])
+        row = Override.objects.select_related("node").get(pk=row.pk)
+        return Response(s.OverrideSerializer(row).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.OverrideInputSerializer, responses={201: s.OverrideSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[CanOverride])
+    def quarantine(self, request: Request, pk: str | None = None) -> Response:
+        """Force the node out of service (role ``oncall``); applied by the group's next tick."""
+        return self._override(request, pk, "quarantine")
+
+    @extend_schema(request=s.ReasonSerializer, responses={201: s.OverrideSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[CanOverride])
+    def release(self, request: Request, pk: str | None = None) -> Response:
+        """Clear a forced state or quarantine; the node re-enters through warm-up (role ``oncall``)."""
+        return self._override(request, pk, "release")
+
+    @extend_schema(request=s.OverrideInputSerializer, responses={201: s.OverrideSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[CanOverride])
+    def activate(self, request: Request, pk: str | None = None) -> Response:
+        """Force the node into service at base weight; the detector keeps scoring it (role ``oncall``)."""
+        return self._override(request, pk, "activate")
+
+    @extend_schema(request=s.PinInputSerializer, responses={201: s.OverrideSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[CanOverride])
+    def pin(self, request: Request, pk: str | None = None) -> Response:
+        """Publish exactly ``weight`` for the node (role ``oncall``)."""
+        return self._override(request, pk, "pin")
+
+    @extend_schema(request=s.ReasonSerializer, responses={201: s.OverrideSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[CanOverride])
+    def unpin(self, request: Request, pk: str | None = None) -> Response:
+        """Remove a pinned weight (role ``oncall``)."""
+        return self._override(request, pk, "unpin")
+
+
+class TransitionViewSet(viewsets.ReadOnlyModelViewSet):
+    """State changes with their explanation (evidence, thresholds in force, policy, safeguard)."""
+
+    queryset = Transition.objects.select_related("node", "group")
+    serializer_class = s.TransitionSerializer
+    filterset_class = filters.TransitionFilter
+    ordering_fields = ["at"]
+
+
+class ProposalViewSet(viewsets.ReadOnlyModelViewSet):
+    """Quarantines waiting for a human (policy ``approval``, GPU hard faults)."""
+
+    queryset = QuarantineProposal.objects.select_related("node", "group")
+    serializer_class = s.ProposalSerializer
+    filterset_class = filters.ProposalFilter
+    ordering_fields = ["created_at"]
+
+    def _decide(self, request: Request, pk: str | None, approve: bool) -> Response:
+        proposal = get_object_or_404(QuarantineProposal, pk=pk)
+        data = _valid(s.ReasonSerializer, request)
+        do = actions.do_approve_proposal if approve else actions.do_reject_proposal
+        proposal = do(proposal, actor=actor_of(request), reason=data["reason"])
+        return Response(s.ProposalSerializer(self.get_queryset().get(pk=proposal.pk)).data)
+
+    @extend_schema(request=s.ReasonSerializer, responses=s.ProposalSerializer)
+    @action(detail=True, methods=["post"], permission_classes=[CanDecide])
+    def approve(self, request: Request, pk: str | None = None) -> Response:
+        """Approve: the node is quarantined at the next tick (role ``operator``)."""
+        return self._decide(request, pk, approve=True)
+
+    @extend_schema(request=s.ReasonSerializer, responses=s.ProposalSerializer)
+    @action(detail=True, methods=["post"], permission_classes=[CanDecide])
+    def reject(self, request: Request, pk: str | None = None) -> Response:
+        """Reject: a detector proposal returns the node to service (role ``operator``)."""
+        return self._decide(request, pk, approve=False)
+
+
+class OverrideViewSet(viewsets.ReadOnlyModelViewSet):
+    """Manual decisions about nodes (create them with ``POST /api/v1/nodes/<id>/<kind>``)."""
+
+    queryset = Override.objects.select_related("node")
+    serializer_class = s.OverrideSerializer
+    filterset_class = filters.OverrideFilter
+    ordering_fields = ["created_at"]
+
+
+class ProbeViewSet(viewsets.ReadOnlyModelViewSet):
+    """Canary probes of quarantined / probing nodes and their verdicts."""
+
+    queryset = CanaryProbe.objects.select_related("node")
+    serializer_class = s.ProbeSerializer
+    filterset_class = filters.ProbeFilter
+    ordering_fields = ["at"]
+
+
+class GpuReadingViewSet(viewsets.ReadOnlyModelViewSet):
+    """DCGM readings per GPU of a node."""
+
+    queryset = GpuReading.objects.all()
+    serializer_class = s.GpuReadingSerializer
+    filterset_class = filters.GpuReadingFilter
+    ordering_fields = ["at"]
+
+
+class AuditViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Every change by a person or token: who, when, what, why, and before -> after in ``detail``."""
+
+    queryset = AuditEvent.objects.select_related("group", "node")
+    serializer_class = s.AuditEventSerializer
+    filterset_class = filters.AuditFilter
+    ordering_fields = ["at"]

@@ -1,0 +1,84 @@
+"""Canary probes: one synthetic completion request to a quarantined/probing node.
+
+``POST <address>/v1/completions`` with a fixed prompt and ``max_tokens`` (``CANARY_MAX_TOKENS``),
+timeout ``CANARY_TIMEOUT_S``. The probe is stored as :class:`CanaryProbe`; the next tick feeds it to
+the state machine (``GroupDetector.record_probe``), which judges its normalised latency against the
+peer baseline. Connection errors, timeouts and non-2xx answers are failed probes.
+
+Which probes are due is decided by the tick (``Evaluation.probes_due``, written to
+``outlier:probes:<group>``); an ``NX`` guard per node keeps one probe in flight per node.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import httpx
+from django.conf import settings
+
+from outlier_admin.control.models import CanaryProbe
+from outlier_admin.control.redis_conn import get_redis, probes_key
+from outlier_admin.fleet.models import ModelGroup, Node
+
+log = logging.getLogger(__name__)
+
+PROMPT = "Count from one to twenty, separated by commas:"
+# Used only when the server does not report usage: the prompt above is ~10 tokens.
+PROMPT_TOKENS_GUESS = 10
+
+
+def probe_node(node: Node, *, client: httpx.Client | None = None) -> CanaryProbe:
+    """Send one probe to ``node`` and store the result (not yet judged: ``passed`` is NULL)."""
+    body: dict[str, Any] = {"prompt": PROMPT, "max_tokens": settings.CANARY_MAX_TOKENS, "temperature": 0}
+    if settings.CANARY_MODEL:
+        body["model"] = settings.CANARY_MODEL
+    url = node.base_url.rstrip("/") + "/v1/completions"
+    own = client is None
+    client = client or httpx.Client(timeout=settings.CANARY_TIMEOUT_S)
+    started = time.perf_counter()
+    probe = CanaryProbe(node=node, ok=False)
+    try:
+        resp = client.post(url, json=body)
+        probe.total_ms = (time.perf_counter() - started) * 1000.0
+        probe.status = resp.status_code
+        if 200 <= resp.status_code < 300:
+            data = resp.json()
+            usage = data.get("usage") or {}
+            probe.prompt_tokens = int(usage.get("prompt_tokens") or PROMPT_TOKENS_GUESS)
+            probe.completion_tokens = int(usage.get("completion_tokens") or settings.CANARY_MAX_TOKENS)
+            probe.ok = True
+        else:
+            probe.error = f"HTTP {resp.status_code}: {resp.text[:200]}"
+    except (httpx.HTTPError, ValueError) as exc:
+        probe.total_ms = (time.perf_counter() - started) * 1000.0
+        probe.error = f"{type(exc).__name__}: {exc}"[:500]
+    finally:
+        if own:
+            client.close()
+    if probe.ok and probe.total_ms is not None:
+        w = node.group.thresholds().seed_prompt_weight
+        probe.normalised_latency = probe.total_ms / max(probe.prompt_tokens * w + probe.completion_tokens, 1.0)
+    probe.save()
+    return probe
+
+
+def run_due_probes() -> int:
+    """Probe every node the last ticks marked as due; returns the number of probes sent."""
+    r = get_redis()
+    sent = 0
+    for group in ModelGroup.objects.all():
+        due = r.hkeys(probes_key(group.name))
+        if not due:
+            continue
+        names = [d.decode() for d in due]
+        for node in Node.objects.filter(group=group, name__in=names, retired=False).select_related("group"):
+            guard = f"outlier:probe-inflight:{group.name}:{node.name}"
+            interval = group.thresholds().canary_interval_s
+            # One probe per node per canary interval, whichever worker gets here first.
+            if not r.set(guard, b"1", nx=True, px=int(interval * 1000)):
+                continue
+            probe_node(node)
+            sent += 1
+    return sent

@@ -1,0 +1,166 @@
+"""Control: what the detector decided (history, transitions), what humans decided (proposals,
+overrides), canary probes, and the audit trail.
+
+Operator decisions (overrides, proposal decisions) and canary results are written here by
+:mod:`outlier_admin.control.actions` / the canary task with ``applied_at = NULL``; the next tick of
+the group applies them to the detector state (the tick is the only writer of that state) and sets
+``applied_at``. So an action takes effect within one tick interval.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from outlier_admin.fleet.models import ModelGroup, Node
+
+
+class NodeHistory(models.Model):
+    """Per node and signal: one row per tick at a bounded cadence, and on every transition.
+
+    Bulk-inserted by the tick; ``retention`` downsamples old rows. ``z``/``p50``/``p99``/``ema`` are
+    on the normalised scale of the signal (NaN from the detector is stored as NULL).
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="history")
+    signal = models.CharField(max_length=16)
+    at = models.DateTimeField()
+    ema = models.FloatField(null=True)
+    z = models.FloatField(null=True)
+    p50 = models.FloatField(null=True)
+    p99 = models.FloatField(null=True)
+    samples = models.BigIntegerField(default=0)
+    weight = models.FloatField(default=0)
+    state = models.CharField(max_length=32)
+    downsampled = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["node", "signal", "at"]
+        indexes = [
+            models.Index(fields=["node", "signal", "at"], name="history_node_signal_at"),
+            models.Index(fields=["at"], name="history_at"),
+        ]
+
+
+class Transition(models.Model):
+    """A state change of a node with its explanation (the detector's evidence at that moment)."""
+
+    group = models.ForeignKey(ModelGroup, on_delete=models.CASCADE, related_name="transitions")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="transitions")
+    at = models.DateTimeField(db_index=True)
+    from_state = models.CharField(max_length=32)
+    to_state = models.CharField(max_length=32)
+    reason = models.CharField(max_length=64)
+    signal = models.CharField(max_length=16, blank=True, default="")
+    z = models.FloatField(null=True)
+    baseline = models.FloatField(null=True)
+    spread = models.FloatField(null=True)
+    ema = models.FloatField(null=True)
+    p50 = models.FloatField(null=True)
+    p99 = models.FloatField(null=True)
+    samples = models.BigIntegerField(default=0)
+    # Full explanation: the detector's Transition.to_dict(), the thresholds in force, the group
+    # policy, whether it was published (shadow: recorded, not published), GPU evidence if any.
+    explanation = models.JSONField(default=dict)
+    shadow = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-at"]
+        indexes = [models.Index(fields=["node", "-at"], name="transition_node_at")]
+
+
+class ProposalStatus(models.TextChoices):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    SUPERSEDED = "superseded"
+
+
+class ProposalSource(models.TextChoices):
+    DETECTOR = "detector", "latency outlier (policy approval)"
+    GPU_FAULT = "gpu_fault", "GPU hard fault (DCGM)"
+
+
+class QuarantineProposal(models.Model):
+    """A quarantine waiting for a human decision."""
+
+    group = models.ForeignKey(ModelGroup, on_delete=models.CASCADE, related_name="proposals")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="proposals")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    source = models.CharField(max_length=16, choices=ProposalSource.choices)
+    reason = models.CharField(max_length=200)
+    evidence = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=ProposalStatus.choices, default=ProposalStatus.PENDING)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    decided_actor = models.CharField(max_length=150, blank=True, default="")
+    decision_reason = models.TextField(blank=True, default="")
+    applied_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["status", "applied_at"], name="proposal_status_applied")]
+
+
+class OverrideKind(models.TextChoices):
+    QUARANTINE = "quarantine", "force quarantine"
+    ACTIVATE = "activate", "force active (never quarantine)"
+    RELEASE = "release", "release (clear forced state, back to service)"
+    PIN = "pin", "pin weight"
+    UNPIN = "unpin", "unpin weight"
+
+
+class Override(models.Model):
+    """A manual decision about one node. ``expires_at``: the detector drops it at that time."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="overrides")
+    kind = models.CharField(max_length=16, choices=OverrideKind.choices)
+    weight = models.PositiveIntegerField(null=True, blank=True)
+    reason = models.TextField()
+    actor = models.CharField(max_length=150)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    applied_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["applied_at"], name="override_applied")]
+
+
+class CanaryProbe(models.Model):
+    """One synthetic request to a quarantined/probing node. ``passed`` is the detector's verdict
+    (NULL until the next tick fed it to the state machine)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="probes")
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    ok = models.BooleanField(help_text="HTTP 2xx with a completion")
+    status = models.IntegerField(default=0, help_text="HTTP status; 0 = connection error / timeout")
+    total_ms = models.FloatField(null=True)
+    ttft_ms = models.FloatField(null=True)
+    prompt_tokens = models.IntegerField(default=0)
+    completion_tokens = models.IntegerField(default=0)
+    normalised_latency = models.FloatField(null=True, help_text="total_ms / (prompt*w + completion)")
+    error = models.TextField(blank=True, default="")
+    passed = models.BooleanField(null=True)
+    applied_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-at"]
+
+
+class AuditEvent(models.Model):
+    """Every state change made by a person or a token, written in the same transaction as the change."""
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    actor = models.CharField(max_length=150)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    action = models.CharField(max_length=64, db_index=True)
+    group = models.ForeignKey(ModelGroup, null=True, blank=True, on_delete=models.SET_NULL)
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL)
+    reason = models.TextField(blank=True, default="")
+    detail = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-at"]

@@ -1,0 +1,391 @@
+"""One detector tick of one model group: stream -> detector -> weights in Redis -> history in SQL.
+
+Order of a tick (any worker can run any group's tick; the per-group lock makes them sequential):
+
+1. take ``outlier:lock:tick:<group>`` (``SET NX PX``); if held, skip (another worker is ticking);
+2. restore the detector (``GroupDetector.from_bytes``) from ``outlier:state:<group>``, or build a
+   new one; sync membership with the group's nodes in the database; apply threshold changes;
+3. read new stream entries with the consumer group ``ticks`` (first reclaiming entries left pending
+   by a dead worker with ``XAUTOCLAIM``); entries at or below the state's ``last_id`` were already
+   applied before a crash and are only acknowledged (so no sample is applied twice);
+4. apply operator inputs written by :mod:`actions` (overrides, proposal decisions) and canary
+   probe results, then ``evaluate(now)``;
+5. publish the weights document (see :mod:`outlier_admin.control.publish`) — the decision reaches
+   Redis before any SQL write, which keeps decision-to-publish latency to a few milliseconds;
+6. store the detector state, then write transitions, history, proposals and node states in one
+   SQL transaction; only then ``XACK`` the entries. A crash before the ack re-delivers them and the
+   ``last_id`` check above skips them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import redis
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from detector import GroupDetector, NodeState, SampleBatch, Thresholds, Transition
+from outlier_admin.control import publish
+from outlier_admin.control.models import (
+    CanaryProbe,
+    NodeHistory,
+    Override,
+    OverrideKind,
+    ProposalSource,
+    ProposalStatus,
+    QuarantineProposal,
+)
+from outlier_admin.control.models import Transition as TransitionRow
+from outlier_admin.control.redis_conn import GroupLock, get_redis, lock_key, probes_key, state_key, stream_key
+from outlier_admin.fleet.models import ModelGroup, Node, Policy
+from outlier_admin.ingest.pipeline import decode_entry
+
+log = logging.getLogger(__name__)
+
+CONSUMER_GROUP = "ticks"
+@dataclass
+class TickResult:
+    group: str
+    at: float
+    samples: int = 0
+    entries: int = 0
+    transitions: int = 0
+    version: int | None = None
+    publish_latency_ms: float = 0.0
+    tick_ms: float = 0.0
+    safeguard: bool = False
+    weights: dict[str, int] = field(default_factory=dict)
+    states: dict[str, str] = field(default_factory=dict)
+
+
+def _f(v: Any) -> float | None:
+    if v is None:
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def _ts(value: float) -> datetime:
+    return datetime.fromtimestamp(value, tz=UTC)
+
+
+def _ensure_consumer_group(r: redis.Redis, key: str) -> None:
+    try:
+        r.xgroup_create(key, CONSUMER_GROUP, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def apply_thresholds(gd: GroupDetector, wanted: Thresholds) -> None:
+    """Apply a group's new thresholds to its running detector (learned state is kept)."""
+    gd.set_thresholds(wanted)
+
+
+def _load_detector(r: redis.Redis, group: ModelGroup, now: float) -> tuple[GroupDetector, bytes, int]:
+    raw = r.hmget(state_key(group.name), ["detector", "last_id", "thresholds_version"])
+    if raw[0]:
+        gd = GroupDetector.from_bytes(raw[0])
+        last_id = raw[1] or b"0-0"
+        version = int(raw[2] or 0)
+    else:
+        # A control plane starting against a running fleet must not slow-start every node.
+        gd = GroupDetector(thresholds=group.thresholds(), now=now)
+        last_id, version = b"0-0", group.thresholds_version
+    if version != group.thresholds_version:
+        apply_thresholds(gd, group.thresholds())
+    return gd, last_id, version
+
+
+def _id_tuple(entry_id: bytes) -> tuple[int, int]:
+    a, _, b = entry_id.partition(b"-")
+    return int(a), int(b or 0)
+
+
+def _sync_nodes(gd: GroupDetector, nodes: list[Node], now: float, fresh_state: bool) -> None:
+    live = {n.name: n for n in nodes if not n.retired}
+    for name in list(gd.nodes):
+        if name not in live:
+            gd.remove_node(name)
+    for name, node in live.items():
+        if name not in gd.nodes:
+            gd.add_node(name, base_weight=float(node.base_weight), now=now, warm=fresh_state)
+
+
+def _read_entries(r: redis.Redis, key: str, consumer: str, last_id: bytes) -> tuple[list, list[bytes]]:
+    """New entries (reclaimed + fresh) not yet applied, and every id to acknowledge."""
+    entries: list[tuple[bytes, dict]] = []
+    # Entries pending longer than a lock lease belong to a tick that died (we hold the lock now).
+    idle = settings.TICK_LOCK_TTL_MS
+    try:
+        claimed = r.xautoclaim(key, CONSUMER_GROUP, consumer, min_idle_time=idle, start_id="0-0", count=1000)
+        entries.extend(e for e in claimed[1] if e and e[1] is not None)
+    except redis.ResponseError:
+        pass
+    got = r.xreadgroup(CONSUMER_GROUP, consumer, {key: ">"}, count=settings.TICK_MAX_ENTRIES)
+    for _stream, items in got or []:
+        entries.extend(items)
+    ids = [eid for eid, _ in entries]
+    floor = _id_tuple(last_id)
+    fresh = [(eid, fields) for eid, fields in entries if _id_tuple(eid) > floor]
+    return fresh, ids
+
+
+def _batch(rows: list[list[Any]]) -> SampleBatch:
+    cols = list(zip(*rows, strict=True)) if rows else [[]] * 7
+    ttft = np.array([np.nan if v is None else v for v in cols[4]], dtype=np.float64)
+    return SampleBatch.from_columns(
+        node=cols[0], ts=cols[1], prompt_tokens=cols[2], completion_tokens=cols[3],
+        ttft_ms=ttft, total_ms=cols[5], status=cols[6],
+    )
+
+
+def _apply_operator_inputs(gd: GroupDetector, group: ModelGroup, now: float) -> tuple[list, list, list]:
+    """Apply unapplied overrides, decided proposals and probe results; return the rows applied."""
+    known = set(gd.nodes)
+    overrides = list(
+        Override.objects.filter(node__group=group, applied_at__isnull=True).select_related("node").order_by("created_at")
+    )
+    for o in overrides:
+        name = o.node.name
+        if name not in known:
+            continue
+        until = o.expires_at.timestamp() if o.expires_at else None
+        try:
+            if o.kind == OverrideKind.QUARANTINE:
+                gd.force_quarantine(name, now, until=until)
+            elif o.kind == OverrideKind.ACTIVATE:
+                gd.force_active(name, now, until=until)
+            elif o.kind == OverrideKind.RELEASE:
+                gd.release(name, now)
+            elif o.kind == OverrideKind.PIN:
+                gd.pin_weight(name, float(o.weight or 0), now, until=until)
+            elif o.kind == OverrideKind.UNPIN:
+                gd.unpin(name)
+        except ValueError as exc:  # e.g. an illegal edge: recorded on the row, not fatal to the tick
+            log.warning("override %s on %s not applicable: %s", o.kind, name, exc)
+    decided = list(
+        QuarantineProposal.objects.filter(
+            group=group, applied_at__isnull=True, status__in=[ProposalStatus.APPROVED, ProposalStatus.REJECTED]
+        ).select_related("node")
+    )
+    for p in decided:
+        name = p.node.name
+        if name not in known:
+            continue
+        try:
+            state = gd.state_of(name)
+            if p.source == ProposalSource.DETECTOR and state == NodeState.PENDING_APPROVAL:
+                (gd.approve if p.status == ProposalStatus.APPROVED else gd.reject)(name, now)
+            elif p.source == ProposalSource.GPU_FAULT and p.status == ProposalStatus.APPROVED:
+                gd.force_quarantine(name, now)
+        except ValueError as exc:
+            log.warning("proposal %s on %s not applicable: %s", p.pk, name, exc)
+    probes = list(
+        CanaryProbe.objects.filter(node__group=group, applied_at__isnull=True).select_related("node").order_by("at")
+    )
+    for pr in probes:
+        if pr.node.name not in known:
+            continue
+        pr.passed = gd.record_probe(
+            pr.node.name, pr.at.timestamp(), pr.prompt_tokens, pr.completion_tokens,
+            pr.ttft_ms, pr.total_ms, pr.ok,
+        )
+    return overrides, decided, probes
+
+
+def published_view(ev: Any, group: ModelGroup, nodes_by_name: dict[str, Node]) -> list[dict[str, Any]]:
+    """Per node: the weight (int) and state a gateway must apply.
+
+    ``shadow`` policy: the detector's decisions are recorded but every node is published at its base
+    weight as ``healthy`` — except operator-forced states, which an operator asked for explicitly.
+    """
+    forced = {NodeState.FORCED_QUARANTINE, NodeState.FORCED_ACTIVE}
+    out = []
+    for i, name in enumerate(ev.nodes):
+        state = NodeState(int(ev.states[i]))
+        weight = round(float(ev.weights[i]))
+        if group.policy == Policy.SHADOW and state not in forced:
+            state, weight = NodeState.HEALTHY, round(float(ev.base_weights[i]))
+        if state in (NodeState.QUARANTINED, NodeState.PROBING, NodeState.FORCED_QUARANTINE):
+            weight = 0
+        node = nodes_by_name.get(name)
+        out.append(
+            {
+                "node": name,
+                "address": node.address if node else name,
+                "weight": weight,
+                "state": state.label,
+                "base_weight": round(float(ev.base_weights[i])),
+            }
+        )
+    return out
+
+
+def _transition_row(t: Transition, group: ModelGroup, node: Node, shadow: bool, ev: Any) -> TransitionRow:
+    explanation = t.to_dict()
+    explanation["policy"] = group.policy
+    explanation["published"] = not shadow
+    explanation["safeguard"] = bool(ev.safeguard)
+    explanation["safeguard_reason"] = ev.safeguard_reason
+    if node.gpu_evidence:
+        explanation["gpu_evidence"] = node.gpu_evidence
+    return TransitionRow(
+        group=group, node=node, at=_ts(t.at), from_state=t.from_state.label, to_state=t.to_state.label,
+        reason=t.reason, signal=t.signal or "", z=_f(t.z), baseline=_f(t.baseline), spread=_f(t.spread),
+        ema=_f(t.ema), p50=_f(t.p50), p99=_f(t.p99), samples=int(t.samples or 0),
+        explanation=explanation, shadow=shadow,
+    )
+
+
+def run_tick(group: ModelGroup | str, *, now: float | None = None, consumer: str = "tick") -> TickResult | None:
+    """Run one tick of ``group`` (a model or its name). Returns None when another worker holds the
+    group's lock (that tick is skipped, not queued)."""
+    started = time.perf_counter()
+    if isinstance(group, str):
+        group = ModelGroup.objects.get(name=group)
+    r = get_redis()
+    lock = GroupLock(r, lock_key(group.name), settings.TICK_LOCK_TTL_MS)
+    if not lock.acquire():
+        return None
+    try:
+        return _tick_locked(r, group, now, consumer, started)
+    finally:
+        lock.release()
+
+
+def _tick_locked(r: redis.Redis, group: ModelGroup, now: float | None, consumer: str, started: float) -> TickResult:
+    group.refresh_from_db()
+    now = time.time() if now is None else now
+    skey = stream_key(group.name)
+    _ensure_consumer_group(r, skey)
+    gd, last_id, _ = _load_detector(r, group, now)
+    fresh_state = last_id == b"0-0" and not gd.nodes
+    nodes = list(Node.objects.filter(group=group))
+    by_name = {n.name: n for n in nodes}
+    _sync_nodes(gd, nodes, now, fresh_state)
+
+    entries, ack_ids = _read_entries(r, skey, consumer, last_id)
+    result = TickResult(group=group.name, at=now, entries=len(entries))
+    rows: list[list[Any]] = []
+    for _eid, fields in entries:
+        rows.extend(decode_entry(fields))
+    last_seen: dict[str, float] = {}
+    if rows:
+        batch = _batch(rows)
+        res = gd.ingest(batch)
+        result.samples = res.accepted
+        if res.unknown_nodes:
+            # Registered after our membership sync (by a concurrent ingest): add and re-apply.
+            fresh_nodes = {n.name: n for n in Node.objects.filter(group=group, name__in=res.unknown_nodes)}
+            for name, node in fresh_nodes.items():
+                if not node.retired:
+                    gd.add_node(name, base_weight=float(node.base_weight), now=now)
+                    by_name[name] = node
+            mask = np.isin(batch.node, list(fresh_nodes))
+            if mask.any():
+                result.samples += gd.ingest(batch.take(mask)).accepted
+        for name, ts in zip(batch.node.tolist(), batch.ts.tolist(), strict=True):
+            if ts > last_seen.get(name, 0.0):
+                last_seen[name] = ts
+        last_id = max((eid for eid, _ in entries), key=_id_tuple)
+
+    overrides, decided, probes = _apply_operator_inputs(gd, group, now)
+    ev = gd.evaluate(now)
+    decided_at = time.perf_counter()
+
+    view = published_view(ev, group, by_name)
+    version = publish.publish_weights(group, view, safeguard=bool(ev.safeguard), now=now)
+    result.publish_latency_ms = (time.perf_counter() - decided_at) * 1000.0
+    result.version = version
+    result.safeguard = bool(ev.safeguard)
+    result.weights = {v["node"]: v["weight"] for v in view}
+    result.states = {v["node"]: NodeState(int(s)).label for v, s in zip(view, ev.states, strict=True)}
+
+    history_slot = int(now // settings.HISTORY_EVERY_S)
+    stored_slot = r.hget(state_key(group.name), "history_slot")
+    pipe = r.pipeline(transaction=True)
+    pipe.hset(
+        state_key(group.name),
+        mapping={
+            "detector": gd.to_bytes(),
+            "last_id": last_id,
+            "thresholds_version": group.thresholds_version,
+            "history_slot": history_slot,
+        },
+    )
+    # Canary probes due now, for the canary task (replaced every tick).
+    pipe.delete(probes_key(group.name))
+    if ev.probes_due:
+        pipe.hset(probes_key(group.name), mapping={n: by_name[n].address for n in ev.probes_due if n in by_name})
+    pipe.execute()
+
+    shadow = group.policy == Policy.SHADOW
+    transitions = [t for t in ev.transitions if t.node in by_name]
+    result.transitions = len(transitions)
+    moved = {t.node for t in transitions}
+    write_all = stored_slot is None or int(stored_slot) != history_slot
+    stamp = timezone.now()
+    with transaction.atomic():
+        TransitionRow.objects.bulk_create([_transition_row(t, group, by_name[t.node], shadow, ev) for t in transitions])
+        for t in transitions:
+            if t.to_state == NodeState.PENDING_APPROVAL and not shadow:
+                _open_detector_proposal(by_name[t.node], t)
+        history = []
+        at = _ts(now)
+        for i, name in enumerate(ev.nodes):
+            if name not in by_name or not (write_all or name in moved):
+                continue
+            state_label = NodeState(int(ev.states[i])).label
+            for sig, ema in ev.ema.items():
+                history.append(NodeHistory(
+                    node=by_name[name], signal=sig, at=at, ema=_f(ema[i]), z=_f(ev.z_by_signal[sig][i]),
+                    p50=_f(ev.p50[i]) if sig == "norm" else None, p99=_f(ev.p99[i]) if sig == "norm" else None,
+                    samples=int(ev.counts[i]), weight=float(ev.weights[i]), state=state_label,
+                ))
+        NodeHistory.objects.bulk_create(history, batch_size=2000)
+        changed = []
+        for v in view:
+            node = by_name.get(v["node"])
+            if node is None:
+                continue
+            state_label = result.states[v["node"]]
+            seen = last_seen.get(node.name)
+            new_seen = _ts(seen) if seen else node.last_seen
+            if node.state != state_label or node.weight != v["weight"] or new_seen != node.last_seen:
+                node.state, node.weight, node.last_seen = state_label, v["weight"], new_seen
+                changed.append(node)
+        if changed:
+            Node.objects.bulk_update(changed, ["state", "weight", "last_seen"])
+        if overrides:
+            Override.objects.filter(pk__in=[o.pk for o in overrides]).update(applied_at=stamp)
+        if decided:
+            QuarantineProposal.objects.filter(pk__in=[p.pk for p in decided]).update(applied_at=stamp)
+        for pr in probes:
+            pr.applied_at = stamp
+        if probes:
+            CanaryProbe.objects.bulk_update(probes, ["passed", "applied_at"])
+        ModelGroup.objects.filter(pk=group.pk).update(last_tick_at=stamp)
+    if ack_ids:
+        r.xack(stream_key(group.name), CONSUMER_GROUP, *ack_ids)
+        # Acknowledged entries are no longer needed: delete them so the stream stays small.
+        r.xdel(stream_key(group.name), *ack_ids)
+    result.tick_ms = (time.perf_counter() - started) * 1000.0
+    return result
+
+
+def _open_detector_proposal(node: Node, t: Transition) -> None:
+    from outlier_admin.control.actions import do_propose_quarantine
+
+    do_propose_quarantine(
+        node, actor="system:detector", source=ProposalSource.DETECTOR,
+        reason=f"{t.reason}: {t.detail}" if t.detail else t.reason, evidence=t.to_dict(),
+    )

@@ -1,0 +1,3 @@
+from outlier_admin.demo.runner import main
+
+raise SystemExit(main())

@@ -1,0 +1,310 @@
+"""Run the demo: embedded defaults, seed, simulated gateways through the real ingest path, ticks,
+canaries, alerts, the web app on 127.0.0.1:PORT. ``DEMO_SECONDS=N`` stops it after N seconds.
+
+Threads (all stopped at exit): the web server (Django WSGI, threaded), one canary HTTP server per
+simulated node, the canary loop (Celery task ``control.run_due_canaries``, run in process),
+the event scan (alerts and JSON events), and the main loop below, once per ``DEMO_TICK_S``:
+
+1. the fleet advances to now: arrivals are routed by each group's gateway using the published
+   weights; completed requests become access-log records;
+2. the records go through :func:`outlier_admin.ingest.pipeline.submit` (validation, node
+   resolution, Redis stream) — the function behind ``POST /api/v1/ingest/requests``;
+3. each group ticks (:func:`outlier_admin.control.tick.run_tick`: stream -> detector -> weights
+   published to Redis -> history in SQL);
+4. the gateways re-read their group's weights document; new transitions are printed.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socketserver
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+BASE_DIR = Path(__file__).resolve().parents[2]
+DEMO_DB = BASE_DIR / "demo.sqlite3"
+ACTOR = "system:demo"
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def prepare_environment(env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Embedded defaults, set before Django reads its settings. Returns what was chosen."""
+    env = os.environ if env is None else env
+    env.setdefault("DJANGO_SETTINGS_MODULE", "outlier_admin.settings")
+    env["CELERY_TASK_ALWAYS_EAGER"] = "1"  # Celery tasks run in this process
+    env.setdefault("LOG_JSON", "0")  # a console for people; deployments keep JSON
+    env.setdefault("LOG_LEVEL", "ERROR")  # transitions and alerts are printed below
+    chosen: dict[str, Any] = {"fresh_db": False}
+    (BASE_DIR / "staticfiles").mkdir(exist_ok=True)  # STATIC_ROOT: whitenoise warns when it is missing
+    if not env.get("DATABASE_URL"):
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{DEMO_DB}{suffix}").unlink(missing_ok=True)
+        env["DATABASE_URL"] = f"sqlite:///{DEMO_DB}"
+        chosen["fresh_db"] = True
+    return chosen
+
+
+def choose_redis(url: str) -> tuple[Any, str]:
+    """``(client, description)``: Redis at ``url`` when it answers PING within 0.5 s, else an
+    in-process fakeredis (the demo then needs no service at all)."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=2)
+        client.ping()
+        return client, f"Redis at {url}"
+    except (redis.RedisError, OSError, ValueError):
+        import fakeredis
+
+        return fakeredis.FakeRedis(), f"in-process Redis stand-in (fakeredis; {url} not reachable)"
+
+
+def _sqlite_tuning() -> None:
+    # Several threads write (ticks, canaries, the web app): wait for the lock instead of failing,
+    # take it up front (no deadlocking lock upgrades) and let readers run beside the writer (WAL).
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("sqlite3"):
+        db["CONN_MAX_AGE"] = 0
+        db.setdefault("OPTIONS", {}).update({
+            "timeout": 30, "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        })
+
+
+def _clear_demo_keys(r: Any, fresh_db: bool) -> None:
+    from outlier_admin.demo.fleet import LARGE, SMALL
+
+    patterns = [f"outlier:*{g}*" for g in (LARGE, SMALL)]
+    if fresh_db:  # cursors of the event scan refer to ids of the old database
+        patterns += ["outlier:obs:*", "outlier:alerts:failed"]
+    for pattern in patterns:
+        keys = list(r.scan_iter(match=pattern, count=1000))
+        if keys:
+            r.delete(*keys)
+
+
+def seed(cfg: Any, addresses: dict[tuple[int, int], str], password: str) -> list[Any]:
+    """Two groups (32 + 8 nodes) and the demo operator; idempotent (re-running reuses them)."""
+    from django.contrib.auth.models import Group as Role
+    from django.contrib.auth.models import User
+
+    from outlier_admin.control.actions import do_create_group, do_register_node
+    from outlier_admin.demo.fleet import LARGE, SMALL, node_name
+    from outlier_admin.fleet.models import ModelGroup, Node
+
+    groups = []
+    specs = [(LARGE, "auto", 32, "Llama-3-70B", "8xH100"), (SMALL, cfg.small_policy, 8, "Qwen2-72B", "4xA100")]
+    for gi, (name, policy, n, model, hw) in enumerate(specs):
+        group = ModelGroup.objects.filter(name=name).first() or do_create_group(
+            name, actor=ACTOR, reason="demo fleet", policy=policy, model_name=model, hardware_class=hw,
+            created_via="demo")
+        for i in range(n):
+            nm, address = node_name(gi, i), addresses[(gi, i)]
+            if not Node.objects.filter(group=group, name=nm).update(address=address, retired=False):
+                do_register_node(group, address, actor=ACTOR, name=nm, reason="demo fleet")
+        groups.append(group)
+    user, _ = User.objects.get_or_create(username="demo", defaults={"is_staff": True})
+    user.is_staff = True
+    user.set_password(password)
+    user.save()
+    for role in Role.objects.filter(name__in=["viewer", "operator", "oncall"]):
+        user.groups.add(role)
+    return groups
+
+
+class _ThreadedWSGIServer(socketserver.ThreadingMixIn):
+    daemon_threads = True
+
+
+def start_web(port: int, bind: str = "127.0.0.1") -> Any:
+    from django.core.handlers.wsgi import WSGIHandler
+    from django.core.servers.basehttp import WSGIRequestHandler, WSGIServer
+
+    server_cls = type("DemoWSGIServer", (_ThreadedWSGIServer, WSGIServer), {})
+    httpd = server_cls((bind, port), WSGIRequestHandler, ipv6=False)
+    httpd.set_app(WSGIHandler())
+    threading.Thread(target=httpd.serve_forever, name="web", daemon=True).start()
+    return httpd
+
+
+def _loop(stop: threading.Event, every_s: float, fn: Any, name: str) -> threading.Thread:
+    from django.db import close_old_connections
+
+    def run() -> None:
+        while not stop.is_set():
+            try:
+                fn()
+            except Exception as exc:  # a demo thread reports and keeps going
+                say(f"[{name}] {type(exc).__name__}: {exc}")
+            finally:
+                close_old_connections()
+            stop.wait(every_s)
+
+    t = threading.Thread(target=run, name=name, daemon=True)
+    t.start()
+    return t
+
+
+def main() -> int:
+    from outlier_admin.demo.config import DemoConfig, DemoConfigError
+
+    try:
+        cfg = DemoConfig.from_env()
+    except DemoConfigError as exc:
+        say(f"demo: {exc}")
+        return 2
+    chosen = prepare_environment()
+    from django.conf import settings
+
+    _sqlite_tuning()
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from outlier_admin.control import redis_conn
+
+    client, redis_desc = choose_redis(settings.REDIS_URL)
+    redis_conn.set_redis(client)
+    _clear_demo_keys(client, chosen["fresh_db"])
+    db = settings.DATABASES["default"]
+    db_desc = (f"SQLite {db['NAME']}" + (" (fresh)" if chosen["fresh_db"] else "")
+               if db["ENGINE"].endswith("sqlite3") else f"PostgreSQL {db.get('HOST')}/{db['NAME']}")
+    say("outlier-admin demo")
+    say(f"  database : {db_desc}")
+    say(f"  redis    : {redis_desc}")
+    say("  celery   : tasks run in this process (CELERY_TASK_ALWAYS_EAGER)")
+    call_command("migrate", verbosity=0, interactive=False)
+    return run(cfg, client)
+
+
+def run(cfg: Any, client: Any) -> int:
+    from django.db import close_old_connections
+
+    from outlier_admin.control.models import Transition
+    from outlier_admin.control.tasks import run_due_canaries
+    from outlier_admin.control.tick import run_tick
+    from outlier_admin.demo.fleet import (
+        LARGE,
+        PCIE_NODE,
+        SMALL,
+        THERMAL_NODE,
+        CanaryServer,
+        SimulatedFleet,
+        node_name,
+    )
+    from outlier_admin.gateway_client import GatewayClient
+    from outlier_admin.ingest.pipeline import directory, submit
+    from outlier_admin.observability.events import scan_events
+    from outlier_admin.observability.hooks import observe_ingest, observe_tick
+
+    gateways: list[GatewayClient] = []
+
+    def weights_of(gi: int) -> dict[str, int] | None:
+        eff = gateways[gi].effective() if gi < len(gateways) else None
+        return None if eff is None else {n.node: (0 if n.quarantined else n.weight) for n in eff.nodes}
+
+    fleet = SimulatedFleet(cfg, weights_of)
+    canaries = {(gi, i): CanaryServer(fleet, gi, i).start()
+                for gi, g in enumerate(fleet.scn.groups) for i in range(g.nodes)}
+    password = cfg.password or secrets.token_urlsafe(9)
+    groups = seed(cfg, {k: c.address for k, c in canaries.items()}, password)
+    directory.clear()
+    gateways.extend(GatewayClient(client, g.name) for g in groups)
+    try:
+        httpd = start_web(cfg.port, cfg.bind)
+    except OSError as exc:
+        say(f"demo: cannot listen on {cfg.bind}:{cfg.port} ({exc.strerror}); set PORT to a free port")
+        for c in canaries.values():
+            c.stop()
+        return 2
+    base = f"http://127.0.0.1:{cfg.port}"
+    say(f"  dashboard: {base}/   login: demo / {password}   (admin: {base}/admin/)")
+    say(f"  metrics  : {base}/metrics   health: {base}/healthz   ready: {base}/readyz")
+    say(f"  faults   : thermal throttle on {LARGE}/{node_name(0, THERMAL_NODE)} at +{cfg.fault_at_s:g}s, "
+        f"PCIe downgrade on {SMALL}/{node_name(1, PCIE_NODE)} at +{cfg.pcie_at_s:g}s, both heal at +{cfg.heal_at_s:g}s")
+    say(f"  policy   : {LARGE} auto; {SMALL} {cfg.small_policy}"
+        + (" (approve its quarantine proposal in the dashboard)" if cfg.small_policy == "approval" else ""))
+    say("  " + (f"stops after {cfg.seconds:g} s (DEMO_SECONDS)" if cfg.seconds else "Ctrl-C to stop"))
+
+    stop = threading.Event()
+    threads = [
+        _loop(stop, 1.0, lambda: run_due_canaries.delay(), "canary"),
+        _loop(stop, 2.0, _print_alerts(scan_events), "events"),
+    ]
+    last_seen = Transition.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+    counts = {"records": 0, "ticks": 0}
+    deadline = fleet.started + cfg.seconds if cfg.seconds else float("inf")
+    try:
+        while not stop.is_set() and time.time() < deadline:
+            loop_started = time.time()
+            for group, records in fleet.advance().items():
+                outcome = submit([(i + 1, rec, None) for i, rec in enumerate(records)], source=f"demo-gateway:{group}")
+                observe_ingest(outcome, source=f"demo-gateway:{group}")
+                counts["records"] += outcome.accepted
+            for group in groups:
+                observe_tick(run_tick(group.name, consumer="demo"))
+                counts["ticks"] += 1
+            for gw in gateways:
+                gw.refresh()
+            last_seen = _print_transitions(last_seen, fleet.rel())
+            close_old_connections()
+            time.sleep(max(0.0, cfg.tick_s - (time.time() - loop_started)))
+    except KeyboardInterrupt:
+        say("demo: interrupted")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+        httpd.shutdown()
+        httpd.server_close()
+        for c in canaries.values():
+            c.stop()
+    say(_summary(counts))
+    return 0
+
+
+def _print_alerts(scan: Any) -> Any:
+    def run() -> None:
+        res = scan()
+        for a in res.alerts:
+            say(f"  ALERT {a.status:8s} {a.name}: {a.summary}")
+
+    return run
+
+
+def _print_transitions(last_seen: int, t_rel: float) -> int:
+    from outlier_admin.control.models import Transition
+
+    for t in Transition.objects.filter(pk__gt=last_seen).select_related("group", "node").order_by("pk"):
+        last_seen = t.pk
+        if t.reason == "warmed_up":
+            continue
+        z = f" Z={t.z:.1f}" if t.z is not None else ""
+        say(f"  +{t_rel:6.1f}s {t.group.name}/{t.node.name}: {t.from_state} -> {t.to_state} ({t.reason}{z})")
+    return last_seen
+
+
+def _summary(counts: dict[str, int]) -> str:
+    from django.db.models import Count
+
+    from outlier_admin.control.models import Transition
+    from outlier_admin.fleet.models import Node
+
+    states = dict(Node.objects.values_list("state").annotate(n=Count("id")).values_list("state", "n"))
+    moved = Transition.objects.exclude(reason="warmed_up").count()
+    return (f"demo finished: {counts['records']} records ingested, {counts['ticks']} ticks, "
+            f"{moved} transitions; nodes by state: {states}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

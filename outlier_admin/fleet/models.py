@@ -1,0 +1,188 @@
+"""Fleet: model groups (peers compared with each other), their thresholds, nodes, and API tokens.
+
+Detector node ids: the detector (``detector.GroupDetector``) knows a node by ``Node.name``, a stable
+string that is unique inside its group and never changes after registration (it defaults to the
+node's address at registration). The address may change (a node re-IP'd) without losing history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from detector.thresholds import Thresholds
+
+
+class Policy(models.TextChoices):
+    """What the control plane does with the detector's decisions for a group."""
+
+    SHADOW = "shadow", "shadow (decide, record and show; publish base weights)"
+    APPROVAL = "approval", "approval (quarantines wait for a human)"
+    AUTO = "auto", "auto (quarantine and restore automatically)"
+
+
+class ModelGroup(models.Model):
+    """Nodes serving the same model on the same hardware class: the peers a node is compared with.
+
+    ``threshold_overrides`` holds only the values that differ from :class:`detector.Thresholds`
+    defaults, so improving a default in code reaches every group that never touched it.
+    ``require_approval`` is not stored: it follows ``policy == "approval"``.
+    """
+
+    name = models.SlugField(max_length=100, unique=True, help_text="Group id used in records and Redis keys")
+    model_name = models.CharField(max_length=200, blank=True, default="")
+    hardware_class = models.CharField(max_length=100, blank=True, default="")
+    tensor_parallel_size = models.PositiveSmallIntegerField(default=1)
+    policy = models.CharField(max_length=16, choices=Policy.choices, default=Policy.AUTO)
+    threshold_overrides = models.JSONField(default=dict, blank=True)
+    thresholds_version = models.PositiveIntegerField(default=1)
+    # The PCIe link a healthy node of this group runs at; a node below it is a hard fault.
+    # Null: learned as the most common link among the group's GPUs.
+    pcie_link_gen_norm = models.PositiveSmallIntegerField(null=True, blank=True)
+    pcie_link_width_norm = models.PositiveSmallIntegerField(null=True, blank=True)
+    # Monotonic version of the published weights document (bumped by every publish).
+    weights_version = models.BigIntegerField(default=0)
+    last_tick_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    created_via = models.CharField(max_length=32, default="manual")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def thresholds(self) -> Thresholds:
+        """The effective, validated thresholds: defaults + overrides + the policy's approval flag."""
+        data = {**Thresholds().to_dict(), **self.threshold_overrides}
+        data["require_approval"] = self.policy == Policy.APPROVAL
+        return Thresholds.from_dict(data)
+
+    @staticmethod
+    def overrides_from(thresholds: Thresholds) -> dict[str, Any]:
+        """The values of ``thresholds`` that differ from the defaults (what we store)."""
+        defaults = Thresholds().to_dict()
+        return {
+            k: v
+            for k, v in thresholds.to_dict().items()
+            if k != "require_approval" and defaults.get(k) != v
+        }
+
+
+class ThresholdChange(models.Model):
+    """One version of a group's thresholds: who changed what, when, old -> new."""
+
+    group = models.ForeignKey(ModelGroup, on_delete=models.CASCADE, related_name="threshold_changes")
+    version = models.PositiveIntegerField()
+    changed_at = models.DateTimeField(default=timezone.now)
+    actor = models.CharField(max_length=150)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    old = models.JSONField(default=dict)
+    new = models.JSONField(default=dict)
+    diff = models.JSONField(default=dict, help_text='{"field": [old, new], ...}')
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["group", "-version"]
+        constraints = [models.UniqueConstraint(fields=["group", "version"], name="uniq_threshold_version")]
+
+
+class RegisteredVia(models.TextChoices):
+    MANUAL = "manual"
+    INGEST = "ingest"
+    LOGS = "logs"
+    API = "api"
+
+
+class Node(models.Model):
+    """One inference server (one replica of the model; a TP group of GPUs counts as one node).
+
+    ``state`` and ``weight`` mirror the last published decision (labels of
+    :class:`detector.NodeState`); the source of truth while running is the detector state in Redis.
+    """
+
+    group = models.ForeignKey(ModelGroup, on_delete=models.CASCADE, related_name="nodes")
+    name = models.CharField(max_length=200, help_text="Stable id inside the group; the detector's node id")
+    address = models.CharField(
+        max_length=300, help_text="host:port or http(s)://host:port of the OpenAI-compatible server"
+    )
+    base_weight = models.PositiveIntegerField(default=100)
+    labels = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=32, default="warming")
+    weight = models.PositiveIntegerField(default=0)
+    last_seen = models.DateTimeField(null=True, blank=True)
+    registered_via = models.CharField(max_length=16, choices=RegisteredVia.choices, default=RegisteredVia.MANUAL)
+    registered_at = models.DateTimeField(default=timezone.now)
+    # dcgm-exporter endpoint (http://host:9400/metrics); empty: not scraped.
+    dcgm_url = models.CharField(max_length=300, blank=True, default="")
+    # Latest GPU evidence summary (per GPU), written by the DCGM scrape; see ingest.GpuReading.
+    gpu_evidence = models.JSONField(default=dict, blank=True)
+    retired = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["group", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["group", "name"], name="uniq_node_name_in_group"),
+        ]
+        indexes = [models.Index(fields=["address"])]
+
+    def __str__(self) -> str:
+        return f"{self.group.name}/{self.name}"
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` for the node's OpenAI-compatible API (scheme added when missing)."""
+        return self.address if "://" in self.address else f"http://{self.address}"
+
+
+class TokenScope(models.TextChoices):
+    INGEST = "ingest"
+    API = "api"
+
+
+class ApiToken(models.Model):
+    """A bearer token. Only its SHA-256 is stored; the plaintext is shown once at creation.
+
+    Tokens are random (256 bits), so a fast hash is enough (no password stretching needed).
+    """
+
+    name = models.CharField(max_length=100)
+    scope = models.CharField(max_length=16, choices=TokenScope.choices)
+    token_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12, help_text="First characters, to recognise a token in lists")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    PREFIX = "oa_"
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.scope}, {self.prefix}...)"
+
+    @staticmethod
+    def hash(plaintext: str) -> str:
+        return hashlib.sha256(plaintext.encode("utf-8")).hexdigest()
+
+    @classmethod
+    def issue(cls, *, name: str, scope: str, user: Any = None) -> tuple[ApiToken, str]:
+        """Create a token; returns ``(row, plaintext)``. The plaintext is not recoverable later."""
+        if scope not in TokenScope.values:
+            raise ValueError(f"scope must be one of {TokenScope.values}, got {scope!r}")
+        plaintext = cls.PREFIX + secrets.token_urlsafe(32)
+        row = cls.objects.create(
+            name=name, scope=scope, token_hash=cls.hash(plaintext), prefix=plaintext[:10], user=user
+        )
+        return row, plaintext
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None

@@ -1,0 +1,417 @@
+"""Small gateway-side client for the weights document the control plane publishes in Redis.
+
+Runs on a gateway host with only ``redis-py`` installed: no Django import here, nor in anything this
+module imports.
+
+Contract (written by the control plane)
+---------------------------------------
+* Redis key ``outlier:weights:<group>`` holds JSON::
+
+      {"group": "llama-70b", "version": 42, "generated_at": 1733212345.2, "stale_after_s": 60,
+       "safeguard": false,
+       "nodes": [{"node": "gpu-07", "address": "10.0.0.7:8000", "weight": 35,
+                  "state": "degraded", "base_weight": 100}, ...]}
+
+  ``weight`` is an integer on the node's ``0..base_weight`` scale; quarantined nodes carry weight 0
+  and a state such as ``quarantined``/``probing``/``forced_quarantine``/``pending_approval``.
+* Every publish also sends ``{"group": ..., "version": ...}`` on pub/sub channel ``outlier:weights``.
+
+What the client does with it (fail static, then fail open)
+----------------------------------------------------------
+* It pulls the document on start, on every notification for its group, and every ``poll_interval_s``
+  (pub/sub is best effort: a missed message is repaired by the next poll).
+* A document is accepted when its version is newer than the last good one, or the same version with
+  a newer ``generated_at`` (the control plane re-stamps an unchanged document on every tick, which is
+  what keeps it fresh). Older versions are ignored; malformed documents are rejected with a reason and
+  the last good document is kept.
+* While Redis is unreachable or the control plane stops re-publishing, the last good document keeps
+  being served (**fail static**): ``mode == "live"``.
+* Once ``now - generated_at > stale_after_s`` the client serves every node at its ``base_weight`` in
+  state ``ready`` (**fail open**): ``mode == "fail_open"``. A dead control plane must not leave a
+  fleet stuck with nodes drained on old evidence. ``generated_at`` is the control plane's clock, so
+  the gateway and control-plane hosts need NTP-level clock agreement (seconds, not minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import redis
+
+log = logging.getLogger("outlier_admin.gateway_client")
+
+KEY_PREFIX = "outlier:weights:"
+CHANNEL = "outlier:weights"
+DEFAULT_STALE_AFTER_S = 60.0
+DEFAULT_BASE_WEIGHT = 100
+
+#: States in which a node must receive no traffic (weight 0 plus drain on gateways that have it).
+QUARANTINE_STATES = frozenset({"quarantined", "probing", "forced_quarantine", "pending_approval"})
+
+MODE_LIVE = "live"
+MODE_FAIL_OPEN = "fail_open"
+
+
+class DocumentError(ValueError):
+    """A weights document that cannot be used; ``str(err)`` is the reason."""
+
+
+@dataclass(frozen=True)
+class NodeWeight:
+    """One node of a group as a gateway sees it."""
+
+    node: str
+    address: str  # "host:port" (IPv6 as "[::1]:8000")
+    weight: int  # 0..base_weight
+    state: str
+    base_weight: int
+
+    @property
+    def host(self) -> str:
+        return split_address(self.address)[0]
+
+    @property
+    def port(self) -> int:
+        return split_address(self.address)[1]
+
+    @property
+    def quarantined(self) -> bool:
+        """No traffic at all: weight 0 or a quarantine-family state."""
+        return self.weight <= 0 or self.state in QUARANTINE_STATES
+
+
+@dataclass(frozen=True)
+class WeightsDocument:
+    """A validated weights document (see module docstring for the JSON contract)."""
+
+    group: str
+    version: int
+    generated_at: float
+    stale_after_s: float
+    safeguard: bool
+    nodes: tuple[NodeWeight, ...]
+
+    def age_s(self, now: float) -> float:
+        return now - self.generated_at
+
+    def is_stale(self, now: float) -> bool:
+        return self.age_s(now) > self.stale_after_s
+
+
+@dataclass(frozen=True)
+class EffectiveWeights:
+    """What a gateway should apply now: the live document, or its fail-open base-weight version.
+
+    ``key()`` identifies the routing content (mode + per-node weight/state) so that appliers can
+    skip work when nothing changed even if the version moved.
+    """
+
+    group: str
+    version: int
+    generated_at: float
+    mode: str  # MODE_LIVE or MODE_FAIL_OPEN
+    safeguard: bool
+    nodes: tuple[NodeWeight, ...]
+    age_s: float = 0.0
+
+    def key(self) -> tuple[Any, ...]:
+        return (
+            self.mode,
+            self.safeguard,
+            tuple((n.node, n.address, n.weight, n.state, n.base_weight) for n in self.nodes),
+        )
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"10.0.0.7:8000"`` -> ``("10.0.0.7", 8000)``; ``"[::1]:8000"`` -> ``("::1", 8000)``.
+
+    Raises DocumentError for anything without a numeric port in 1..65535.
+    """
+    if not isinstance(address, str) or ":" not in address:
+        raise DocumentError(f"address {address!r} is not host:port")
+    host, _, port_s = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host or not port_s.isdigit() or not 0 < int(port_s) < 65536:
+        raise DocumentError(f"address {address!r} is not host:port")
+    return host, int(port_s)
+
+
+def _require(obj: dict[str, Any], name: str, kinds: type | tuple[type, ...], where: str) -> Any:
+    if name not in obj:
+        raise DocumentError(f"{where}: missing field {name!r}")
+    value = obj[name]
+    # bool is an int subclass: a JSON true must not pass as a weight or version.
+    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+        raise DocumentError(f"{where}: field {name!r} has type bool")
+    if not isinstance(value, kinds):
+        raise DocumentError(f"{where}: field {name!r} has type {type(value).__name__}")
+    return value
+
+
+def parse_document(raw: bytes | str, *, expected_group: str | None = None) -> WeightsDocument:
+    """Validate a JSON weights document; raise DocumentError(reason) if it cannot be used.
+
+    Integral floats (``35.0``) are accepted as integers; fractional weights, negative weights, weights
+    above ``base_weight``, duplicate nodes or addresses, and a group other than ``expected_group``
+    are rejected: applying half a document is worse than keeping the last good one.
+    """
+    try:
+        data = json.loads(raw)
+    except (ValueError, TypeError) as exc:
+        raise DocumentError(f"not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise DocumentError("document is not a JSON object")
+    group = _require(data, "group", str, "document")
+    if expected_group is not None and group != expected_group:
+        raise DocumentError(f"document is for group {group!r}, expected {expected_group!r}")
+    version = _as_int(_require(data, "version", (int, float), "document"), "document: version")
+    generated_at = float(_require(data, "generated_at", (int, float), "document"))
+    if not math.isfinite(generated_at):
+        raise DocumentError("document: generated_at is not finite")
+    stale_raw = data.get("stale_after_s", DEFAULT_STALE_AFTER_S)
+    if isinstance(stale_raw, bool) or not isinstance(stale_raw, int | float) or not stale_raw > 0:
+        raise DocumentError(f"document: stale_after_s {stale_raw!r} is not a positive number")
+    safeguard = bool(data.get("safeguard", False))
+    nodes_raw = _require(data, "nodes", list, "document")
+    nodes: list[NodeWeight] = []
+    seen_nodes: set[str] = set()
+    seen_addr: set[tuple[str, int]] = set()
+    for i, item in enumerate(nodes_raw):
+        where = f"nodes[{i}]"
+        if not isinstance(item, dict):
+            raise DocumentError(f"{where} is not an object")
+        name = _require(item, "node", str, where)
+        address = _require(item, "address", str, where)
+        addr = split_address(address)
+        weight = _as_int(_require(item, "weight", (int, float), where), f"{where}: weight")
+        if "base_weight" in item:
+            base = _as_int(item["base_weight"], f"{where}: base_weight")
+        else:
+            # Documents without base_weight: the default scale, stretched if a node is above it.
+            base = max(DEFAULT_BASE_WEIGHT, weight)
+        state = item.get("state") or ("quarantined" if weight == 0 else "healthy")
+        if not isinstance(state, str):
+            raise DocumentError(f"{where}: state is not a string")
+        if base <= 0:
+            raise DocumentError(f"{where}: base_weight {base} must be positive")
+        if not 0 <= weight <= base:
+            raise DocumentError(f"{where}: weight {weight} outside 0..{base}")
+        if name in seen_nodes or addr in seen_addr:
+            raise DocumentError(f"{where}: duplicate node {name!r} or address {address!r}")
+        seen_nodes.add(name)
+        seen_addr.add(addr)
+        nodes.append(NodeWeight(name, address, weight, state, base))
+    return WeightsDocument(group, version, generated_at, float(stale_raw), safeguard, tuple(nodes))
+
+
+def _as_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DocumentError(f"{where} is not a number")
+    if isinstance(value, float) and (not math.isfinite(value) or value != int(value)):
+        raise DocumentError(f"{where} {value!r} is not an integer")
+    return int(value)
+
+
+def effective_weights(doc: WeightsDocument, now: float) -> EffectiveWeights:
+    """The weights to apply at ``now``: the document itself, or base weights once it is stale."""
+    age = doc.age_s(now)
+    if not doc.is_stale(now):
+        return EffectiveWeights(doc.group, doc.version, doc.generated_at, MODE_LIVE, doc.safeguard,
+                                doc.nodes, age)
+    # Fail open: every node back at its base weight; the safeguard flag no longer means anything.
+    nodes = tuple(replace(n, weight=n.base_weight, state="ready") for n in doc.nodes)
+    return EffectiveWeights(doc.group, doc.version, doc.generated_at, MODE_FAIL_OPEN, False, nodes, age)
+
+
+@dataclass
+class ClientStats:
+    """Counters a caller can export (the agent turns them into Prometheus metrics)."""
+
+    fetches: int = 0
+    redis_errors: int = 0
+    rejected_documents: int = 0
+    last_error: str = ""
+    last_rejection: str = ""
+    last_fetch_ok_at: float | None = None
+
+
+@dataclass
+class GatewayClient:
+    """Pull/subscribe the weights document of one group and keep the last good one.
+
+    >>> client = GatewayClient(redis.Redis.from_url("redis://127.0.0.1:6379/0"), "llama-70b")
+    >>> client.refresh()           # pull once (never raises on Redis errors)
+    >>> client.effective()         # EffectiveWeights or None before the first good document
+
+    ``run(on_update, stop)`` is the long-running loop (pub/sub + polling) that the agent uses.
+    """
+
+    redis_client: redis.Redis
+    group: str
+    key_prefix: str = KEY_PREFIX
+    channel: str = CHANNEL
+    poll_interval_s: float = 5.0
+    clock: Callable[[], float] = time.time
+    document: WeightsDocument | None = None
+    stats: ClientStats = field(default_factory=ClientStats)
+
+    @classmethod
+    def from_url(cls, url: str, group: str, **kwargs: Any) -> GatewayClient:
+        # Short socket timeouts: a hung Redis must not freeze the gateway's fail-static clock.
+        conn = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        return cls(conn, group, **kwargs)
+
+    @property
+    def key(self) -> str:
+        return f"{self.key_prefix}{self.group}"
+
+    def offer(self, raw: bytes | str) -> bool:
+        """Validate ``raw`` and keep it if newer than the last good document. True if accepted."""
+        try:
+            doc = parse_document(raw, expected_group=self.group)
+        except DocumentError as exc:
+            self.stats.rejected_documents += 1
+            self.stats.last_rejection = str(exc)
+            log.warning("rejected weights document for group %s: %s", self.group, exc)
+            return False
+        cur = self.document
+        if cur is not None and (doc.version, doc.generated_at) <= (cur.version, cur.generated_at):
+            if doc.version < cur.version:
+                log.info("ignored older weights version %s < %s for group %s", doc.version, cur.version,
+                         self.group)
+            return False
+        self.document = doc
+        return True
+
+    def refresh(self) -> bool:
+        """Pull the document from Redis. Returns True when a newer document was accepted.
+
+        Redis errors are counted and logged, never raised: the last good document stays in force.
+        """
+        self.stats.fetches += 1
+        try:
+            raw = self.redis_client.get(self.key)
+        except redis.RedisError as exc:
+            self.stats.redis_errors += 1
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"
+            log.warning("cannot read %s: %s (keeping last good weights)", self.key, exc)
+            return False
+        self.stats.last_fetch_ok_at = self.clock()
+        if raw is None:
+            return False
+        return self.offer(raw)
+
+    def notification_is_news(self, payload: bytes | str) -> bool:
+        """True if a pub/sub payload announces a newer version of our group (or cannot be read)."""
+        try:
+            msg = json.loads(payload)
+            if msg.get("group") != self.group:
+                return False
+            version = int(msg.get("version"))
+        except (ValueError, TypeError, AttributeError):
+            return True  # unreadable notice: a pull is cheap and settles it
+        return self.document is None or version >= self.document.version
+
+    def effective(self, now: float | None = None) -> EffectiveWeights | None:
+        """The weights to apply now (see ``effective_weights``); None before any good document."""
+        if self.document is None:
+            return None
+        return effective_weights(self.document, self.clock() if now is None else now)
+
+    def run(
+        self,
+        on_update: Callable[[EffectiveWeights], None],
+        stop: threading.Event,
+        *,
+        reconnect_backoff_s: float = 1.0,
+        resync_interval_s: float | None = None,
+    ) -> None:
+        """Subscribe + poll until ``stop`` is set; call ``on_update`` whenever the effective weights
+        change (new version, new content, or the live -> fail-open transition), and at least every
+        ``resync_interval_s`` if given.
+
+        ``on_update`` runs in this thread. If it raises, the update counts as not delivered and is
+        offered again on the next loop turn (about once a second); the loop itself never dies.
+        """
+        last_key: tuple[Any, ...] | None = None
+        last_version: int | None = None
+        last_delivery = -math.inf
+        pubsub = None
+        next_poll = 0.0
+
+        def deliver() -> None:
+            nonlocal last_key, last_version, last_delivery
+            eff = self.effective()
+            if eff is None:
+                return
+            due = resync_interval_s is not None and self.clock() - last_delivery >= resync_interval_s
+            if eff.key() == last_key and eff.version == last_version and not due:
+                return
+            try:
+                on_update(eff)
+            except Exception as exc:  # an applier failure must not kill the watcher
+                log.warning("weights update for group %s not applied (will retry): %s", self.group, exc)
+                log.debug("update handler traceback", exc_info=True)
+                last_key = None  # force a retry on the next turn
+                return
+            last_key, last_version, last_delivery = eff.key(), eff.version, self.clock()
+
+        while not stop.is_set():
+            if pubsub is None:
+                try:
+                    pubsub = self.redis_client.pubsub(ignore_subscribe_messages=True)
+                    pubsub.subscribe(self.channel)
+                except redis.RedisError as exc:
+                    self.stats.redis_errors += 1
+                    self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                    log.warning("cannot subscribe to %s: %s (polling only)", self.channel, exc)
+                    _close(pubsub)
+                    pubsub = None
+            now = self.clock()
+            if now >= next_poll:
+                self.refresh()
+                next_poll = now + self.poll_interval_s
+                deliver()
+            wait = max(0.0, min(next_poll - self.clock(), self._time_to_stale()))
+            if pubsub is None:
+                stop.wait(min(wait, reconnect_backoff_s))
+                deliver()  # the fail-open transition happens on the clock, not on a message
+                continue
+            try:
+                msg = pubsub.get_message(timeout=min(wait, 1.0) if wait > 0 else 0.0)
+            except (redis.RedisError, OSError, ValueError) as exc:
+                self.stats.redis_errors += 1
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("pub/sub connection lost: %s (reconnecting)", exc)
+                _close(pubsub)
+                pubsub = None
+                stop.wait(reconnect_backoff_s)
+                continue
+            if msg is not None and msg.get("type") == "message" and self.notification_is_news(msg["data"]):
+                self.refresh()
+            deliver()
+        _close(pubsub)
+
+    def _time_to_stale(self) -> float:
+        if self.document is None:
+            return math.inf
+        remaining = self.document.generated_at + self.document.stale_after_s - self.clock()
+        # Wake just after the deadline so the fail-open transition is applied promptly.
+        return max(0.0, remaining) + 0.01 if remaining > 0 else math.inf
+
+
+def _close(pubsub: Any) -> None:
+    if pubsub is None:
+        return
+    try:
+        pubsub.close()
+    except Exception:  # closing a broken connection may raise anything; nothing to do about it
+        log.debug("pubsub close failed", exc_info=True)

@@ -1,0 +1,151 @@
+"""HAProxy's default HTTP log format (``option httplog``) as an ingest format.
+
+Format (HAProxy configuration manual, section 8.2.3 "HTTP log format")::
+
+    haproxy[14389]: 10.0.1.2:33317 [06/Feb/2009:12:14:14.655] http-in static/srv1 10/0/30/69/109 \
+        200 2750 - - ---- 1/1/1/1/0 0/0 {1wt.eu} {} "GET /index.html HTTP/1.1"
+
+i.e. ``%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %CC %CS %tsc %ac/%fc/%bc/%sc/%rc %sq/%bq
+%hr %hs %{+Q}r``. Any syslog prefix before the client address is skipped (BSD syslog, RFC 5424, or
+none with ``log stdout format raw``); the captured-header blocks are optional.
+
+Mapping onto an ingest record
+-----------------------------
+* ``node``: ``node_map["<backend>/<server>"]``, else ``node_map["<server>"]``, else the server name.
+* ``ttft_ms`` = ``Tr``, the time until the server's response headers. HAProxy has no first-token
+  timer; for a non-streaming completion Tr is the whole generation, for a streaming one it is the
+  time to the first bytes. ``None`` when Tr is -1 (no response headers, e.g. a refused connection).
+* ``total_ms`` = ``Ta - TR - Tw``: the active time minus the client's request-upload time (``TR``,
+  client network) and HAProxy's queue (``Tw``), i.e. connect + server response + data transfer, the
+  part a gray node is responsible for, and never less than ``Tc + Tr``. Timers of -1 count as 0.
+* ``status`` = the HTTP status; 5xx produced by HAProxy after a server failure (``SC--``, ``sH--``)
+  are kept: they are evidence against that server.
+* ``prompt_tokens`` / ``completion_tokens``: HAProxy cannot count tokens. When the servers (or a
+  sidecar) return ``X-Prompt-Tokens`` / ``X-Completion-Tokens`` (optionally ``X-TTFT-Ms``) response
+  headers and the frontend captures them, in that order, as the *last* captures::
+
+      capture response header X-Prompt-Tokens len 10
+      capture response header X-Completion-Tokens len 10
+      capture response header X-TTFT-Ms len 10        # optional; overrides Tr as ttft_ms
+
+  the last ``{...}`` block reads ``{12|16|41}`` and gives the counts. Otherwise both are ``None``.
+* ``ts``: the accept date as ISO-8601 UTC (HAProxy logs its host's local time without offset; run
+  gateways in UTC or ship ``%Ts`` with a custom format).
+* ``request_id``: ``"haproxy-"`` + 16 hex of SHA-1 over the log body: stable, so a re-shipped line is
+  deduplicated, and distinct lines never collide in practice.
+
+Lines rejected with ``ParseError(reason)``: not an HTTP log line, TCP logs (``option tcplog``),
+requests that never reached a server (``<NOSRV>``, ``<STATS>``, ``<CACHE>``), client aborts before a
+status (``-1``), and ``option logasap`` lines (``+`` on Ta: the total is only a lower bound and would
+bias the latency baseline downwards).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import UTC, datetime
+
+try:  # the ingest package's shared error type; the fallback keeps this module usable on its own
+    from outlier_admin.ingest.logformats import ParseError
+except ImportError:  # pragma: no cover - only when the ingest package is absent
+
+    class ParseError(ValueError):  # type: ignore[no-redef]
+        """A line that is not a usable record; ``reason`` is a short code kept with the line."""
+
+        def __init__(self, reason: str, detail: str = "") -> None:
+            super().__init__(f"{reason}: {detail}" if detail else reason)
+            self.reason = reason
+            self.detail = detail
+
+
+NAME = "haproxy"
+
+_HTTP_LOG = re.compile(
+    r"(?P<client>\S+):(?P<cport>\d+) "
+    r"\[(?P<date>\d{2}/[A-Za-z]{3}/\d{4}:\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?)\] "
+    r"(?P<frontend>\S+) (?P<backend>[^\s/]+)/(?P<server>\S+) "
+    r"(?P<TR>-?\d+)/(?P<Tw>-?\d+)/(?P<Tc>-?\d+)/(?P<Tr>-?\d+)/(?P<Ta>\+?-?\d+) "
+    r"(?P<status>-?\d+) (?P<bytes>\+?\d+) \S+ \S+ (?P<term>\S{4}) "
+    r"\d+/\d+/\d+/\d+/\+?\d+ \d+/\d+"
+    r"(?P<captures>(?: \{[^}]*\}){0,2}) "
+    r"\"(?P<request>[^\"]*)\"?\s*$"
+)
+# option tcplog: three timers (Tw/Tc/Tt), no status code; recognised to give a precise reason.
+_TCP_LOG = re.compile(
+    r"\S+:\d+ \[[^\]]+\] \S+ \S+ -?\d+/-?\d+/\+?-?\d+ \+?\d+ \S{2} \d+/\d+/\d+/\d+/\+?\d+ \d+/\d+\s*$"
+)
+_NO_SERVER = {"<NOSRV>", "<STATS>", "<CACHE>"}
+
+
+def _ms(value: str) -> int:
+    return max(0, int(value))
+
+
+def parse_line(line: str, *, node_map: dict[str, str] | None = None) -> dict:
+    """Parse one HAProxy HTTP log line into an ingest record; raise ParseError(reason) otherwise."""
+    if not isinstance(line, str):
+        raise ParseError("bad_format", "line is not text")
+    text = line.strip()
+    if not text:
+        raise ParseError("empty_line")
+    match = _HTTP_LOG.search(text)
+    if match is None:
+        if _TCP_LOG.search(text):
+            raise ParseError("tcp_log", "HAProxy TCP log (option tcplog) has no HTTP status or response timer")
+        raise ParseError("bad_format", "not an HAProxy HTTP log line (option httplog default format)")
+    g = match.groupdict()
+    server = g["server"]
+    if server in _NO_SERVER:
+        raise ParseError("no_upstream", f"request never reached a server ({server}, termination {g['term']})")
+    if g["Ta"].startswith("+"):
+        raise ParseError("logasap", "option logasap: Ta is only a lower bound of the total time")
+    status = int(g["status"])
+    if status < 100:
+        raise ParseError("no_status", f"no HTTP status (client aborted, termination {g['term']})")
+    try:
+        accepted = datetime.strptime(g["date"].split(".")[0], "%d/%b/%Y:%H:%M:%S")
+    except ValueError:
+        raise ParseError("bad_ts", f"bad accept date {g['date']!r}") from None
+    frac = g["date"].partition(".")[2]
+    accepted = accepted.replace(microsecond=int(frac.ljust(6, "0")) if frac else 0, tzinfo=UTC)
+
+    tr = int(g["Tr"])
+    # Never below what was measured directly (connect + response headers): hand-edited or
+    # rounded lines can have Ta < TR + Tw (one of the manual's own examples does).
+    total_ms = max(_ms(g["Ta"]) - _ms(g["TR"]) - _ms(g["Tw"]), _ms(g["Tc"]) + _ms(g["Tr"]))
+    prompt_tokens, completion_tokens, ttft_override = _token_captures(g["captures"])
+    ttft_ms = ttft_override if ttft_override is not None else (float(tr) if tr >= 0 else None)
+    node_map = node_map or {}
+    backend = g["backend"]
+    node = node_map.get(f"{backend}/{server}") or node_map.get(server) or server
+    body = text[match.start():]
+    return {
+        "ts": accepted.isoformat(),
+        "node": node,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "ttft_ms": ttft_ms,
+        "total_ms": float(total_ms),
+        "status": status,
+        "request_id": "haproxy-" + hashlib.sha1(body.encode("utf-8")).hexdigest()[:16],
+    }
+
+
+def _token_captures(captures: str) -> tuple[int | None, int | None, float | None]:
+    """Token counts (and optional TTFT) from the last captured-header block, if it holds them."""
+    blocks = re.findall(r"\{([^}]*)\}", captures or "")
+    if not blocks:
+        return None, None, None
+    values = blocks[-1].split("|")
+    if len(values) < 2 or not values[0].isdigit() or not values[1].isdigit():
+        return None, None, None
+    ttft: float | None = None
+    if len(values) >= 3:
+        try:
+            ttft = float(values[2])
+        except ValueError:
+            ttft = None
+        if ttft is not None and not (ttft >= 0 and ttft == ttft and ttft != float("inf")):
+            ttft = None
+    return int(values[0]), int(values[1]), ttft

@@ -1,0 +1,27 @@
+"""Our own JSONL format: one ingest record (see :mod:`outlier_admin.ingest.records`) per line.
+
+Validation of the fields is the pipeline's (:func:`outlier_admin.ingest.records.normalize`); this
+parser only decodes the line and maps the node address.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from outlier_admin.ingest.logformats import NodeMap, ParseError, map_node
+
+
+def parse_line(line: str, *, node_map: NodeMap | None = None) -> dict[str, Any]:
+    """One JSONL line -> ingest record (a dict); ``bad_json`` / ``not_an_object`` otherwise."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise ParseError("bad_json", str(exc)) from None
+    if not isinstance(obj, dict):
+        raise ParseError("not_an_object", "a JSONL record must be an object")
+    node = obj.get("node")
+    if isinstance(node, str):
+        obj["node"] = map_node(node, node_map)
+    return obj

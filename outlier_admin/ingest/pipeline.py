@@ -1,0 +1,284 @@
+"""From parsed records to the per-group Redis Streams (shared by HTTP push and log tailing).
+
+:func:`submit` validates each record (:func:`records.normalize`), resolves its group and node
+(creating an unknown group with default thresholds and policy ``auto``; registering an unknown node
+when ``AUTO_REGISTER_NODES``), drops duplicate ``request_id`` s, appends the valid records to
+``outlier:stream:<group>`` and stores every refused record as :class:`RejectedInput` with its reason.
+
+Stream entries carry a *batch* of records (field ``rows``: orjson of
+``[[node, ts, prompt_tokens, completion_tokens, ttft_ms|null, total_ms, status], ...]``), not one
+record each: one XADD per group per request is what makes 20k records/s fit on two cores.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from outlier_admin.control.redis_conn import get_redis, stream_key
+from outlier_admin.fleet.models import ModelGroup, Node, RegisteredVia
+from outlier_admin.ingest.logformats import ParseError
+from outlier_admin.ingest.models import IngestSource, RejectedInput
+from outlier_admin.ingest.records import RecordError, normalize
+
+log = logging.getLogger(__name__)
+
+MAX_ERRORS_REPORTED = 20
+ROWS_PER_ENTRY = 5000
+# Bound the stream so a control plane whose ticks are stopped cannot fill Redis; entries are
+# batches, so this is millions of records (approximate trimming keeps XADD O(1)).
+STREAM_MAXLEN = 200_000
+_GROUP_NAME = re.compile(r"^[-A-Za-z0-9_]{1,100}$")
+SYSTEM_ACTOR = "system:ingest"
+
+
+@dataclass
+class IngestOutcome:
+    """What happened to a batch. ``errors``: the first rejected lines ``{"line", "reason"}``."""
+
+    accepted: int = 0
+    rejected: int = 0
+    duplicates: int = 0
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    by_group: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "accepted": self.accepted,
+            "rejected": self.rejected,
+            "duplicates": self.duplicates,
+            "errors": self.errors,
+        }
+
+
+class _Directory:
+    """Process-local cache of groups and their nodes (name/address -> node name), refreshed on a
+    miss and every ``ttl_s`` so a node registered by another worker is found quickly."""
+
+    def __init__(self, ttl_s: float = 10.0) -> None:
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._groups: dict[str, tuple[float, int, dict[str, tuple[str, bool]]]] = {}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._groups.clear()
+
+    def _load(self, name: str) -> tuple[float, int, dict[str, tuple[str, bool]]] | None:
+        group = ModelGroup.objects.filter(name=name).only("id").first()
+        if group is None:
+            return None
+        keys: dict[str, tuple[str, bool]] = {}
+        for node_name, address, retired in Node.objects.filter(group=group).values_list(
+            "name", "address", "retired"
+        ):
+            keys[address] = (node_name, retired)
+            keys[node_name] = (node_name, retired)
+        entry = (time.monotonic(), group.pk, keys)
+        with self._lock:
+            self._groups[name] = entry
+        return entry
+
+    def group(self, name: str, *, fresh: bool = False) -> tuple[int, dict[str, tuple[str, bool]]] | None:
+        entry = self._groups.get(name)
+        if fresh or entry is None or time.monotonic() - entry[0] > self.ttl_s:
+            entry = self._load(name)
+        return None if entry is None else (entry[1], entry[2])
+
+    def group_of_node(self, node: str) -> str | None:
+        """The group of the node with this name/address when it is unambiguous."""
+        for gname, (_, _, keys) in list(self._groups.items()):
+            if node in keys:
+                return gname
+        live = Node.objects.filter(retired=False)
+        rows = list(live.filter(name=node).values_list("group__name", flat=True)[:2])
+        if not rows:
+            rows = list(live.filter(address=node).values_list("group__name", flat=True)[:2])
+        return rows[0] if len(set(rows)) == 1 else None
+
+
+directory = _Directory()
+
+
+def _ensure_group(name: str) -> int:
+    found = directory.group(name)
+    if found is not None:
+        return found[0]
+    from outlier_admin.control.actions import do_create_group
+
+    try:
+        with transaction.atomic():
+            do_create_group(name, actor=SYSTEM_ACTOR, reason="first record for this group", created_via="ingest")
+    except IntegrityError:
+        pass  # another worker created it first
+    found = directory.group(name, fresh=True)
+    assert found is not None
+    return found[0]
+
+
+def _resolve_node(group_name: str, group_id: int, node: str) -> tuple[str | None, str | None]:
+    """``(node_name, None)`` or ``(None, reason)`` for a record's node in a group."""
+    found = directory.group(group_name)
+    keys = found[1] if found else {}
+    hit = keys.get(node)
+    if hit is None:
+        found = directory.group(group_name, fresh=True)
+        keys = found[1] if found else {}
+        hit = keys.get(node)
+    if hit is not None:
+        return (None, "retired_node") if hit[1] else (hit[0], None)
+    if not settings.AUTO_REGISTER_NODES:
+        return None, "unknown_node"
+    from outlier_admin.control.actions import do_register_node
+
+    try:
+        with transaction.atomic():
+            do_register_node(
+                ModelGroup.objects.get(pk=group_id), node, actor=SYSTEM_ACTOR,
+                registered_via=RegisteredVia.INGEST, reason="first record from this node",
+            )
+    except IntegrityError:
+        pass
+    directory.group(group_name, fresh=True)
+    return node, None
+
+
+def _dedup(group: str, request_ids: list[str]) -> list[bool]:
+    """For each id, True if it was already seen in this or the previous window (then marks all
+    as seen). Sets per window expire after two windows."""
+    window = settings.INGEST_DEDUP_WINDOW_S
+    slot = int(time.time() // window)
+    cur, prev = f"outlier:dedup:{group}:{slot}", f"outlier:dedup:{group}:{slot - 1}"
+    r = get_redis()
+    pipe = r.pipeline(transaction=False)
+    pipe.smismember(cur, request_ids)
+    pipe.smismember(prev, request_ids)
+    seen_cur, seen_prev = pipe.execute()
+    seen = [bool(a) or bool(b) for a, b in zip(seen_cur, seen_prev, strict=True)]
+    new = [rid for rid, s in zip(request_ids, seen, strict=True) if not s]
+    if new:
+        pipe = r.pipeline(transaction=False)
+        pipe.sadd(cur, *new)
+        pipe.expire(cur, 2 * window)
+        pipe.execute()
+    return seen
+
+
+def submit(
+    items: Iterable[tuple[int, Any, str | None]],
+    *,
+    source: str,
+    source_ref: IngestSource | None = None,
+    default_group: str | None = None,
+    now: float | None = None,
+) -> IngestOutcome:
+    """Validate and enqueue records.
+
+    ``items``: ``(line_number, record_or_ParseError, raw_text_or_None)``; the raw text is kept for
+    rejected records (``None``: the record is re-serialised). Returns the counts; refused records
+    are stored as :class:`RejectedInput` (``source`` names the origin, e.g. ``http:<token>``).
+    """
+    now = time.time() if now is None else now
+    out = IngestOutcome()
+    rejects: list[tuple[int, str, str, Any, str | None]] = []
+    per_group: dict[str, list[tuple[int, dict[str, Any], Any, str | None]]] = {}
+    max_future, retention = settings.INGEST_MAX_FUTURE_S, settings.INGEST_RETENTION_S
+
+    for line, obj, raw in items:
+        if isinstance(obj, ParseError):
+            rejects.append((line, obj.reason, obj.detail, None, raw))
+            continue
+        try:
+            rec = normalize(obj, now=now, max_future_s=max_future, retention_s=retention)
+        except RecordError as exc:
+            rejects.append((line, exc.reason, exc.detail, obj, raw))
+            continue
+        group = rec["group"] or default_group or directory.group_of_node(rec["node"])
+        if group is None:
+            rejects.append((line, "no_group", "no group given and the node is not registered", obj, raw))
+            continue
+        if not _GROUP_NAME.match(group):
+            rejects.append((line, "bad_group", "group must match [-A-Za-z0-9_]{1,100}", obj, raw))
+            continue
+        per_group.setdefault(group, []).append((line, rec, obj, raw))
+
+    r = get_redis()
+    for group, recs in per_group.items():
+        group_id = _ensure_group(group)
+        rows: list[list[Any]] = []
+        resolved: dict[str, tuple[str | None, str | None]] = {}
+        kept: list[tuple[int, dict[str, Any], Any, str | None]] = []
+        for item in recs:
+            line, rec, obj, raw = item
+            key = rec["node"]
+            if key not in resolved:
+                resolved[key] = _resolve_node(group, group_id, key)
+            name, why = resolved[key]
+            if name is None:
+                rejects.append((line, why or "unknown_node", f"node {key!r} in group {group!r}", obj, raw))
+                continue
+            rec["node"] = name
+            kept.append(item)
+        with_id = [(i, it[1]["request_id"]) for i, it in enumerate(kept) if it[1]["request_id"]]
+        dup_index: set[int] = set()
+        if with_id:
+            # Within one batch, a repeated id is a duplicate too.
+            first_seen: dict[str, int] = {}
+            for i, rid in with_id:
+                if rid in first_seen:
+                    dup_index.add(i)
+                else:
+                    first_seen[rid] = i
+            ids = list(first_seen)
+            for rid, seen in zip(ids, _dedup(group, ids), strict=True):
+                if seen:
+                    dup_index.add(first_seen[rid])
+        for i, (_, rec, _, _) in enumerate(kept):
+            if i in dup_index:
+                continue
+            rows.append([
+                rec["node"], rec["ts"], rec["prompt_tokens"], rec["completion_tokens"],
+                rec["ttft_ms"], rec["total_ms"], rec["status"],
+            ])
+        out.duplicates += len(dup_index)
+        if rows:
+            pipe = r.pipeline(transaction=False)
+            for start in range(0, len(rows), ROWS_PER_ENTRY):
+                chunk = rows[start : start + ROWS_PER_ENTRY]
+                pipe.xadd(
+                    stream_key(group), {"rows": orjson.dumps(chunk)},
+                    maxlen=STREAM_MAXLEN, approximate=True,
+                )
+            pipe.execute()
+            out.accepted += len(rows)
+            out.by_group[group] = out.by_group.get(group, 0) + len(rows)
+
+    if rejects:
+        rejects.sort(key=lambda x: x[0])
+        out.rejected = len(rejects)
+        out.errors = [{"line": line, "reason": reason} for line, reason, *_ in rejects[:MAX_ERRORS_REPORTED]]
+        RejectedInput.objects.bulk_create(
+            [
+                RejectedInput(
+                    source=source, source_ref=source_ref, line=line, reason=reason, detail=detail[:2000],
+                    raw=(raw if raw is not None else orjson.dumps(obj, default=str).decode())[:65536],
+                )
+                for line, reason, detail, obj, raw in rejects
+            ],
+            batch_size=1000,
+        )
+    return out
+
+
+def decode_entry(fields: dict[bytes, bytes]) -> list[list[Any]]:
+    """The rows of one stream entry (see module docstring)."""
+    return orjson.loads(fields[b"rows"])

@@ -1,0 +1,126 @@
+"""The ingest record format and its validation (shared by HTTP push and log tailing).
+
+A record is one finished request as a gateway saw it::
+
+    {"ts": <epoch seconds or RFC 3339>, "node": "<address or node id>", "group": "<optional>",
+     "prompt_tokens": int, "completion_tokens": int, "ttft_ms": float (optional),
+     "total_ms": float, "status": int, "request_id": "<optional>"}
+
+:func:`normalize` returns the canonical dict (``ts`` as float epoch seconds, ``ttft_ms`` None when
+unknown) or raises :class:`RecordError` with a machine-readable reason code. The rules match
+``detector.samples.validate`` so a record accepted here is never refused by the detector.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+from outlier_admin.ingest.logformats import ParseError
+
+REQUIRED = ("ts", "node", "prompt_tokens", "completion_tokens", "total_ms")
+
+
+class RecordError(ParseError):
+    """A record was refused; ``reason`` is a short code stored with the rejected input."""
+
+
+def _iso(text: str, value: Any) -> datetime:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError as exc:
+        raise RecordError("bad_ts", f"ts {value!r} is neither epoch seconds nor RFC 3339") from exc
+
+
+def parse_ts(value: Any) -> float:
+    """Epoch seconds (int/float, or a numeric string) or an RFC 3339 string -> epoch seconds."""
+    if isinstance(value, bool):
+        raise RecordError("bad_ts", "ts must be epoch seconds or RFC 3339")
+    if isinstance(value, int | float):
+        ts = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            ts = float(text)
+        except ValueError:
+            dt = _iso(text, value)
+            if dt.tzinfo is None:
+                raise RecordError("bad_ts", f"ts {value!r} has no time zone (RFC 3339 needs one)") from None
+            ts = dt.timestamp()
+    else:
+        raise RecordError("bad_ts", "ts must be epoch seconds or RFC 3339")
+    if not math.isfinite(ts):
+        raise RecordError("bad_ts", "ts is not finite")
+    # Milliseconds sent by mistake would look like the year 50000: refuse instead of guessing.
+    return ts
+
+
+def _number(rec: dict[str, Any], key: str, *, integer: bool) -> float:
+    value = rec.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise RecordError(f"bad_{key}", f"{key} must be a number, got {value!r}") from None
+        else:
+            raise RecordError(f"bad_{key}", f"{key} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise RecordError(f"bad_{key}", f"{key} must be finite")
+    if value < 0:
+        raise RecordError(f"bad_{key}", f"{key} must be >= 0, got {value}")
+    if integer and value != int(value):
+        raise RecordError(f"bad_{key}", f"{key} must be an integer, got {value}")
+    return value
+
+
+def normalize(rec: Any, *, now: float, max_future_s: float, retention_s: float) -> dict[str, Any]:
+    """Validate one record and return its canonical form (see module docstring).
+
+    Reason codes: ``not_an_object``, ``missing_<field>``, ``bad_<field>``, ``ts_in_future``,
+    ``ts_too_old``, ``total_below_ttft``, ``no_tokens``, ``bad_status``.
+    """
+    if not isinstance(rec, dict):
+        raise RecordError("not_an_object", "a record must be a JSON object")
+    for key in REQUIRED:
+        if rec.get(key) is None:
+            raise RecordError(f"missing_{key}", f"{key} is required")
+    ts = parse_ts(rec["ts"])
+    if ts > now + max_future_s:
+        raise RecordError("ts_in_future", f"ts is {ts - now:.0f} s in the future (limit {max_future_s:.0f} s)")
+    if ts < now - retention_s:
+        raise RecordError("ts_too_old", f"ts is {now - ts:.0f} s old (retention {retention_s:.0f} s)")
+    node = rec["node"]
+    if not isinstance(node, str) or not node.strip() or len(node) > 300:
+        raise RecordError("bad_node", "node must be a non-empty string (address or node id)")
+    group = rec.get("group")
+    if group is not None and (not isinstance(group, str) or not group.strip() or len(group) > 100):
+        raise RecordError("bad_group", "group must be a non-empty string")
+    prompt = _number(rec, "prompt_tokens", integer=True)
+    completion = _number(rec, "completion_tokens", integer=True)
+    total = _number(rec, "total_ms", integer=False)
+    ttft = None
+    if rec.get("ttft_ms") is not None:
+        ttft = _number(rec, "ttft_ms", integer=False)
+        if total < ttft:
+            raise RecordError("total_below_ttft", f"total_ms {total} < ttft_ms {ttft}")
+    if prompt == 0 and completion == 0:
+        raise RecordError("no_tokens", "a request with no prompt and no completion tokens carries no signal")
+    status = rec.get("status", 200)
+    if isinstance(status, bool) or not isinstance(status, int) or not (status == 0 or 100 <= status <= 599):
+        raise RecordError("bad_status", f"status must be 0 (timeout/connection failure) or 100..599, got {status!r}")
+    request_id = rec.get("request_id")
+    if request_id is not None and (not isinstance(request_id, str) or len(request_id) > 200):
+        raise RecordError("bad_request_id", "request_id must be a string of at most 200 characters")
+    return {
+        "ts": ts,
+        "node": node.strip(),
+        "group": group.strip() if group else None,
+        "prompt_tokens": int(prompt),
+        "completion_tokens": int(completion),
+        "ttft_ms": ttft,
+        "total_ms": float(total),
+        "status": status,
+        "request_id": request_id or None,
+    }

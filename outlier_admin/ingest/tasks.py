@@ -1,0 +1,19 @@
+"""Celery tasks of ingest: thin wrappers around plain functions."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+
+@shared_task(name="ingest.scrape_all_dcgm", ignore_result=True)
+def scrape_all_dcgm() -> int:
+    from outlier_admin.ingest.dcgm import scrape_all
+
+    return scrape_all()
+
+
+@shared_task(name="ingest.tail_all_logs", ignore_result=True)
+def tail_all_logs() -> dict[str, int]:
+    from outlier_admin.ingest.tailer import tail_all
+
+    return tail_all()

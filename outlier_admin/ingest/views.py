@@ -1,0 +1,108 @@
+"""``POST /api/v1/ingest/requests``: HTTP push of request records (token scope ``ingest``).
+
+A plain Django view rather than DRF: it is the hot path (tens of thousands of records per second)
+and its error contract is fixed by the issue. Responses are JSON:
+
+- 200 ``{"accepted": n, "rejected": n, "duplicates": n, "errors": [{"line": i, "reason": "..."}]}``
+  (``line`` is 1-based: the array element or the NDJSON line; only the first errors are listed,
+  every rejected record is stored with its reason);
+- 400 body is neither JSON nor NDJSON; 401 no / unknown / revoked token or wrong scope;
+  405 not POST; 413 body over ``INGEST_MAX_BODY_BYTES``; 415 content type not JSON/NDJSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from outlier_admin.fleet.auth import lookup_token, token_from_header
+from outlier_admin.fleet.models import TokenScope
+from outlier_admin.ingest.pipeline import submit
+
+JSON_TYPES = {"application/json"}
+NDJSON_TYPES = {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines"}
+
+
+def _json(status: int, payload: dict[str, Any], **headers: str) -> HttpResponse:
+    resp = HttpResponse(orjson.dumps(payload), status=status, content_type="application/json")
+    for key, value in headers.items():
+        resp[key.replace("_", "-")] = value
+    return resp
+
+
+class BodyError(ValueError):
+    pass
+
+
+def split_body(body: bytes, content_type: str) -> list[tuple[int, Any, str | None]]:
+    """Body -> ``(line, record_or_ParseError, raw)``. A JSON array gives one item per element; NDJSON
+    (or a JSON body that is not one document) one per non-empty line. Raises :class:`BodyError`
+    when nothing in the body is JSON."""
+    from outlier_admin.ingest.logformats import ParseError
+
+    if not body.strip():
+        raise BodyError("empty body")
+    if content_type in JSON_TYPES:
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            doc = None  # maybe NDJSON sent as application/json (curl -d @file)
+        else:
+            if isinstance(doc, list):
+                return [(i + 1, rec, None) for i, rec in enumerate(doc)]
+            if isinstance(doc, dict):
+                return [(1, doc, None)]
+            raise BodyError("a JSON body must be an array of records or one record object")
+    items: list[tuple[int, Any, str | None]] = []
+    parsed = 0
+    for i, line in enumerate(body.split(b"\n")):
+        if not line.strip():
+            continue
+        try:
+            items.append((i + 1, orjson.loads(line), None))
+            parsed += 1
+        except orjson.JSONDecodeError as exc:
+            items.append((i + 1, ParseError("bad_json", str(exc)), line.decode("utf-8", "replace")))
+    if parsed == 0:
+        raise BodyError("the body is neither a JSON array nor NDJSON (no line is valid JSON)")
+    return items
+
+
+@csrf_exempt
+def ingest_requests(request: HttpRequest) -> HttpResponse:
+    if request.method != "POST":
+        return _json(405, {"error": "method not allowed: POST records here"}, Allow="POST")
+    plaintext = token_from_header(request.META.get("HTTP_AUTHORIZATION"))
+    token = lookup_token(plaintext) if plaintext else None
+    if token is None:
+        return _json(401, {"error": "missing, unknown or revoked bearer token"}, WWW_Authenticate="Bearer")
+    if token.scope != TokenScope.INGEST:
+        return _json(401, {"error": f"token scope is {token.scope!r}; this endpoint needs 'ingest'"},
+                     WWW_Authenticate="Bearer")
+    limit = settings.INGEST_MAX_BODY_BYTES
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if declared > limit:
+        return _json(413, {"error": f"body of {declared} bytes is over the limit of {limit} bytes"})
+    # request.read() (not request.body): .body enforces DATA_UPLOAD_MAX_MEMORY_SIZE instead of ours.
+    body = request.read(limit + 1)
+    if len(body) > limit:
+        return _json(413, {"error": f"body is over the limit of {limit} bytes"})
+    if not body.strip():
+        return _json(400, {"error": "empty body: send a JSON array or NDJSON of records"})
+    content_type = (request.content_type or "").split(";")[0].strip().lower()
+    if content_type not in JSON_TYPES | NDJSON_TYPES:
+        return _json(415, {"error": f"content type {content_type or 'none'!r} not supported; "
+                                    "use application/json (array) or application/x-ndjson"})
+    try:
+        items = split_body(body, content_type)
+    except BodyError as exc:
+        return _json(400, {"error": str(exc)})
+    outcome = submit(items, source=f"http:{token.name}")
+    return _json(200, outcome.to_dict())

@@ -1,0 +1,15 @@
+from django.apps import AppConfig
+
+
+class ObservabilityConfig(AppConfig):
+    name = "outlier_admin.observability"
+    label = "observability"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Celery workers expose their own /metrics (see worker_metrics); connecting here is free
+        # in processes that never start a worker.
+        from outlier_admin.observability import tasks, worker_metrics  # tasks: registers the Celery task
+
+        del tasks
+        worker_metrics.connect()

@@ -1,0 +1,230 @@
+"""Prometheus metrics. Every series is named ``outlier_*``.
+
+Two kinds, so that ``/metrics`` is right whichever process serves the scrape:
+
+* **Fleet state** (per node state / weight / Z / EMA, per group baseline / safeguard / nodes by state,
+  weights-document age, canary verdicts, pending proposals) is read at scrape time from the database
+  and Redis by :class:`FleetCollector` — the database is the source of truth, so every web worker
+  answers the same numbers and nothing has to be kept in process memory.
+* **Events** (ingest records, ticks, publish latency, alerts) are counters and histograms defined
+  here and recorded by :mod:`outlier_admin.observability.hooks` in the process where they happen.
+  With ``PROMETHEUS_MULTIPROC_DIR`` set (gunicorn, Celery prefork) ``prometheus_client`` writes them
+  to per-process files and :func:`render` merges them (``MultiProcessCollector``); without it (the
+  demo, tests) they live in :data:`EVENTS`.
+
+Series (labels):
+
+=========================================  ====================================================
+``outlier_node_state``                      1 for the node's current state, 0 for the others
+                                            (group, node, state)
+``outlier_node_weight`` / ``_base_weight``  published weight / configured base weight
+``outlier_node_z``, ``outlier_node_ema``    latest Z-score and EMA per signal (group, node, signal)
+``outlier_group_baseline``                  median EMA of the group's healthy/degraded nodes
+                                            (the robust peer baseline; signal ``norm``)
+``outlier_group_safeguard``                 1 while the 30 % safeguard holds quarantines back
+``outlier_group_nodes``                     nodes per state (group, state)
+``outlier_weights_version``                 version of the published weights document
+``outlier_weights_age_seconds``             now - ``generated_at`` of the document (publish lag
+                                            as a gateway sees it; > ``stale_after_s`` = fail open)
+``outlier_proposals_pending``               quarantine proposals waiting for a human
+``outlier_canary_probes_total``             judged canary probes (group, verdict=passed|failed)
+``outlier_canary_probes_pending``           probes sent but not judged yet
+``outlier_ingest_records_total``            records by source and result (accepted|duplicate|rejected)
+``outlier_ingest_rejected_total``           rejected records by source and reason
+``outlier_tick_duration_seconds``           histogram of detector tick durations (group)
+``outlier_publish_latency_seconds``         histogram, decision -> document in Redis (group)
+``outlier_tick_samples_total``              samples applied by ticks (group)
+``outlier_transitions_total``               node transitions seen by the event scan (group, to_state)
+``outlier_alerts_total``                    alert deliveries (receiver kind, result=sent|failed)
+=========================================  ====================================================
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+#: In-process registry of the event metrics (used when not in multi-process mode).
+EVENTS = CollectorRegistry(auto_describe=True)
+
+INGEST_RECORDS = Counter(
+    "outlier_ingest_records", "Ingested records by source and result (accepted, duplicate, rejected).",
+    ["source", "result"], registry=EVENTS,
+)
+INGEST_REJECTED = Counter(
+    "outlier_ingest_rejected", "Rejected ingest records by source and reason code.",
+    ["source", "reason"], registry=EVENTS,
+)
+TICK_DURATION = Histogram(
+    "outlier_tick_duration_seconds", "Duration of one detector tick of a group.", ["group"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=EVENTS,
+)
+PUBLISH_LATENCY = Histogram(
+    "outlier_publish_latency_seconds", "Time from the detector's decision to the weights document in Redis.",
+    ["group"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0), registry=EVENTS,
+)
+TICK_SAMPLES = Counter("outlier_tick_samples", "Samples applied to the detector by ticks.", ["group"],
+                       registry=EVENTS)
+TRANSITIONS = Counter("outlier_transitions", "Node state transitions seen by the event scan.",
+                      ["group", "to_state"], registry=EVENTS)
+ALERTS = Counter("outlier_alerts", "Alert deliveries by receiver kind and result (sent, failed).",
+                 ["receiver", "result"], registry=EVENTS)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _num(v: Any) -> float:
+    return float("nan") if v is None else float(v)
+
+
+class FleetCollector(Collector):
+    """Fleet state read from the database and Redis at scrape time (see module docstring)."""
+
+    def collect(self) -> Iterator[Metric]:
+        from detector.states import BASELINE_STATES, NodeState
+        from outlier_admin.control.models import CanaryProbe, NodeHistory, ProposalStatus, QuarantineProposal
+        from outlier_admin.control.redis_conn import get_redis, weights_key
+        from outlier_admin.fleet.models import ModelGroup, Node
+
+        states = [s.label for s in NodeState]
+        baseline_labels = {s.label for s in BASELINE_STATES}
+        m_state = GaugeMetricFamily("outlier_node_state", "1 for the node's current state, 0 otherwise.",
+                                    labels=["group", "node", "state"])
+        m_weight = GaugeMetricFamily("outlier_node_weight", "Published weight of the node.", labels=["group", "node"])
+        m_base = GaugeMetricFamily("outlier_node_base_weight", "Configured base weight of the node.",
+                                   labels=["group", "node"])
+        m_z = GaugeMetricFamily("outlier_node_z", "Latest Z-score of the node against its peers.",
+                                labels=["group", "node", "signal"])
+        m_ema = GaugeMetricFamily("outlier_node_ema", "Latest EMA of the node's normalised latency.",
+                                  labels=["group", "node", "signal"])
+        m_baseline = GaugeMetricFamily("outlier_group_baseline",
+                                       "Median EMA (signal norm) of the group's healthy/degraded nodes.",
+                                       labels=["group"])
+        m_safeguard = GaugeMetricFamily("outlier_group_safeguard",
+                                        "1 while the safeguard holds quarantines back.", labels=["group"])
+        m_nodes = GaugeMetricFamily("outlier_group_nodes", "Nodes of the group per state.", labels=["group", "state"])
+        m_version = GaugeMetricFamily("outlier_weights_version", "Version of the published weights document.",
+                                      labels=["group"])
+        m_age = GaugeMetricFamily("outlier_weights_age_seconds",
+                                  "Seconds since the weights document was generated (publish lag).",
+                                  labels=["group"])
+        m_props = GaugeMetricFamily("outlier_proposals_pending", "Quarantine proposals waiting for a human.",
+                                    labels=["group"])
+        m_canary = CounterMetricFamily("outlier_canary_probes", "Judged canary probes by verdict.",
+                                       labels=["group", "verdict"])
+        m_canary_pending = GaugeMetricFamily("outlier_canary_probes_pending", "Canary probes not judged yet.",
+                                             labels=["group"])
+
+        groups = {g.pk: g.name for g in ModelGroup.objects.only("id", "name")}
+        nodes = list(Node.objects.filter(retired=False).values_list("id", "group_id", "name", "state", "weight",
+                                                                    "base_weight"))
+        by_group_state: dict[tuple[str, str], int] = {}
+        node_meta: dict[int, tuple[str, str, str]] = {}
+        for pk, gid, name, state, weight, base in nodes:
+            group = groups.get(gid, "?")
+            node_meta[pk] = (group, name, state)
+            for s in states:
+                m_state.add_metric([group, name, s], 1.0 if s == state else 0.0)
+            m_weight.add_metric([group, name], float(weight))
+            m_base.add_metric([group, name], float(base))
+            by_group_state[(group, state)] = by_group_state.get((group, state), 0) + 1
+        for gname in groups.values():
+            for s in states:
+                m_nodes.add_metric([gname, s], float(by_group_state.get((gname, s), 0)))
+
+        # Latest history row per node and signal: rows are written at least every HISTORY_EVERY_S,
+        # so a short look-back window finds them without scanning the table.
+        from django.conf import settings
+        from django.utils import timezone
+
+        since = timezone.now() - timedelta(seconds=max(60, 6 * settings.HISTORY_EVERY_S))
+        latest: dict[tuple[int, str], tuple[Any, Any]] = {}
+        rows = NodeHistory.objects.filter(at__gte=since, node_id__in=list(node_meta)).order_by("at")
+        for node_id, signal, z, ema in rows.values_list("node_id", "signal", "z", "ema").iterator():
+            latest[(node_id, signal)] = (z, ema)
+        norm_emas: dict[str, list[float]] = {}
+        for (node_id, signal), (z, ema) in latest.items():
+            group, name, state = node_meta[node_id]
+            m_z.add_metric([group, name, signal], _num(z))
+            m_ema.add_metric([group, name, signal], _num(ema))
+            if signal == "norm" and state in baseline_labels and ema is not None and math.isfinite(ema):
+                norm_emas.setdefault(group, []).append(float(ema))
+        for group, emas in norm_emas.items():
+            m_baseline.add_metric([group], statistics.median(emas))
+
+        now = time.time()
+        try:
+            r = get_redis()
+            raw_docs = r.mget([weights_key(g) for g in groups.values()]) if groups else []
+        except Exception:  # Redis down: the fleet gauges above are still worth serving
+            raw_docs = []
+        for gname, raw in zip(groups.values(), raw_docs, strict=False):
+            if raw is None:
+                continue
+            try:
+                doc = orjson.loads(raw)
+                m_safeguard.add_metric([gname], 1.0 if doc.get("safeguard") else 0.0)
+                m_version.add_metric([gname], float(doc["version"]))
+                m_age.add_metric([gname], max(0.0, now - float(doc["generated_at"])))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+
+        pending: dict[str, int] = {g: 0 for g in groups.values()}
+        for gid in QuarantineProposal.objects.filter(status=ProposalStatus.PENDING).values_list("group_id", flat=True):
+            pending[groups.get(gid, "?")] = pending.get(groups.get(gid, "?"), 0) + 1
+        for gname, n in pending.items():
+            m_props.add_metric([gname], float(n))
+
+        from django.db.models import Count
+
+        verdicts: dict[tuple[str, str], int] = {}
+        waiting: dict[str, int] = {g: 0 for g in groups.values()}
+        for gid, passed, n in CanaryProbe.objects.values_list("node__group_id", "passed").annotate(n=Count("id")):
+            gname = groups.get(gid, "?")
+            if passed is None:
+                waiting[gname] = waiting.get(gname, 0) + n
+            else:
+                key = (gname, "passed" if passed else "failed")
+                verdicts[key] = verdicts.get(key, 0) + n
+        for gname in groups.values():
+            for verdict in ("passed", "failed"):
+                m_canary.add_metric([gname, verdict], float(verdicts.get((gname, verdict), 0)))
+            m_canary_pending.add_metric([gname], float(waiting.get(gname, 0)))
+
+        yield from (m_state, m_weight, m_base, m_z, m_ema, m_baseline, m_safeguard, m_nodes, m_version, m_age,
+                    m_props, m_canary, m_canary_pending)
+
+
+def multiprocess_dir() -> str | None:
+    """``PROMETHEUS_MULTIPROC_DIR`` when set (gunicorn / Celery prefork), else None."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def render(*, fleet: bool = True) -> bytes:
+    """The text exposition of every ``outlier_*`` series (events merged across processes when in
+    multi-process mode, plus the fleet state when ``fleet``)."""
+    registry = CollectorRegistry(auto_describe=False)
+    if multiprocess_dir():
+        multiprocess.MultiProcessCollector(registry)
+    else:
+        registry.register(_Events())
+    if fleet:
+        registry.register(FleetCollector())
+    return generate_latest(registry)
+
+
+class _Events(Collector):
+    """Adapter: the in-process event registry as one collector of another registry."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield from EVENTS.collect()

@@ -1,0 +1,35 @@
+"""Shared fixtures. Tests use the real PostgreSQL (DATABASE_URL) and Redis (REDIS_URL) of the
+machine; each test that touches Redis starts from an empty database number (FLUSHDB of the number
+in REDIS_URL only, never FLUSHALL)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture
+def redis_client(settings):
+    import redis
+
+    from outlier_admin.control import redis_conn
+    from outlier_admin.ingest.pipeline import directory
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.flushdb()
+    redis_conn.set_redis(None)
+    directory.clear()
+    yield client
+    client.flushdb()
+    directory.clear()
+
+
+@pytest.fixture
+def ingest_token(db):
+    from outlier_admin.control.actions import do_create_token
+
+    _, plaintext = do_create_token(name="gw-test", scope="ingest", actor="test")
+    return plaintext

@@ -1,0 +1,80 @@
+"""A small scenario end to end through every policy, and the CLI."""
+
+import json
+
+import pytest
+from sim_helpers import tiny
+
+from detector.sim.__main__ import main
+from detector.sim.policies import ALL_POLICIES
+from detector.sim.runner import run_scenario
+from detector.sim.scenario import parse_scenario
+
+
+def small_doc():
+    d = tiny(duration_s=90, faults=[{"group": "g", "node": 2, "kind": "thermal_throttle", "start_s": 30,
+                                      "end_s": 70, "slowdown": 3.0}],
+             expect={"faulty": [{"group": "g", "node": 2}]})
+    d["groups"][0].update(nodes=10, jitter_cv=0.08, node_speed_spread=0.03, max_concurrency=16)
+    del d["groups"][0]["decode_batch_curve"]
+    d["workload"][0].update(rate_rps=30, trace="azure_llm_2023_conv")
+    d["workload"][0]["completion_tokens"]["max"] = 400
+    d["workload"][0]["prompt_tokens"]["max"] = 4000
+    return d
+
+
+@pytest.fixture(scope="module")
+def report():
+    return run_scenario(parse_scenario(small_doc()), ALL_POLICIES)
+
+
+def test_report_has_the_schema_keys(report):
+    assert set(report) >= {"scenario", "requests", "policies", "baseline", "cusum_bound"}
+    assert set(report["policies"]) == set(ALL_POLICIES)
+    for r in report["policies"].values():
+        assert set(r) >= {"p50_ms", "p99_ms", "p999_ms", "ttft_p99_ms", "timeouts", "timeout_rate", "errors",
+                          "false_degrades", "false_quarantines", "healthy_node_hours", "faults"}
+        f = r["faults"][0]
+        assert set(f) >= {"group", "node", "kind", "onset_s", "first_degrade_s", "quarantine_s",
+                          "traffic_share_after_detect"}
+        assert r["healthy_node_hours"] == pytest.approx(9 * 90 / 3600)
+    json.dumps(report)
+
+
+def test_fault_hurts_round_robin_and_detectors_cut_the_node(report):
+    pol = report["policies"]
+    assert pol["round_robin"]["p99_ms"] > report["baseline"]["p99_ms"]
+    assert pol["round_robin"]["faults"][0]["first_degrade_s"] is None
+    z = pol["seed_zscore"]["faults"][0]
+    assert z["first_degrade_s"] is not None and z["first_degrade_s"] < 20
+    assert z["traffic_share_after_detect"] < 0.7
+    d = pol["default"]["faults"][0]
+    assert d["first_degrade_s"] is not None and d["first_degrade_s"] < 20
+    assert d["traffic_share_after_detect"] < 0.7
+    cb = report["cusum_bound"][0]
+    assert cb["node"] == 2 and cb["delta_sd"] > 3 and cb["min_delay_s"] > 0
+
+
+def test_signal_quality_ranks_the_seed_normalisation_noisiest(report):
+    sq = report["signal_quality"]["g"]
+    assert sq["norm_seed"]["pooled"] > sq["norm_learned"]["pooled"]
+    assert sq["decode"]["pooled"] < sq["norm_seed"]["pooled"]
+
+
+def test_cli_run_and_bad_file(tmp_path, capsys):
+    scn = tmp_path / "s.json"
+    scn.write_text(json.dumps(small_doc()))
+    out = tmp_path / "r.json"
+    png = tmp_path / "r.png"
+    rc = main(["run", str(scn), "--policies", "round_robin,seed_zscore", "--duration", "40", "--out", str(out),
+               "--plot", str(png), "--quiet"])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    assert set(rep["policies"]) == {"round_robin", "seed_zscore"} and rep["duration_s"] == 40
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+    assert "| seed_zscore |" in capsys.readouterr().out
+    bad = small_doc()
+    bad["faults"][0]["slowdown"] = -1
+    scn.write_text(json.dumps(bad))
+    assert main(["run", str(scn), "--out", str(out), "--quiet"]) == 2
+    assert "faults[0].slowdown" in capsys.readouterr().err

@@ -1,0 +1,179 @@
+"""The simulator's pieces: cost model, queueing, every fault kind, client timeout/retry, determinism."""
+
+import json
+
+import numpy as np
+import pytest
+from sim_helpers import simulate, tiny
+
+from detector.sim.runner import run_scenario
+from detector.sim.scenario import parse_scenario
+
+
+def served(sim, node, t0=0.0, t1=1e9):
+    """Service times (ms, no queueing) of client attempts started on ``node`` in [t0, t1)."""
+    a = sim.attempts()
+    m = (a["node"] == node) & (a["kind"] == 0) & (a["start"] >= t0) & (a["start"] < t1) & (a["status"] == 200)
+    return a["service_ms"][m]
+
+
+def test_healthy_cost_model_is_the_schema_formula():
+    sim = simulate(tiny())
+    s = served(sim, 0)
+    # prefill 0.1 * 1000 + decode 10 * 50, no noise, no spread, flat batch curve
+    assert len(s) > 50
+    np.testing.assert_allclose(s, 600.0)
+    a = sim.attempts()
+    ok = a["gw_status"] == 200
+    np.testing.assert_allclose((a["ttft"] - a["start"])[ok] * 1000, 110.0)  # prefill + first token
+
+
+def test_splitwise_batch_curve_slows_decode_under_load():
+    d = tiny()
+    del d["groups"][0]["decode_batch_curve"]  # default: measured Splitwise curve
+    d["workload"][0]["rate_rps"] = 20
+    s = served(simulate(d), 0)
+    # normalised at a full batch (8): lighter batches are faster, by up to 1/g(8) = 0.93
+    assert s.max() <= 600.0 + 1e-9
+    assert s.min() < 0.95 * 600.0
+    assert s.max() / s.min() > 1.03  # several requests in flight -> g(b) > 1
+
+
+def test_queueing_when_slots_are_full():
+    d = tiny()
+    d["groups"][0].update(nodes=1, max_concurrency=1)
+    d["workload"][0]["rate_rps"] = 3  # 3 * 0.6 s > 1 slot: requests must wait
+    sim = simulate(d)
+    a = sim.attempts()
+    ok = a["gw_status"] == 200
+    wait = (a["start"] - a["t"])[ok]
+    assert wait.max() > 1.0
+    # one slot: service intervals never overlap
+    order = np.argsort(a["start"][ok])
+    assert np.all(a["start"][ok][order][1:] >= a["end"][ok][order][:-1] - 1e-9)
+    total = (a["gw_t"] - a["t"])[ok] * 1000
+    np.testing.assert_allclose(total, wait * 1000 + 600.0, atol=1e-6)
+
+
+def fault_doc(fault, **wl):
+    node = "all" if fault["kind"] == "surge" else 0
+    d = tiny(faults=[{"group": "g", "node": node, "start_s": 20, "end_s": 40, **fault}])
+    d["workload"][0].update(wl)
+    return d
+
+
+@pytest.mark.parametrize(("fault", "expected"), [
+    ({"kind": "thermal_throttle", "slowdown": 2.86}, 600 * 2.86),
+    ({"kind": "pcie_downgrade", "decode_slowdown": 2.0}, 100 + 500 * 2.0),
+    ({"kind": "pcie_downgrade", "decode_slowdown": 2.0, "prefill_slowdown": 3.0}, 300 + 1000),
+    ({"kind": "surge", "slowdown": 1.5}, 900),
+])
+def test_step_faults_scale_service_time_inside_the_window_only(fault, expected):
+    sim = simulate(fault_doc(fault))
+    np.testing.assert_allclose(served(sim, 0, 20.5, 39.0), expected, rtol=1e-9)
+    np.testing.assert_allclose(served(sim, 0, 0, 19.0), 600.0)
+    np.testing.assert_allclose(served(sim, 0, 41.0), 600.0)
+    healthy = served(sim, 1, 20.5, 39.0)
+    np.testing.assert_allclose(healthy, expected if fault["kind"] == "surge" else 600.0)
+
+
+def test_step_fault_stretches_requests_already_running():
+    d = fault_doc({"kind": "thermal_throttle", "slowdown": 2.0})
+    sim = simulate(d)
+    a = sim.attempts()
+    m = (a["node"] == 0) & (a["start"] < 20) & (a["end"] > 20) & (a["start"] > 19.4)
+    assert m.any()
+    for s, e in zip(a["start"][m], a["end"][m], strict=True):
+        done_before = 20 - s
+        assert e == pytest.approx(20 + (0.6 - done_before) * 2.0)
+
+
+def test_ecc_replay_stalls_a_fraction_of_requests():
+    sim = simulate(fault_doc({"kind": "ecc_replay", "stall_prob": 0.3, "stall_ms": 4000}, rate_rps=40))
+    s = served(sim, 0, 20, 40)
+    stalled = np.isclose(s, 4600.0)
+    assert set(np.round(s)) <= {600.0, 4600.0}
+    assert 0.2 < stalled.mean() < 0.4
+    assert np.all(served(sim, 0, 0, 20) == 600.0)
+
+
+def test_kv_swap_grows_with_inflight_load():
+    f = {"kind": "kv_swap", "swap_factor": 4.0, "swap_threshold": 0.25}
+    sim = simulate(fault_doc(f, rate_rps=24))
+    a = sim.attempts()
+    m = (a["node"] == 0) & (a["start"] >= 20) & (a["start"] < 40) & (a["gw_status"] == 200)
+    s = a["service_ms"][m]
+    assert s.min() >= 600 - 1e-9 and s.max() > 900  # 1 + 4 * (b/8 - 0.25) with b in flight
+    factors = s / 600.0
+    b = np.round(((factors - 1) / 4 + 0.25) * 8)
+    np.testing.assert_allclose(factors[b > 2], 1 + 4 * (b[b > 2] / 8 - 0.25), atol=1e-9)
+
+
+def test_warmup_node_joins_late_and_is_slow_for_its_first_requests():
+    d = tiny(faults=[{"group": "g", "node": 0, "kind": "warmup", "start_s": 20, "requests": 5, "slowdown": 8.0}])
+    sim = simulate(d)
+    a = sim.attempts()
+    on0 = (a["node"] == 0) & (a["kind"] == 0)
+    assert a["t"][on0].min() >= 20.0  # not routed before it joins
+    order = np.argsort(a["start"][on0])
+    s = a["service_ms"][on0][order]
+    np.testing.assert_allclose(s[:5], 4800.0)
+    np.testing.assert_allclose(s[5:], 600.0)
+
+
+def test_crash_answers_fast_errors_and_client_retries_elsewhere():
+    d = tiny(faults=[{"group": "g", "node": 0, "kind": "crash", "start_s": 20, "end_s": 40, "error_after_ms": 5}],
+             client={"timeout_s": 30, "retries": 1})
+    sim = simulate(d)
+    a = sim.attempts()
+    err = (a["gw_status"] == 503) & (a["t"] >= 20)  # (requests running at the crash fail at once)
+    assert err.sum() > 20
+    assert np.all(a["node"][err] == 0)
+    np.testing.assert_allclose((a["gw_t"] - a["t"])[err], 0.005, atol=1e-9)
+    s = sim.summary_arrays()
+    all_err = a["gw_status"] == 503
+    # every failed attempt is retried, except the last attempt of a request that failed for good
+    assert len(a["req"]) - len(sim.r_t) == all_err.sum() - (s["final_status"] == 503).sum()
+    assert (s["final_status"] == 200).mean() > 0.9
+
+
+def test_drift_ramps_linearly():
+    d = tiny(faults=[{"group": "g", "node": 0, "kind": "drift", "start_s": 10, "slowdown": 3.0, "ramp_s": 20}])
+    sim = simulate(d)
+    a = sim.attempts()
+    m = (a["node"] == 0) & (a["start"] >= 10) & (a["start"] < 29) & (a["gw_status"] == 200)
+    # service at start time t is 600 * (1 + 2 * (t - 10) / 20), within one drift step of the running stretch
+    expected = 600 * (1 + 2 * (a["start"][m] - 10) / 20)
+    np.testing.assert_allclose(a["service_ms"][m], expected, rtol=1e-9)
+    np.testing.assert_allclose(served(sim, 0, 31), 1800.0)
+
+
+def test_timeout_is_logged_at_the_deadline_and_the_node_keeps_working():
+    d = tiny(faults=[{"group": "g", "node": 0, "kind": "thermal_throttle", "slowdown": 100, "start_s": 10}],
+             client={"timeout_s": 5, "retries": 1})
+    sim = simulate(d)
+    a = sim.attempts()
+    to = a["gw_status"] == 0
+    assert to.sum() > 10
+    np.testing.assert_allclose((a["gw_t"] - a["t"])[to], 5.0)
+    assert not np.any(a["end"][to] <= a["gw_t"][to])  # still queued or running after the client gave up
+    # every timed-out attempt was retried once through the gateway
+    s = sim.summary_arrays()
+    retried = np.unique(a["req"][to])
+    assert np.all(s["attempts"][retried] >= 2)
+
+
+def test_same_seed_same_report_and_different_seed_differs():
+    d = tiny(faults=[{"group": "g", "node": 0, "kind": "thermal_throttle", "slowdown": 3, "start_s": 20}])
+    d["groups"][0].update(nodes=6, jitter_cv=0.1, node_speed_spread=0.03)
+    d["workload"][0]["trace"] = "azure_llm_2023_conv"
+    d["expect"] = {"faulty": [{"group": "g", "node": 0}]}
+    scn = parse_scenario(d)
+    pols = ["round_robin", "least_conn", "p2c_ewma", "seed_zscore"]
+    r1 = run_scenario(scn, pols)
+    r2 = run_scenario(scn, pols)
+    r1.pop("speed"), r2.pop("speed")
+    assert json.dumps(r1, sort_keys=True) == json.dumps(r2, sort_keys=True)
+    d["seed"] = 2
+    r3 = run_scenario(parse_scenario(d), pols)
+    assert r3["policies"]["round_robin"]["p99_ms"] != r1["policies"]["round_robin"]["p99_ms"]

@@ -1,0 +1,174 @@
+"""outlier_admin.gateway_client: validation, ordering, fail static / fail open, real Redis pub/sub."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import redis
+from hypothesis import given
+from hypothesis import strategies as st
+
+from outlier_admin.agent.harness import publish, weights_document
+from outlier_admin.gateway_client import (
+    MODE_FAIL_OPEN,
+    MODE_LIVE,
+    DocumentError,
+    GatewayClient,
+    effective_weights,
+    parse_document,
+    split_address,
+)
+
+SERVERS = {"a": "10.0.0.1:8000", "b": "10.0.0.2:8000", "c": "[::1]:8001"}
+
+
+def doc_json(**kw) -> str:
+    return json.dumps(weights_document("g", kw.pop("version", 1), SERVERS, **kw))
+
+
+def test_parse_valid_document():
+    doc = parse_document(doc_json(quarantined=("b",), weights={"a": 35}, generated_at=1000.0))
+    assert doc.group == "g" and doc.version == 1 and doc.generated_at == 1000.0
+    by = {n.node: n for n in doc.nodes}
+    assert (by["a"].weight, by["a"].quarantined) == (35, False)
+    assert (by["b"].weight, by["b"].state, by["b"].quarantined) == (0, "quarantined", True)
+    assert (by["c"].host, by["c"].port) == ("::1", 8001)
+
+
+def test_document_without_base_weight_uses_default_scale():
+    raw = json.dumps({"group": "g", "version": 3, "generated_at": 1.0, "stale_after_s": 30, "safeguard": False,
+                      "nodes": [{"node": "x", "address": "10.0.0.9:80", "weight": 150, "state": "healthy"},
+                                {"node": "y", "address": "10.0.0.8:80", "weight": 40, "state": "degraded"}]})
+    by = {n.node: n for n in parse_document(raw).nodes}
+    assert by["x"].base_weight == 150 and by["y"].base_weight == 100
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda d: d.pop("version"), "missing field 'version'"),
+        (lambda d: d.update(version=True), "version"),
+        (lambda d: d["nodes"][0].update(weight=101), "outside 0..100"),
+        (lambda d: d["nodes"][0].update(weight=-1), "outside 0..100"),
+        (lambda d: d["nodes"][0].update(weight=33.5), "not an integer"),
+        (lambda d: d["nodes"][0].update(address="10.0.0.1"), "not host:port"),
+        (lambda d: d["nodes"][1].update(address="10.0.0.1:8000"), "duplicate"),
+        (lambda d: d.update(stale_after_s=0), "stale_after_s"),
+        (lambda d: d.update(group="other"), "expected 'g'"),
+        (lambda d: d.update(nodes={}), "nodes"),
+    ],
+)
+def test_parse_rejects_with_reason(mutate, reason):
+    d = json.loads(doc_json())
+    mutate(d)
+    with pytest.raises(DocumentError, match=reason):
+        parse_document(json.dumps(d), expected_group="g")
+
+
+def test_parse_rejects_non_json():
+    with pytest.raises(DocumentError, match="not JSON"):
+        parse_document(b"{nope")
+
+
+def test_fail_open_after_stale_after_s():
+    doc = parse_document(doc_json(quarantined=("b",), weights={"a": 35}, generated_at=1000.0,
+                                  stale_after_s=30, safeguard=True))
+    live = effective_weights(doc, now=1030.0)  # exactly at the limit: still live
+    assert live.mode == MODE_LIVE and live.safeguard
+    assert [n.weight for n in live.nodes] == [35, 0, 100]
+    stale = effective_weights(doc, now=1030.5)
+    assert stale.mode == MODE_FAIL_OPEN and not stale.safeguard
+    assert [(n.weight, n.state) for n in stale.nodes] == [(100, "ready")] * 3
+    assert stale.age_s == pytest.approx(30.5)
+
+
+def test_offer_keeps_newest_and_accepts_restamped_same_version():
+    client = GatewayClient(redis.Redis(), "g")
+    assert client.offer(doc_json(version=5, generated_at=100.0))
+    assert not client.offer(doc_json(version=4, generated_at=200.0))  # older version, newer stamp
+    assert client.document.version == 5
+    assert client.offer(doc_json(version=5, generated_at=110.0))  # heartbeat re-stamp
+    assert client.document.generated_at == 110.0
+    assert not client.offer("garbage")
+    assert client.stats.rejected_documents == 1 and client.document.version == 5
+
+
+def test_refresh_from_real_redis(redis_client, group):
+    client = GatewayClient(redis_client, group)
+    assert client.refresh() is False and client.effective() is None  # no document yet
+    publish(redis_client, weights_document(group, 7, SERVERS, quarantined=("a",)))
+    assert client.refresh() is True
+    eff = client.effective()
+    assert eff.version == 7 and eff.mode == MODE_LIVE
+    assert [n.weight for n in eff.nodes] == [0, 100, 100]
+
+
+def test_unreachable_redis_keeps_last_good_then_fails_open(redis_client, group):
+    now = [1000.0]
+    client = GatewayClient(redis_client, group, clock=lambda: now[0])
+    publish(redis_client, weights_document(group, 3, SERVERS, quarantined=("a",), generated_at=1000.0,
+                                           stale_after_s=60))
+    assert client.refresh()
+    # Point the client at a port where nothing listens: every read fails from now on.
+    client.redis_client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
+    now[0] = 1059.0
+    assert client.refresh() is False
+    assert client.stats.redis_errors == 1 and "ConnectionError" in client.stats.last_error
+    eff = client.effective()
+    assert eff.mode == MODE_LIVE and [n.weight for n in eff.nodes] == [0, 100, 100]  # fail static
+    now[0] = 1061.0
+    eff = client.effective()
+    assert eff.mode == MODE_FAIL_OPEN and [n.weight for n in eff.nodes] == [100, 100, 100]  # fail open
+
+
+def test_notification_filtering():
+    client = GatewayClient(redis.Redis(), "g")
+    client.offer(doc_json(version=5))
+    assert client.notification_is_news(json.dumps({"group": "g", "version": 6}))
+    assert not client.notification_is_news(json.dumps({"group": "other", "version": 99}))
+    assert not client.notification_is_news(json.dumps({"group": "g", "version": 4}))
+    assert client.notification_is_news(b"not json")  # unreadable: pull and see
+
+
+def test_run_loop_reacts_to_pubsub_and_to_the_clock(redis_client, group):
+    """The loop delivers a published version within a fraction of the poll interval, and delivers
+    the fail-open transition when the document ages past stale_after_s without any message."""
+    updates = []
+    client = GatewayClient(redis_client, group, poll_interval_s=30.0)
+    publish(redis_client, weights_document(group, 1, SERVERS, stale_after_s=1.5))
+    stop = threading.Event()
+    thread = threading.Thread(target=client.run, args=(updates.append, stop), daemon=True)
+    thread.start()
+    try:
+        _wait(lambda: len(updates) >= 1)
+        t0 = time.time()
+        publish(redis_client, weights_document(group, 2, SERVERS, quarantined=("b",), stale_after_s=1.5))
+        _wait(lambda: any(u.version == 2 for u in updates))
+        assert time.time() - t0 < 1.0  # pub/sub, not the 30 s poll
+        _wait(lambda: updates[-1].mode == MODE_FAIL_OPEN, timeout=4.0)
+        assert [n.weight for n in updates[-1].nodes] == [100, 100, 100]
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
+def _wait(cond, timeout: float = 3.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.01)
+    raise AssertionError("condition not reached in time")
+
+
+@given(st.integers(0, 65535))
+def test_split_address_port_range(port):
+    if port == 0:
+        with pytest.raises(DocumentError):
+            split_address(f"h:{port}")
+    else:
+        assert split_address(f"h:{port}") == ("h", port)

@@ -1,0 +1,100 @@
+"""POST /api/v1/ingest/requests: status codes, per-line errors, de-duplication, auto-registration."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+
+from outlier_admin.fleet.models import ModelGroup, Node
+from outlier_admin.ingest.models import RejectedInput
+
+pytestmark = [pytest.mark.django_db, pytest.mark.services]
+URL = "/api/v1/ingest/requests"
+
+
+def rec(**kw):
+    base = {"ts": time.time(), "node": "10.0.0.1:8000", "group": "llama", "prompt_tokens": 100,
+            "completion_tokens": 50, "ttft_ms": 120.0, "total_ms": 900.0, "status": 200}
+    return {**base, **kw}
+
+
+def post(client, token, body, content_type="application/json"):
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
+    return client.post(URL, data=body, content_type=content_type, **headers)
+
+
+def test_json_array_accepts_valid_and_reports_bad_lines(client, ingest_token, redis_client):
+    body = orjson.dumps([rec(), rec(total_ms=-1), rec(ts=time.time() + 3600), rec(node="10.0.0.2:8000")])
+    resp = post(client, ingest_token, body)
+    assert resp.status_code == 200
+    data = resp.json()
+    assert data["accepted"] == 2 and data["rejected"] == 2
+    assert data["errors"] == [{"line": 2, "reason": "bad_total_ms"}, {"line": 3, "reason": "ts_in_future"}]
+    assert RejectedInput.objects.filter(reason="ts_in_future", source="http:gw-test").count() == 1
+    assert ModelGroup.objects.get(name="llama").policy == "auto"  # created on first record
+    assert set(Node.objects.values_list("name", flat=True)) == {"10.0.0.1:8000", "10.0.0.2:8000"}
+    assert redis_client.xlen("outlier:stream:llama") == 1  # one entry per group per request
+
+
+def test_ndjson_with_a_broken_line_and_rfc3339(client, ingest_token, redis_client):
+    lines = [orjson.dumps(rec(ts="2099-01-01T00:00:00Z")), b"{not json", orjson.dumps(rec(ts=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))]
+    resp = post(client, ingest_token, b"\n".join(lines), "application/x-ndjson")
+    data = resp.json()
+    assert (data["accepted"], data["rejected"]) == (1, 2)
+    assert [e["reason"] for e in data["errors"]] == ["ts_in_future", "bad_json"]
+    assert RejectedInput.objects.get(reason="bad_json").raw == "{not json"
+
+
+def test_duplicates_by_request_id_are_counted_once(client, ingest_token, redis_client):
+    body = orjson.dumps([rec(request_id="a"), rec(request_id="a"), rec(request_id="b")])
+    assert post(client, ingest_token, body).json()["accepted"] == 2
+    again = post(client, ingest_token, orjson.dumps([rec(request_id="b"), rec(request_id="c")])).json()
+    assert again["accepted"] == 1 and again["duplicates"] == 1
+
+
+@pytest.mark.parametrize(
+    ("token", "content_type", "body", "status"),
+    [
+        (None, "application/json", b"[]", 401),
+        ("oa_wrong", "application/json", b"[]", 401),
+        ("ok", "text/csv", b"a,b", 415),
+        ("ok", "application/json", b"hello world", 400),
+        ("ok", "application/json", b"", 400),
+        ("ok", "application/json", b"42", 400),
+    ],
+)
+def test_whole_request_errors(client, ingest_token, redis_client, token, content_type, body, status):
+    resp = post(client, ingest_token if token == "ok" else token, body, content_type)
+    assert resp.status_code == status
+    assert "error" in resp.json()
+
+
+def test_body_over_limit_is_413(client, ingest_token, redis_client, settings):
+    settings.INGEST_MAX_BODY_BYTES = 2048
+    body = orjson.dumps([rec() for _ in range(50)])
+    assert post(client, ingest_token, body).status_code == 413
+
+
+def test_api_token_cannot_ingest(client, redis_client):
+    from outlier_admin.control.actions import do_create_token
+
+    _, api = do_create_token(name="ui", scope="api", actor="t")
+    assert post(client, api, b"[]").status_code == 401
+
+
+def test_unknown_node_rejected_when_auto_register_off(client, ingest_token, redis_client, settings):
+    settings.AUTO_REGISTER_NODES = False
+    data = post(client, ingest_token, orjson.dumps([rec()])).json()
+    assert data["errors"] == [{"line": 1, "reason": "unknown_node"}]
+    assert not Node.objects.exists()
+
+
+def test_record_without_group_uses_the_nodes_group(client, ingest_token, redis_client):
+    post(client, ingest_token, orjson.dumps([rec()]))
+    no_group = rec()
+    del no_group["group"]
+    assert post(client, ingest_token, orjson.dumps([no_group, rec(node="9.9.9.9:1", group=None)])).json()["errors"] == [
+        {"line": 2, "reason": "no_group"}
+    ]
