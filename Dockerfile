@@ -7,7 +7,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     DJANGO_SETTINGS_MODULE=outlier_admin.settings \
     PROMETHEUS_MULTIPROC_DIR=/run/prometheus \
-    PORT=8000
+    PORT=8000 \
+    OA_TRACES_DIR=/app/data/traces
 
 WORKDIR /app
 RUN groupadd --system app && useradd --system --gid app --home /app app

@@ -485,8 +485,25 @@ class GroupDetector:
             a["int_success"][:] = 0
             self._interval_started = now
 
+        # Hard evidence must be queue-free. TTFT and total latency include the wait for a batch slot,
+        # and near saturation a node's queue grows by chance; quarantining it moves its load onto
+        # peers whose queues then grow: a cascade that a healthy fleet at 70% load does not survive.
+        # The per-token decode time is measured after the queue, so when it is known it alone decides
+        # quarantine (every gray fault we model shows in it); ``norm`` decides only where the gateway
+        # logs no TTFT. Degrading (reversible, capacity kept) still uses every signal.
+        dec = SIGNALS.index("decode")
+        has_dec = np.isfinite(z_stack[dec]) if n else np.zeros(0, dtype=bool)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            dec_excess = ema_stack[dec] / base_arr[dec] if t.baseline_mode == "robust" else np.full(n, np.inf)
+        if t.baseline_mode == "seed":  # seed 000 judges its one signal as it is
+            has_dec = np.zeros(n, dtype=bool)
+        q_score = np.where(has_dec, z_stack[dec], score)
+        q_excess = np.where(has_dec, dec_excess, excess)
+        tail_bad &= ~has_dec | (dec_excess >= t.degrade_materiality)
+        cross_bad &= ~has_dec | (dec_excess >= t.degrade_materiality)
+
         # Z persistence: samples in a row at or above the quarantine line.
-        over_q = judged_any & (score >= t.quarantine_z) & (excess >= t.quarantine_materiality)
+        over_q = np.isfinite(q_score) & (q_score >= t.quarantine_z) & (q_excess >= t.quarantine_materiality)
         a["over_q"] = np.where(over_q, a["over_q"] + a["new_samples"], 0)
         z_sustained = a["over_q"] >= t.quarantine_persistence
         over_d = judged_any & (score >= t.degrade_z) & (excess >= t.degrade_materiality)

@@ -15,5 +15,5 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "outlier_admin.settings")
 
 app = Celery("outlier_admin")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["outlier_admin.control", "outlier_admin.ingest"])
+app.autodiscover_tasks(["outlier_admin.control", "outlier_admin.ingest", "outlier_admin.observability"])
 

@@ -146,9 +146,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
 }
-LOGIN_URL = "login"
+LOGIN_URL = "dashboard:login"
 LOGIN_REDIRECT_URL = "dashboard:overview"
-LOGOUT_REDIRECT_URL = "login"
+LOGOUT_REDIRECT_URL = "dashboard:login"
 
 # --- Observability (outlier_admin.observability; see README "Observability" / "Alerts") ----------------
 from outlier_admin.observability.logconfig import logging_config  # noqa: E402

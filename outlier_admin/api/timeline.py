@@ -73,23 +73,29 @@ def downsample(rows: list[tuple], start: datetime, end: datetime, max_points: in
         return np.array([np.nan if r[i] is None else r[i] for r in rows], dtype=float)
 
     ema, z, p50, p99, weight = col(1), col(2), col(3), col(4), col(5)
-    # Bucket boundaries in the sorted rows: starts of each run of equal bucket ids.
+    # Bucket boundaries in the sorted rows: starts of each run of equal bucket ids. Aggregates are
+    # vectorised with ufunc.reduceat; fmax/fmin ignore NaN, the mean counts only non-NaN values.
     starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
-    ends = np.r_[starts[1:], len(rows)]
+    lasts = np.r_[starts[1:], len(rows)] - 1
+
+    def nan_to_none(a: np.ndarray) -> list[float | None]:
+        return [None if math.isnan(v) else v for v in a.tolist()]
+
+    def mean(a: np.ndarray) -> list[float | None]:
+        ok = ~np.isnan(a)
+        sums = np.add.reduceat(np.where(ok, a, 0.0), starts)
+        counts = np.add.reduceat(ok.astype(np.int64), starts)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return nan_to_none(np.where(counts > 0, sums / np.maximum(counts, 1), np.nan))
+
+    z_max = nan_to_none(np.fmax.reduceat(z, starts))
+    p99_max = nan_to_none(np.fmax.reduceat(p99, starts))
+    w_min = [0.0 if v is None else v for v in nan_to_none(np.fmin.reduceat(weight, starts))]
+    ema_mean, p50_mean = mean(ema), mean(p50)
     out: list[Point] = []
-    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-        last = rows[e - 1]
-
-        def agg(a: np.ndarray, how: str, s: int = s, e: int = e) -> float | None:
-            seg = a[s:e]
-            seg = seg[~np.isnan(seg)]
-            if seg.size == 0:
-                return None
-            return float(seg.max() if how == "max" else seg.min() if how == "min" else seg.mean())
-
-        w = agg(weight, "min")
-        out.append(Point(last[0], agg(ema, "mean"), agg(z, "max"), agg(p50, "mean"), agg(p99, "max"),
-                         0.0 if w is None else w, int(last[6]), last[7]))
+    for k, last_i in enumerate(lasts.tolist()):
+        last = rows[last_i]
+        out.append(Point(last[0], ema_mean[k], z_max[k], p50_mean[k], p99_max[k], w_min[k], int(last[6]), last[7]))
     return out
 
 

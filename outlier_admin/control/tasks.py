@@ -34,6 +34,9 @@ def tick_group(group: str) -> dict | None:
         return None
     if result is None:
         return None
+    from outlier_admin.observability.hooks import observe_tick
+
+    observe_tick(result)
     return {"group": result.group, "samples": result.samples, "version": result.version,
             "tick_ms": round(result.tick_ms, 2)}
 

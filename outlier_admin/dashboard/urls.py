@@ -1,3 +1,21 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from outlier_admin.dashboard import views
 
 app_name = "dashboard"
-urlpatterns: list = []
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("groups/<slug:name>/", views.group_page, name="group"),
+    path("groups/<slug:name>/thresholds/", views.thresholds_page, name="thresholds"),
+    path("groups/<slug:name>/policy/", views.group_policy, name="policy"),
+    path("nodes/<int:pk>/", views.node_page, name="node"),
+    path("nodes/<int:pk>/override/", views.node_override, name="override"),
+    path("approvals/", views.approvals, name="approvals"),
+    path("approvals/<int:pk>/decide/", views.decide_proposal, name="decide"),
+    path("canary/", views.canary_review, name="canary"),
+    path("audit/", views.audit_log, name="audit"),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+]
+

@@ -264,7 +264,7 @@ def run(cfg: Any, client: Any) -> int:
     finally:
         stop.set()
         for t in threads:
-            t.join(timeout=10)
+            t.join(timeout=3)
         httpd.shutdown()
         httpd.server_close()
         for c in canaries.values():

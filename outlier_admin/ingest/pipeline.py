@@ -16,6 +16,7 @@ import logging
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -276,6 +277,9 @@ def submit(
             ],
             batch_size=1000,
         )
+    from outlier_admin.observability.hooks import observe_ingest  # the hook is a no-op if disabled
+
+    observe_ingest(out, source=source, rejected_by_reason=Counter(r[1] for r in rejects))
     return out
 
 

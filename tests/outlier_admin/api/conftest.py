@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 
 import pytest
 from django.contrib.auth.models import Group, User
@@ -39,12 +40,12 @@ def users(db) -> dict[str, User | None]:
 def write_history(node, *, start, count: int, every_s: float = 10.0, z=0.0, ema=1.0, state="healthy",
                   p50=1.0, p99=2.0):
     """``count`` norm-signal history rows for ``node``; ``z``/``ema``/``state`` may be callables of i."""
+    def at(v, i):
+        return v(i) if callable(v) else v
+
     rows = []
     for i in range(count):
-
-        def val(v, i=i):
-            return v(i) if callable(v) else v
-
+        val = partial(at, i=i)
         rows.append(NodeHistory(
             node=node, signal="norm", at=start + timedelta(seconds=i * every_s), ema=val(ema), z=val(z),
             p50=val(p50), p99=val(p99), samples=100 + i, weight=0.0 if val(state) == "quarantined" else 100.0,

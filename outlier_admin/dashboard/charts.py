@@ -1,0 +1,49 @@
+"""The node page's charts, built from the timeline (:mod:`outlier_admin.api.timeline`)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.utils.safestring import SafeString
+
+from detector.thresholds import Thresholds
+from outlier_admin.api.timeline import Point
+from outlier_admin.control.models import Transition
+from outlier_admin.dashboard.svg import PALETTE, Marker, Series, Threshold, time_chart
+
+MARKER_COLORS = {"quarantined": "#c62828", "degraded": "#b85c00", "healthy": "#2e7d32"}
+
+
+def node_charts(
+    points: list[Point], baseline: list[tuple[datetime, float]], transitions: list[Transition],
+    thresholds: Thresholds, start: datetime, end: datetime,
+) -> dict[str, SafeString]:
+    """``{"z", "ema", "weight", "tail"}`` SVG charts for one node over ``[start, end]``."""
+    markers = [Marker(t.at, f"{t.at:%H:%M:%S} {t.from_state} -> {t.to_state} ({t.reason})",
+                      MARKER_COLORS.get(t.to_state, "#444")) for t in transitions]
+    ats = [p.at for p in points]
+    # "learned" normalisation divides latency by the group's cost model (a ratio, 1.0 = as expected);
+    # "seed" divides by weighted tokens (ms per token).
+    unit = "ms/token" if thresholds.normalization == "seed" else "x expected"
+    return {
+        "z": time_chart(
+            [Series("Z-score", list(zip(ats, [p.z for p in points], strict=True)))],
+            title="Z-score vs peers", unit="σ", start=start, end=end, markers=markers,
+            thresholds=[Threshold("degrade Z", thresholds.degrade_z, "#b85c00"),
+                        Threshold("quarantine Z", thresholds.quarantine_z, "#c62828")],
+        ),
+        "ema": time_chart(
+            [Series("node EMA", list(zip(ats, [p.ema for p in points], strict=True))),
+             Series("peer baseline (median)", baseline, PALETTE[2], dashed=True)],
+            title="Normalised latency: EMA vs peer baseline", unit=unit, start=start, end=end, markers=markers,
+        ),
+        "weight": time_chart(
+            [Series("weight", list(zip(ats, [p.weight for p in points], strict=True)), PALETTE[3])],
+            title="Published weight", unit="weight", start=start, end=end, markers=markers, height=160,
+        ),
+        "tail": time_chart(
+            [Series("P99", list(zip(ats, [p.p99 for p in points], strict=True)), PALETTE[1]),
+             Series("P50", list(zip(ats, [p.p50 for p in points], strict=True)))],
+            title="P99 and P50 (normalised)", unit=unit, start=start, end=end, markers=markers,
+        ),
+    }

@@ -1,0 +1,163 @@
+"""Server-side SVG time-series charts: axes with units, threshold lines, transition markers.
+
+No JavaScript, no CDN: the node page embeds the returned markup. One function,
+:func:`time_chart`; x is time (UTC), y is linear from ``y_min`` (default: 0 or the data minimum) to
+the data/threshold maximum plus 5% headroom. Gaps (``None`` values) break the line.
+
+Accessibility: the ``<svg>`` has ``role="img"`` and a ``<title>``/``<desc>`` that state what the chart
+shows and its latest values, so the information is not carried by colour or shape alone; threshold
+lines are dashed and labelled with their name and value, markers carry the transition text.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from html import escape
+
+from django.utils.safestring import SafeString, mark_safe
+
+PALETTE = ("#1f5fbf", "#b85c00", "#2e7d32", "#6a1b9a")
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    points: list[tuple[datetime, float | None]]
+    color: str = PALETTE[0]
+    dashed: bool = False
+
+
+@dataclass(frozen=True)
+class Threshold:
+    label: str
+    value: float
+    color: str = "#c62828"
+
+
+@dataclass(frozen=True)
+class Marker:
+    at: datetime
+    label: str
+    color: str = "#444"
+
+
+def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
+    """Round tick values covering ``[lo, hi]`` (steps of 1, 2, 2.5 or 5 x 10^k)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
+        return [lo]
+    raw = (hi - lo) / max(count, 1)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first = math.ceil(lo / step - 1e-9) * step
+    ticks, v = [], first
+    while v <= hi + 1e-9 * step:
+        ticks.append(round(v, 10))
+        v += step
+    return ticks
+
+
+def _fmt(v: float) -> str:
+    if v == 0:
+        return "0"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.3g}"
+
+
+def time_chart(
+    series: list[Series],
+    *,
+    title: str,
+    unit: str,
+    start: datetime,
+    end: datetime,
+    thresholds: list[Threshold] | None = None,
+    markers: list[Marker] | None = None,
+    width: int = 720,
+    height: int = 220,
+    y_min: float | None = None,
+) -> SafeString:
+    """An SVG line chart of ``series`` over ``[start, end]`` with a y axis labelled in ``unit``."""
+    thresholds = thresholds or []
+    markers = markers or []
+    left, right, top, bottom = 56, 12, 24, 28
+    pw, ph = width - left - right, height - top - bottom
+    values = [v for s in series for _, v in s.points if v is not None and math.isfinite(v)]
+    values += [t.value for t in thresholds]
+    lo = y_min if y_min is not None else min([0.0, *values])
+    hi = max(values) if values else 1.0
+    if hi <= lo:
+        hi = lo + 1.0
+    hi += (hi - lo) * 0.05
+    t0, t1 = start.timestamp(), max(end.timestamp(), start.timestamp() + 1)
+
+    def x(at: datetime) -> float:
+        return left + (at.timestamp() - t0) / (t1 - t0) * pw
+
+    def y(v: float) -> float:
+        return top + ph - (v - lo) / (hi - lo) * ph
+
+    latest = []
+    for s in series:
+        last = next((v for _, v in reversed(s.points) if v is not None), None)
+        latest.append(f"{s.label} {_fmt(last)} {unit}" if last is not None else f"{s.label}: no data")
+    desc = f"{title}, {start:%Y-%m-%d %H:%M} to {end:%H:%M} UTC. Latest: " + "; ".join(latest)
+    if thresholds:
+        desc += ". Thresholds: " + "; ".join(f"{t.label} {_fmt(t.value)}" for t in thresholds)
+    if markers:
+        desc += f". {len(markers)} transition(s) marked."
+    out = [
+        f'<svg class="chart" role="img" viewBox="0 0 {width} {height}" width="100%" '
+        f'preserveAspectRatio="xMinYMin meet" xmlns="http://www.w3.org/2000/svg">',
+        f"<title>{escape(title)}</title><desc>{escape(desc)}</desc>",
+        f'<text x="{left}" y="14" class="chart-title" font-size="12" font-weight="bold">{escape(title)} ({escape(unit)})</text>',
+        f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#fff" stroke="#999"/>',
+    ]
+    for tv in nice_ticks(lo, hi):
+        yy = y(tv)
+        out.append(f'<line x1="{left}" x2="{left + pw}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#eee"/>')
+        out.append(f'<text x="{left - 4}" y="{yy + 4:.1f}" font-size="10" text-anchor="end">{_fmt(tv)}</text>')
+    span = t1 - t0
+    for k in range(6):
+        tt = t0 + span * k / 5
+        at = datetime.fromtimestamp(tt, tz=start.tzinfo)
+        label = at.strftime("%H:%M") if span <= 2 * 86400 else at.strftime("%m-%d %H:%M")
+        xx = left + pw * k / 5
+        anchor = "start" if k == 0 else "end" if k == 5 else "middle"  # keep edge labels inside the box
+        out.append(f'<text x="{xx:.1f}" y="{height - 8}" font-size="10" text-anchor="{anchor}">{label}</text>')
+    out.append(f'<text x="{left + pw}" y="{height - 18}" font-size="9" text-anchor="end" fill="#666">time (UTC)</text>')
+    for t in thresholds:
+        yy = y(t.value)
+        out.append(f'<line class="threshold" x1="{left}" x2="{left + pw}" y1="{yy:.1f}" y2="{yy:.1f}" '
+                   f'stroke="{t.color}" stroke-dasharray="6 4"/>')
+        out.append(f'<text x="{left + pw - 4}" y="{yy - 3:.1f}" font-size="10" text-anchor="end" '
+                   f'fill="{t.color}">{escape(t.label)} {_fmt(t.value)}</text>')
+    for m in markers:
+        if not start <= m.at <= end:
+            continue
+        xx = x(m.at)
+        out.append(f'<g class="marker"><title>{escape(m.label)}</title>'
+                   f'<line x1="{xx:.1f}" x2="{xx:.1f}" y1="{top}" y2="{top + ph}" stroke="{m.color}" '
+                   f'stroke-dasharray="2 2"/><path d="M{xx - 4:.1f},{top} L{xx + 4:.1f},{top} L{xx:.1f},{top + 6}" '
+                   f'fill="{m.color}"/></g>')
+    for s in series:
+        d, pen = [], "M"
+        for at, v in s.points:
+            if v is None or not math.isfinite(v):
+                pen = "M"
+                continue
+            d.append(f"{pen}{x(at):.1f},{y(v):.1f}")
+            pen = "L"
+        dash = ' stroke-dasharray="4 3"' if s.dashed else ""
+        out.append(f'<path class="series" d="{" ".join(d)}" fill="none" stroke="{s.color}" stroke-width="1.5"{dash}>'
+                   f"<title>{escape(s.label)}</title></path>")
+    lx = left + 8
+    for s in series:
+        dash = ' stroke-dasharray="4 3"' if s.dashed else ""
+        out.append(f'<line x1="{lx}" x2="{lx + 16}" y1="{top + 10}" y2="{top + 10}" stroke="{s.color}" stroke-width="2"{dash}/>')
+        out.append(f'<text x="{lx + 20}" y="{top + 14}" font-size="10">{escape(s.label)}</text>')
+        lx += 28 + 6 * len(s.label)
+    out.append("</svg>")
+    return mark_safe("".join(out))

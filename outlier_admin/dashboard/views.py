@@ -1,0 +1,253 @@
+"""Dashboard pages. Thin: check the role, read through :mod:`outlier_admin.api.queries`, change through
+:mod:`outlier_admin.control.actions` (which validates and audits), render a template.
+
+Roles (:mod:`outlier_admin.api.permissions`): every page needs a role; anonymous users go to the
+login page, users without the capability get a 403 page that says which role they need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from functools import wraps
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.views import redirect_to_login
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods
+
+from detector.thresholds import ThresholdError
+from outlier_admin.api import queries
+from outlier_admin.api.filters import AuditFilter
+from outlier_admin.api.permissions import CAPABILITIES, capabilities_of, user_can
+from outlier_admin.api.preview import preview_thresholds
+from outlier_admin.api.timeline import RangeError, node_timeline, parse_range, peer_baseline
+from outlier_admin.control import actions
+from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
+from outlier_admin.dashboard.charts import node_charts
+from outlier_admin.dashboard.forms import OverrideForm, PolicyForm, ProposalDecisionForm, ThresholdForm
+from outlier_admin.fleet.models import ModelGroup, Node
+from outlier_admin.ingest.models import GpuReading
+
+SORTS = {"name": "name", "state": "state", "weight": "weight", "z": "latest_z", "ema": "latest_ema",
+         "p50": "latest_p50", "p99": "latest_p99", "samples": "latest_samples", "last_seen": "last_seen"}
+
+
+def requires(capability: str) -> Callable:
+    """View decorator: login (redirect) and ``capability`` (403 page naming the role needed)."""
+
+    def deco(view: Callable) -> Callable:
+        @wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not request.user.is_authenticated:
+                return redirect_to_login(request.get_full_path())
+            if not user_can(request.user, capability):
+                return render(request, "dashboard/forbidden.html",
+                              {"capability": capability, "roles": sorted(CAPABILITIES[capability])}, status=403)
+            return view(request, *args, **kwargs)
+
+        return wrapped
+
+    return deco
+
+
+def _ctx(request: HttpRequest, **extra: Any) -> dict[str, Any]:
+    return {"can": capabilities_of(request.user), "pending_count": queries.pending_proposals().count(), **extra}
+
+
+@requires("read")
+def overview(request: HttpRequest) -> HttpResponse:
+    groups = list(ModelGroup.objects.all())
+    counts = queries.state_counts([g.pk for g in groups])
+    rows = []
+    for g in groups:
+        c = counts.get(g.pk, {})
+        rows.append({"group": g, "counts": [(s, c.get(s, 0)) for s in queries.STATE_ORDER],
+                     "total": sum(c.values()), "safeguard": queries.safeguard_status(g, c)})
+    recent = Transition.objects.select_related("node", "group")[:25]
+    return render(request, "dashboard/overview.html", _ctx(
+        request, rows=rows, states=queries.STATE_ORDER, recent=recent,
+        pending=queries.pending_proposals()[:10],
+    ))
+
+
+@requires("read")
+def group_page(request: HttpRequest, name: str) -> HttpResponse:
+    group = get_object_or_404(ModelGroup, name=name)
+    sort = request.GET.get("sort", "name")
+    key = SORTS.get(sort.lstrip("-"), "name")
+    order = f"-{key}" if sort.startswith("-") else key
+    nodes = list(queries.with_latest_figures(group.nodes.filter(retired=False)).order_by(order, "name"))
+    counts = queries.state_counts([group.pk]).get(group.pk, {})
+    emas = sorted(n.latest_ema for n in nodes if n.latest_ema is not None and n.state in ("healthy", "degraded"))
+    baseline = emas[len(emas) // 2] if emas else None
+    ctx = _ctx(request, group=group, nodes=nodes, sort=sort, baseline=baseline,
+               safeguard=queries.safeguard_status(group, counts), thresholds=group.thresholds().to_dict(),
+               counts=[(s, counts.get(s, 0)) for s in queries.STATE_ORDER if counts.get(s)])
+    if request.GET.get("partial") == "nodes":
+        return render(request, "dashboard/_nodes_table.html", ctx)
+    return render(request, "dashboard/group.html", ctx)
+
+
+@requires("read")
+def node_page(request: HttpRequest, pk: int) -> HttpResponse:
+    node = get_object_or_404(Node.objects.select_related("group"), pk=pk)
+    try:
+        start, end = parse_range(request.GET, now=timezone.now(), default_hours=1.0)
+    except RangeError as exc:
+        messages.error(request, str(exc))
+        start, end = timezone.now() - timedelta(hours=1), timezone.now()
+    points = node_timeline(node, start, end)
+    transitions = list(Transition.objects.filter(node=node, at__gte=start, at__lt=end).order_by("at"))
+    charts = node_charts(points, peer_baseline(node, start, end), transitions, node.group.thresholds(), start, end)
+    latest_gpu: dict[str, GpuReading] = {}
+    for r in GpuReading.objects.filter(node=node).order_by("-at")[:64]:
+        latest_gpu.setdefault(r.gpu, r)
+    return render(request, "dashboard/node.html", _ctx(
+        request, node=node, charts=charts, start=start, end=end, hours=request.GET.get("hours", "1"),
+        points=len(points), transitions=Transition.objects.filter(node=node)[:50],
+        probes=CanaryProbe.objects.filter(node=node)[:50], overrides=Override.objects.filter(node=node)[:50],
+        gpus=sorted(latest_gpu.values(), key=lambda r: r.gpu), override_form=OverrideForm(),
+    ))
+
+
+@requires("override")
+@require_http_methods(["GET", "POST"])
+def node_override(request: HttpRequest, pk: int) -> HttpResponse:
+    """Two steps: the form posts without ``confirmed`` and gets a confirmation page that restates
+    the action; only the confirmation's POST (``confirmed=True``) calls the action."""
+    node = get_object_or_404(Node.objects.select_related("group"), pk=pk)
+    form = OverrideForm(request.POST or None, initial={"action": request.GET.get("action", "quarantine")})
+    if request.method == "POST" and form.is_valid():
+        d = form.cleaned_data
+        if not d["confirmed"]:
+            confirm = OverrideForm(initial={**d, "confirmed": True})
+            return render(request, "dashboard/override_confirm.html", _ctx(request, node=node, form=confirm, data=d))
+        try:
+            if d["action"] == "quarantine":
+                actions.do_quarantine(node, actor=request.user, reason=d["reason"], expires_in_s=d["expires_in_s"])
+            elif d["action"] == "activate":
+                actions.do_activate(node, actor=request.user, reason=d["reason"], expires_in_s=d["expires_in_s"])
+            elif d["action"] == "pin":
+                actions.do_pin_weight(node, d["weight"], actor=request.user, reason=d["reason"],
+                                      expires_in_s=d["expires_in_s"])
+            elif d["action"] == "unpin":
+                actions.do_unpin_weight(node, actor=request.user, reason=d["reason"])
+            else:
+                actions.do_release(node, actor=request.user, reason=d["reason"])
+        except actions.ActionError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, f"{d['action']} of {node.name} recorded; it takes effect at the group's next tick.")
+            return redirect("dashboard:node", pk=node.pk)
+    return render(request, "dashboard/override.html", _ctx(request, node=node, form=form),
+                  status=400 if request.method == "POST" else 200)
+
+
+@requires("read")
+def approvals(request: HttpRequest) -> HttpResponse:
+    decided = QuarantineProposal.objects.exclude(status="pending").select_related("node", "group")[:25]
+    return render(request, "dashboard/approvals.html", _ctx(
+        request, pending=queries.pending_proposals(), decided=decided, form=ProposalDecisionForm()))
+
+
+@requires("decide")
+@require_http_methods(["POST"])
+def decide_proposal(request: HttpRequest, pk: int) -> HttpResponse:
+    proposal = get_object_or_404(QuarantineProposal, pk=pk)
+    form = ProposalDecisionForm(request.POST)
+    if form.is_valid():
+        d = form.cleaned_data
+        do = actions.do_approve_proposal if d["decision"] == "approve" else actions.do_reject_proposal
+        try:
+            do(proposal, actor=request.user, reason=d["reason"])
+        except actions.ActionError as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(request, f"Proposal {proposal.pk} for {proposal.node.name}: {d['decision']}d.")
+    else:
+        messages.error(request, "A reason is required to approve or reject a proposal.")
+    return redirect("dashboard:approvals")
+
+
+@requires("read")
+@require_http_methods(["GET", "POST"])
+def thresholds_page(request: HttpRequest, name: str) -> HttpResponse:
+    """Preview (any role) and save (``operator``). Preview replays the last hour of history."""
+    group = get_object_or_404(ModelGroup, name=name)
+    form = ThresholdForm(request.POST or None, current=group.thresholds())
+    preview = None
+    status = 200
+    if request.method == "POST" and form.is_valid():
+        changes = form.changes()
+        save = "save" in request.POST
+        if save and not user_can(request.user, "tune"):
+            return render(request, "dashboard/forbidden.html",
+                          {"capability": "tune", "roles": sorted(CAPABILITIES["tune"])}, status=403)
+        if not changes:
+            form.add_error(None, "No value differs from the current thresholds.")
+        elif save and not form.cleaned_data.get("reason", "").strip():
+            form.add_error("reason", "A reason is required to save (it goes into the audit log).")
+        else:
+            try:
+                if save:
+                    change = actions.do_update_thresholds(group, changes, actor=request.user,
+                                                          reason=form.cleaned_data["reason"])
+                    messages.success(request, f"Thresholds version {change.version} saved.")
+                    return redirect("dashboard:thresholds", name=group.name)
+                preview = preview_thresholds(group, changes)
+            except ThresholdError as exc:
+                form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            except actions.ActionError as exc:
+                form.add_error(None, str(exc))
+    if request.method == "POST" and form.errors:
+        status = 400
+    return render(request, "dashboard/thresholds.html", _ctx(
+        request, group=group, form=form, preview=preview, policy_form=PolicyForm(initial={"policy": group.policy}),
+        history=group.threshold_changes.all()[:50],
+    ), status=status)
+
+
+@requires("tune")
+@require_http_methods(["POST"])
+def group_policy(request: HttpRequest, name: str) -> HttpResponse:
+    group = get_object_or_404(ModelGroup, name=name)
+    form = PolicyForm(request.POST)
+    if form.is_valid():
+        try:
+            actions.do_set_group_policy(group, form.cleaned_data["policy"], actor=request.user,
+                                        reason=form.cleaned_data["reason"])
+            messages.success(request, f"Policy of {group.name} is now {form.cleaned_data['policy']}.")
+        except actions.ActionError as exc:
+            messages.error(request, str(exc))
+    else:
+        messages.error(request, "Choose a policy and give a reason.")
+    return redirect("dashboard:thresholds", name=group.name)
+
+
+@requires("read")
+def canary_review(request: HttpRequest) -> HttpResponse:
+    nodes = list(Node.objects.filter(retired=False, state__in=("quarantined", "probing", "recovering"))
+                 .select_related("group").order_by("group__name", "name"))
+    probes: dict[int, list[CanaryProbe]] = {n.pk: [] for n in nodes}
+    for p in CanaryProbe.objects.filter(node__in=nodes).order_by("-at")[:20 * max(len(nodes), 1)]:
+        if len(probes[p.node_id]) < 10:
+            probes[p.node_id].append(p)
+    steps = Transition.objects.filter(node__in=nodes, reason__in=(
+        "probes_passed", "probe_failed", "recovery_step_failed", "recovered", "probe_due")).order_by("-at")[:100]
+    rows = [{"node": n, "probes": probes[n.pk], "steps": [t for t in steps if t.node_id == n.pk][:10],
+             "recovery_steps": n.group.thresholds().recovery_steps} for n in nodes]
+    return render(request, "dashboard/canary.html", _ctx(request, rows=rows))
+
+
+@requires("read")
+def audit_log(request: HttpRequest) -> HttpResponse:
+    flt = AuditFilter(request.GET or None, queryset=AuditEvent.objects.select_related("group", "node"))
+    page = Paginator(flt.qs, 50).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(request, "dashboard/audit.html", _ctx(request, filter=flt, page=page, query=query.urlencode()))

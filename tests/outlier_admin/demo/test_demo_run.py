@@ -1,0 +1,68 @@
+"""Runs ``python -m outlier_admin.demo`` for 25 s with a short fault schedule (the one slow test of
+this area): a node must be degraded or quarantined, and the web endpoints must answer meanwhile."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_demo_degrades_and_quarantines_the_throttled_node(tmp_path, settings, redis_client):
+    port = _free_port()
+    db = tmp_path / "demo.sqlite3"
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{db}", "REDIS_URL": settings.REDIS_URL, "PORT": str(port),
+           "DEMO_SECONDS": "25", "DEMO_FAULT_AT_S": "3", "DEMO_PCIE_AT_S": "3", "DEMO_HEAL_AT_S": "14",
+           "DEMO_TICK_S": "0.5", "DEMO_PASSWORD": "test-only"}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    proc = subprocess.Popen([sys.executable, "-m", "outlier_admin.demo"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    answered = {}
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None and len(answered) < 3:
+            for path in ("/healthz", "/readyz", "/metrics"):
+                if path in answered:
+                    continue
+                try:
+                    resp = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=5)
+                except httpx.HTTPError:
+                    continue
+                if resp.status_code == 200 and (path != "/metrics" or "outlier_node_weight" in resp.text):
+                    answered[path] = resp.text
+            time.sleep(0.5)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert set(answered) == {"/healthz", "/readyz", "/metrics"}, out
+    assert f"Redis at {settings.REDIS_URL}" in out
+    assert "login: demo / test-only" in out
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT n.name, t.to_state FROM control_transition t JOIN fleet_node n ON n.id = t.node_id "
+            "WHERE t.to_state IN ('degraded', 'quarantined', 'pending_approval')").fetchall()
+        records = conn.execute("SELECT count(*) FROM control_nodehistory").fetchone()[0]
+    hit = {name for name, _ in rows}
+    assert "h100-05" in hit, out  # the thermally throttled node
+    assert records > 0
+    assert "demo finished" in out
