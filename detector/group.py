@@ -456,7 +456,6 @@ class GroupDetector:
             excess = np.where(which >= 0, ema_stack[np.maximum(which, 0), np.arange(n)] / base_arr[np.maximum(which, 0)], np.nan)
         if t.baseline_mode == "seed":
             excess = np.where(np.isnan(excess), np.nan, np.inf)  # the seed has no materiality floor
-        judged_any = np.isfinite(score)
 
         # Tail ratio and cross-node P50, once per window.
         if now - self._last_tail_at >= t.tail_window_s:
@@ -506,10 +505,10 @@ class GroupDetector:
         over_q = np.isfinite(q_score) & (q_score >= t.quarantine_z) & (q_excess >= t.quarantine_materiality)
         a["over_q"] = np.where(over_q, a["over_q"] + a["new_samples"], 0)
         z_sustained = a["over_q"] >= t.quarantine_persistence
-        over_d = judged_any & (score >= t.degrade_z) & (excess >= t.degrade_materiality)
+        over_d = np.isfinite(q_score) & (q_score >= t.degrade_z) & (q_excess >= t.degrade_materiality)
         # Leaving DEGRADED needs a clear margin (hysteresis), or the node flaps at the line.
-        still_d = judged_any & (score >= t.degrade_z - t.degrade_hysteresis) & (
-            excess >= 1.0 + (t.degrade_materiality - 1.0) / 2
+        still_d = np.isfinite(q_score) & (q_score >= t.degrade_z - t.degrade_hysteresis) & (
+            q_excess >= 1.0 + (t.degrade_materiality - 1.0) / 2
         )
 
         # Candidates for leaving service, by cause (errors first: they are unambiguous).

@@ -29,7 +29,7 @@ from outlier_admin.control.models import NodeHistory, Transition
 from outlier_admin.fleet.models import Node
 
 MAX_POINTS = 2000
-BASELINE_PEERS = 16
+BASELINE_PEERS = 8
 BASELINE_STATES = ("healthy", "degraded")
 FIELDS = ("at", "ema", "z", "p50", "p99", "weight", "samples", "state")
 

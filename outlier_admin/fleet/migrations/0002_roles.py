@@ -1,8 +1,8 @@
 """Data migration: the three operator roles. The API enforces them:
 
 - ``viewer``: read everything.
-- ``operator``: viewer + overrides (quarantine / release / pin) and proposal decisions.
-- ``oncall``: operator + thresholds and group policy.
+- ``operator``: viewer + thresholds, group policy and proposal decisions (approve / reject).
+- ``oncall``: viewer + manual overrides (quarantine / release / pin).
 """
 
 from django.db import migrations
