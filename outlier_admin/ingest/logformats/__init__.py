@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import orjson
+
 
 class ParseError(ValueError):
     """A line or record that cannot become a sample. ``reason`` is a short code (``bad_json``)."""
@@ -36,6 +38,17 @@ def map_node(address: str, node_map: NodeMap | None) -> str:
     if node_map:
         return node_map.get(address, address)
     return address
+
+
+def load_object(line: str, *, reason: str, what: str) -> dict[str, Any]:
+    """The JSON object on ``line``; ``bad_json`` when it is not JSON, ``reason`` when not an object."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise ParseError("bad_json", str(exc)) from None
+    if not isinstance(obj, dict):
+        raise ParseError(reason, f"{what} must be an object")
+    return obj
 
 
 # Imported after ParseError/map_node are defined: the format modules import them from here.

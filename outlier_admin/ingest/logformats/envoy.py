@@ -20,9 +20,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-import orjson
-
-from outlier_admin.ingest.logformats import NodeMap, ParseError, map_node
+from outlier_admin.ingest.logformats import NodeMap, ParseError, load_object, map_node
 
 _PROMPT = ("gen_ai.usage.input_tokens", "prompt_tokens", "input_tokens")
 _COMPLETION = ("gen_ai.usage.output_tokens", "completion_tokens", "output_tokens")
@@ -46,12 +44,7 @@ def _num(value: Any, field: str) -> float:
 
 def parse_line(line: str, *, node_map: NodeMap | None = None) -> dict[str, Any]:
     """One Envoy JSON access-log line -> ingest record (see module docstring)."""
-    try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        raise ParseError("bad_json", str(exc)) from None
-    if not isinstance(obj, dict):
-        raise ParseError("bad_json", "an Envoy JSON access-log line must be an object")
+    obj = load_object(line, reason="bad_json", what="an Envoy JSON access-log line")
     upstream = _first(obj, ("upstream_host", "upstream_address"))
     if not upstream:
         raise ParseError("no_upstream", "no upstream_host: the request did not reach a node")

@@ -8,19 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
-from outlier_admin.ingest.logformats import NodeMap, ParseError, map_node
+from outlier_admin.ingest.logformats import NodeMap, load_object, map_node
 
 
 def parse_line(line: str, *, node_map: NodeMap | None = None) -> dict[str, Any]:
     """One JSONL line -> ingest record (a dict); ``bad_json`` / ``not_an_object`` otherwise."""
-    try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        raise ParseError("bad_json", str(exc)) from None
-    if not isinstance(obj, dict):
-        raise ParseError("not_an_object", "a JSONL record must be an object")
+    obj = load_object(line, reason="not_an_object", what="a JSONL record")
     node = obj.get("node")
     if isinstance(node, str):
         obj["node"] = map_node(node, node_map)
