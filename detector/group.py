@@ -12,8 +12,9 @@ this package:
    every node through the state machine (:mod:`detector.states`) under the group safeguard, and returns
    an :class:`Evaluation` with weights, explanations and the canary probes that are due.
 
-Decision rules (robust mode; ``score`` is the node's largest Z over the signals ``norm``, ``prefill``,
-``decode``, and ``excess`` is that signal's ``EMA / baseline``):
+Decision rules (robust mode; ``score`` is the node's Z on the queue-free ``decode`` signal when the
+gateway logs TTFT, else its largest Z over ``norm`` and ``prefill``; ``excess`` is that signal's
+``EMA / baseline``):
 
 - degrade when ``score >= degrade_z`` and ``excess >= degrade_materiality``:
   ``weight = base * 2^-(score - degrade_z)``, floored at ``min_weight_fraction * base``;
