@@ -428,6 +428,9 @@ class GroupDetector:
         # Warm-up done.
         warmed = (a["state"] == S.WARMING) & (a["warm_samples"] >= t.warmup_samples)
         a["healthy_since"][warmed] = now
+        # Requests dispatched during warm-up still complete slowly after it: for one more warm-up's
+        # worth of samples the node may be degraded (reversible) but not quarantined on latency.
+        a["grace"][warmed] = t.warmup_samples
         move(warmed, S.HEALTHY, Reason.WARMED_UP)
 
         # Per-signal peer baseline and Z.
@@ -449,6 +452,10 @@ class GroupDetector:
             base_d[s], spread_d[s] = pb.baseline, pb.spread
             self._last[f"baseline:{s}"] = pb.baseline
             self._last[f"spread:{s}"] = pb.spread
+            # Per-request spread (a canary probe is one request, not an EMA): median EW sd of peers.
+            if t.baseline_mode == "robust" and pb.peers:
+                sd = np.sqrt(e.variance()[eligible])
+                self._last[f"request_sd:{s}"] = float(np.median(sd))
         z_stack = np.vstack(z_rows) if n else np.zeros((len(SIGNALS), 0))
         score, which = _nan_max(z_stack)
         base_arr = np.array([base_d[s] for s in SIGNALS])
@@ -491,14 +498,17 @@ class GroupDetector:
         # The per-token decode time is measured after the queue, so when it is known it alone decides
         # quarantine (every gray fault we model shows in it); ``norm`` decides only where the gateway
         # logs no TTFT. Degrading (reversible, capacity kept) still uses every signal.
+        # Group level: a group whose gateway logs TTFT judges decode only; a node without enough
+        # decode samples yet waits instead of being judged on its queue-laden total latency.
         dec = SIGNALS.index("decode")
-        has_dec = np.isfinite(z_stack[dec]) if n else np.zeros(0, dtype=bool)
+        has_dec = np.full(n, math.isfinite(base_d["decode"]))
         with np.errstate(invalid="ignore", divide="ignore"):
             dec_excess = ema_stack[dec] / base_arr[dec] if t.baseline_mode == "robust" else np.full(n, np.inf)
         if t.baseline_mode == "seed":  # seed 000 judges its one signal as it is
             has_dec = np.zeros(n, dtype=bool)
         q_score = np.where(has_dec, z_stack[dec], score)
         q_excess = np.where(has_dec, dec_excess, excess)
+        q_which = np.where(has_dec & np.isfinite(q_score), dec, np.where(has_dec, -1, which))
         tail_bad &= ~has_dec | (dec_excess >= t.degrade_materiality)
         cross_bad &= ~has_dec | (dec_excess >= t.degrade_materiality)
 
@@ -524,6 +534,7 @@ class GroupDetector:
         ]
         for k, (mask, _) in enumerate(causes):
             cause[(cause < 0) & mask] = k
+        cause[(a["grace"] > 0) & (cause >= 2)] = -1  # latency causes wait out the post-warm-up grace
         want = active & (cause >= 0)
 
         # Safeguard: never more than max_quarantine_fraction of the group out (or pending).
@@ -602,17 +613,18 @@ class GroupDetector:
                 f"every node is unavailable; sending traffic to the least slow node "
                 f"{self.node_ids[pick]!r} instead of nowhere"
             )
+        a["grace"] = np.maximum(a["grace"] - a["new_samples"], 0)
         a["new_samples"][:] = 0
         transitions = self._pending
         self._pending = []
         thr = {k: getattr(t, k) for k in _EXPLAINED}
         for i, src, dst, reason, detail in moves:
-            w = int(which[i])
+            w = int(q_which[i])  # the signal that decided, so the explanation shows the evidence used
             sig = SIGNALS[w] if w >= 0 else None
             transitions.append(
                 Transition(
                     node=self.node_ids[i], at=now, from_state=src, to_state=dst, reason=reason.value,
-                    signal=sig, z=_f(score[i]), baseline=_f(base_d[sig]) if sig else None,
+                    signal=sig, z=_f(z_stack[w, i]) if sig else None, baseline=_f(base_d[sig]) if sig else None,
                     spread=_f(spread_d[sig]) if sig else None, ema=_f(ema_stack[w, i]) if sig else None,
                     p50=_f(a["p50"][i]), p99=_f(a["p99"][i]),
                     samples=int(self.ewma[sig].count[i]) if sig else 0, weight=float(weights[i]),
@@ -692,10 +704,15 @@ class GroupDetector:
 
     # ------------------------------------------------------------------------------ canary probes
     def probe_threshold(self) -> float:
-        """The largest normalised probe latency that passes: ``baseline + tolerance * spread``."""
+        """The largest normalised probe latency that passes: ``baseline + tolerance * sigma``.
+
+        A probe is one request, so ``sigma`` is the larger of the peers' spread and the per-request
+        spread of healthy peers (their median EW standard deviation): judging a single request
+        against the spread of *averages* fails a healthy node a third of the time.
+        """
         t = self.thresholds
         base = self._last.get("baseline:norm", float("nan"))
-        spread = self._last.get("spread:norm", float("nan"))
+        spread = max(self._last.get("spread:norm", float("nan")), self._last.get("request_sd:norm", 0.0))
         if not (math.isfinite(base) and math.isfinite(spread)):
             # No peer baseline yet: for the learned ratio "as predicted" is 1.0.
             base = 1.0 if t.normalization == "learned" else float("nan")
@@ -912,6 +929,7 @@ _NODE_ARRAYS: dict[str, Any] = {
     "override_until": np.float64,
     "pin": np.float64,
     "pin_until": np.float64,
+    "grace": np.int64,
 }
 _NAN_ARRAYS = frozenset(
     {"last_seen", "p50", "p99", "next_probe", "step_started", "pending_since", "override_until", "pin", "pin_until"}
