@@ -325,8 +325,15 @@ class GroupDetector:
         for s, x in signals.items():
             ok = np.isfinite(x)
             self.ewma[s].update(learn_node[ok], x[ok])
-            if s == "norm":
-                self.window.add(learn_node[ok], x[ok].astype(np.float32))
+        # The tail window holds one unitless value per request: the queue-free decode time over the
+        # group's decode baseline when the gateway logs TTFT, else the normalised total latency.
+        # (Near saturation the total's P99/P50 widens on any node by queueing alone.)
+        tail_x = signals["norm"]
+        dec_base = self._last.get("baseline:decode", math.nan)
+        if math.isfinite(dec_base) and dec_base > 0:
+            tail_x = np.where(np.isfinite(signals["decode"]), signals["decode"] / dec_base, tail_x)
+        ok = np.isfinite(tail_x)
+        self.window.add(learn_node[ok], tail_x[ok].astype(np.float32))
         a["new_samples"] += np.bincount(learn_node, minlength=n)
         accepted = int(keep.sum())
         self.accepted_total += accepted
