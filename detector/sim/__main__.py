@@ -55,7 +55,11 @@ def markdown_table(report: dict[str, Any]) -> str:
         det = "; ".join(f"n{f['node']}:{_fmt(f['first_degrade_s'])}/{_fmt(f['quarantine_s'])}"
                         for f in r["faults"] if f["node"] != "all" and f["kind"] != "warmup")
         lines.append("| " + " | ".join([name, *(_fmt(r[k]) for k in TABLE_KEYS), det or "–"]) + " |")
-    cb = "; ".join(f"n{c['node']} ({c['kind']}): {_fmt(c['min_delay_s'])} s" for c in report.get("cusum_bound", []))
+    cb = "; ".join(
+        f"n{c['node']} ({c['kind']}): {_fmt(c['min_delay_s'])} s by samples, "
+        f"{_fmt(c.get('observable_delay_s'))} s once completed"
+        for c in report.get("cusum_bound", [])
+    )
     if cb:
         lines += ["", f"CUSUM floor: {cb}"]
     return "\n".join(lines) + "\n"

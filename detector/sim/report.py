@@ -226,12 +226,19 @@ def cusum_bounds(scn: Scenario, sim: Simulation, false_alarm_node_hours: float =
     of the pre-change sd. The false-alarm budget is one alarm per ``false_alarm_node_hours`` node-hours:
     ``ARL0 = rate * 3600 * false_alarm_node_hours`` samples, with ``rate`` the node's fair-share request
     rate ``(group requests / duration) / nodes``.
+
+    ``min_delay_s`` converts samples to seconds at the node's request rate, as if each request's
+    latency were known when it started. A gateway learns it only when the request completes, so
+    ``observable_delay_s`` is the floor for any detector on access-log records: the time from onset
+    until the ``ceil(arl1)``-th request started at or after onset on that node has completed (under
+    ``round_robin``, which does not react). Detection delays are fairly compared with the latter.
     """
     a = sim.attempts()
     ok = (a["kind"] == KIND_CLIENT) & np.isfinite(a["service_ms"]) & (a["status"] == STATUS_OK)
     req = a["req"][ok]
     node = a["node"][ok]
     start = a["start"][ok]
+    end_t = a["end"][ok]
     p = np.asarray(sim.r_prompt, dtype=np.float64)[req]
     c = np.asarray(sim.r_comp, dtype=np.float64)[req]
     pre_ms = np.asarray(sim.pre_ms)[node]
@@ -258,7 +265,14 @@ def cusum_bounds(scn: Scenario, sim: Simulation, false_alarm_node_hours: float =
             delta = (float(np.mean(after)) - float(np.mean(before))) / sd if sd > 0 else math.inf
             arl0 = rate * 3600.0 * false_alarm_node_hours
             samples = cusum_min_delay(delta, arl0)
+            observable = None
+            if samples is not None:
+                done = np.sort(end_t[mine & (start >= f.start_s)])
+                k = math.ceil(samples)
+                if len(done) >= k:
+                    observable = float(done[k - 1]) - f.start_s
             entry.update({
+                "observable_delay_s": _r(observable),
                 "delta_sd": _r(delta), "arl0_samples": _r(arl0, 0), "arl1_samples": _r(samples),
                 "node_rate_rps": _r(rate), "min_delay_s": _r(samples / rate if samples is not None else None),
                 "samples_pre": len(before), "samples_post": len(after),
