@@ -2,17 +2,56 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from outlier_admin.env import envbool, envint, envlist, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEBUG = envbool("DJANGO_DEBUG", False)
-SECRET_KEY = envstr("SECRET_KEY") or ("insecure-dev-only-key" if DEBUG else "insecure-test-key")
-ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
+# Production is the default. Only three contexts may run without a configured SECRET_KEY /
+# ALLOWED_HOSTS and over plain HTTP: DEBUG, the test suite (pytest imported, or OUTLIER_TESTING=1,
+# which the suite exports so the Celery worker / demo it starts as subprocesses inherit it) and the
+# in-process demo (``python -m outlier_admin.demo`` imports its package before the settings).
+TESTING = "pytest" in sys.modules or envbool("OUTLIER_TESTING", False)
+if "pytest" in sys.modules:
+    os.environ.setdefault("OUTLIER_TESTING", "1")
+DEMO = "outlier_admin.demo" in sys.modules
+RELAXED = DEBUG or TESTING or DEMO
+SECRET_KEY = envstr("SECRET_KEY") or ""
+if not SECRET_KEY:
+    if not RELAXED:
+        raise ImproperlyConfigured("SECRET_KEY must be set in the environment (or SECRET_KEY_FILE) in production")
+    SECRET_KEY = "insecure-dev-only-key"  # debug/test/demo only: never reaches a deployment
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if RELAXED else [])
+if not ALLOWED_HOSTS:
+    raise ImproperlyConfigured("ALLOWED_HOSTS must be set in the environment (comma-separated) in production")
+
+# --- Transport and cookie security (production; debug/test/demo serve plain HTTP on loopback) ---------
+# Behind a TLS-terminating proxy set SECURE_PROXY_SSL_HEADER=1 (trusts X-Forwarded-Proto: https).
+if envbool("SECURE_PROXY_SSL_HEADER", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", not RELAXED)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = not RELAXED
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
+SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0 if RELAXED else 31_536_000, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", True)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+# Health probes (load balancers, kubelet) speak plain HTTP to the pod: never redirect them.
+SECURE_REDIRECT_EXEMPT = [r"^healthz", r"^readyz", r"^metrics"]
+# Login throttling (outlier_admin.fleet.login_throttle): failures per username+IP within a window.
+LOGIN_MAX_FAILURES = envint("LOGIN_MAX_FAILURES", 5, minimum=1)
+LOGIN_LOCKOUT_S = envint("LOGIN_LOCKOUT_S", 900, minimum=1)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

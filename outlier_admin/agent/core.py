@@ -64,6 +64,10 @@ class Agent:
         self._safeguard_sent: bool | None = None
         #: (version, seconds from the document's generated_at to the end of its apply), live mode only.
         self.apply_latencies: deque[tuple[int, float]] = deque(maxlen=latency_window)
+        #: The same, only for versions whose apply changed the gateway (a decision, not a heartbeat).
+        self.change_latencies: deque[tuple[int, float]] = deque(maxlen=latency_window)
+        #: (version, applied_at, change) for every change sent to the gateway, in order.
+        self.change_log: deque[tuple[int, float, str]] = deque(maxlen=latency_window)
         self._lock = threading.Lock()
 
     def handle(self, weights: EffectiveWeights) -> None:
@@ -108,6 +112,10 @@ class Agent:
                     log.warning("could not pass the safeguard flag to %s: %s", st.gateway, exc)
             if new_version and weights.mode != MODE_FAIL_OPEN:
                 self.apply_latencies.append((weights.version, done - weights.generated_at))
+                if result.changes:
+                    self.change_latencies.append((weights.version, done - weights.generated_at))
+            for change in result.changes:
+                self.change_log.append((weights.version, done, str(change)))
             if result.changes:
                 st.applies += 1
             st.version, st.generated_at, st.mode = weights.version, weights.generated_at, weights.mode

@@ -74,14 +74,34 @@ def wait_for_socket(path: str, timeout_s: float = 5.0) -> None:
 
 
 class FakeInferenceServer:
-    """A tiny OpenAI-compatible completion server (see module docstring)."""
+    """A tiny OpenAI-compatible completion server (see module docstring).
+
+    Two timing modes:
+
+    * fixed (default, ``per_token_ms=None``): every request sleeps ``base_delay_s * slowdown`` and
+      reports ``completion_tokens`` tokens;
+    * per token (``per_token_ms`` set): the request's ``max_tokens`` is honoured (that many tokens
+      are "generated") and the server sleeps ``ttft = ttft_ms + prefill_ms_per_token * prompt``
+      then ``per_token_ms * slowdown`` per output token, i.e. a gray node that is slow *per token*
+      (what the detector's queue-free ``decode`` signal sees). ``X-TTFT-Ms`` reports the ttft, as a
+      streaming-aware sidecar would, since a non-streaming response has no first-token timer.
+
+    ``slowdown`` may be changed while serving (``heal()`` sets it to 1) to model a node that recovers.
+    """
 
     def __init__(self, name: str, base_delay_s: float = 0.002, slowdown: float = 1.0,
-                 completion_tokens: int = 16) -> None:
+                 completion_tokens: int = 16, *, per_token_ms: float | None = None,
+                 ttft_ms: float = 5.0, prefill_ms_per_token: float = 0.2) -> None:
         self.name = name
-        self.delay_s = base_delay_s * slowdown
+        self.base_delay_s = base_delay_s
+        self.slowdown = slowdown
         self.completion_tokens = completion_tokens
+        self.per_token_ms = per_token_ms
+        self.ttft_ms = ttft_ms
+        self.prefill_ms_per_token = prefill_ms_per_token
         self.requests = 0
+        self.paths: Counter[str] = Counter()
+        self.user_agents: Counter[str] = Counter()
         self._lock = threading.Lock()
         outer = self
 
@@ -92,22 +112,37 @@ class FakeInferenceServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b"{}"
                 try:
-                    prompt = str(json.loads(raw).get("prompt", ""))
-                except ValueError:
-                    prompt = ""
+                    payload = json.loads(raw)
+                    prompt = str(payload.get("prompt", ""))
+                    max_tokens = int(payload.get("max_tokens") or outer.completion_tokens)
+                except (ValueError, TypeError, AttributeError):
+                    prompt, max_tokens = "", outer.completion_tokens
+                with outer._lock:
+                    outer.paths[self.path] += 1
+                    # Canary probes come straight from the control plane (httpx), traffic via the gateway.
+                    outer.user_agents[(self.headers.get("User-Agent") or "-").split("/")[0]] += 1
                 if self.path != "/v1/completions":
                     self.send_error(404)
                     return
-                time.sleep(outer.delay_s)
+                prompt_tokens = max(1, len(prompt.split()))
+                extra: dict[str, str] = {}
+                if outer.per_token_ms is None:
+                    completion_tokens = outer.completion_tokens
+                    time.sleep(outer.base_delay_s * outer.slowdown)
+                else:
+                    completion_tokens = max(1, min(max_tokens, 4096))
+                    ttft = outer.ttft_ms + outer.prefill_ms_per_token * prompt_tokens
+                    time.sleep((ttft + outer.per_token_ms * outer.slowdown * completion_tokens) / 1000.0)
+                    extra["X-TTFT-Ms"] = f"{ttft:.1f}"
                 with outer._lock:
                     outer.requests += 1
-                prompt_tokens = max(1, len(prompt.split()))
+                    n = outer.requests
                 body = json.dumps({
-                    "id": f"cmpl-{outer.name}-{outer.requests}", "object": "text_completion",
+                    "id": f"cmpl-{outer.name}-{n}", "object": "text_completion",
                     "created": int(time.time()), "model": "fake",
-                    "choices": [{"index": 0, "text": " ok" * outer.completion_tokens, "finish_reason": "length"}],
-                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": outer.completion_tokens,
-                              "total_tokens": prompt_tokens + outer.completion_tokens},
+                    "choices": [{"index": 0, "text": " ok" * completion_tokens, "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                              "total_tokens": prompt_tokens + completion_tokens},
                 }).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -115,7 +150,9 @@ class FakeInferenceServer:
                 self.send_header("X-Served-By", outer.name)
                 # What a tokens-aware sidecar would add; HAProxy captures them into its log line.
                 self.send_header("X-Prompt-Tokens", str(prompt_tokens))
-                self.send_header("X-Completion-Tokens", str(outer.completion_tokens))
+                self.send_header("X-Completion-Tokens", str(completion_tokens))
+                for key, value in extra.items():
+                    self.send_header(key, value)
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -130,6 +167,15 @@ class FakeInferenceServer:
         self.address = f"127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"fake-{name}", daemon=True)
         self._thread.start()
+
+    @property
+    def delay_s(self) -> float:
+        """Per-request delay in fixed mode."""
+        return self.base_delay_s * self.slowdown
+
+    def heal(self) -> None:
+        """The gray failure is fixed: back to normal speed."""
+        self.slowdown = 1.0
 
     def stop(self) -> None:
         self.httpd.shutdown()
@@ -213,6 +259,7 @@ class HAProxyProcess(_Process):
             f"    bind 127.0.0.1:{self.port}\n"
             "    capture response header X-Prompt-Tokens len 10\n"
             "    capture response header X-Completion-Tokens len 10\n"
+            "    capture response header X-TTFT-Ms len 10\n"
             f"    default_backend {backend}\n"
             f"backend {backend}\n"
             "    balance roundrobin\n"
@@ -241,7 +288,7 @@ class HAProxyProcess(_Process):
 class NginxProcess(_Process):
     """A real nginx proxying to the upstream in ``include_path`` (which must already be valid)."""
 
-    def __init__(self, workdir: Path, include_path: Path, upstream: str) -> None:
+    def __init__(self, workdir: Path, include_path: Path, upstream: str, *, access_log: Path | None = None) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -251,13 +298,26 @@ class NginxProcess(_Process):
         tmp.mkdir(exist_ok=True)
         temps = "".join(f"    {kind}_temp_path {tmp}/{kind};\n"
                         for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        self.access_log = access_log
+        access = "    access_log off;\n"
+        if access_log is not None:
+            # The ingress-nginx upstream format our nginx parser reads, plus token counts and TTFT
+            # from the servers' response headers (see outlier_admin/ingest/logformats/nginx.py).
+            access = (
+                "    log_format outlier '$remote_addr - $remote_user [$time_local] \"$request\" $status "
+                "$body_bytes_sent \"$http_referer\" \"$http_user_agent\" $request_length $request_time "
+                f"[{upstream}] [] $upstream_addr $upstream_response_length $upstream_response_time "
+                "$upstream_status $request_id prompt_tokens=$upstream_http_x_prompt_tokens "
+                "completion_tokens=$upstream_http_x_completion_tokens ttft_ms=$upstream_http_x_ttft_ms';\n"
+                f"    access_log {access_log} outlier;\n"
+            )
         self.config_path.write_text(
             "worker_processes 1;\n"
             f"pid {self.workdir / 'nginx.pid'};\n"
             f"error_log {self.error_log} warn;\n"
             "events { worker_connections 256; }\n"
             "http {\n"
-            "    access_log off;\n"
+            f"{access}"
             f"{temps}"
             f"    include {include_path};\n"
             "    server {\n"
@@ -354,6 +414,103 @@ def send_traffic(url: str, n: int, *, timeout_s: float = 5.0, deadline_s: float 
         result.counts[served_by] += 1
         result.latencies_ms[served_by].append((time.perf_counter() - t0) * 1000)
     return result
+
+
+class TrafficLoop:
+    """Background clients sending completions through a gateway until ``stop()`` or ``deadline_s``.
+
+    ``clients`` threads, one connection per request (so each request is balanced on its own), with
+    prompts of 2-40 words and ``max_tokens`` 8-32 drawn from a seeded RNG: varied sizes let the
+    control plane fit its cost model. Every answered request is kept as ``(finished_at, server)``
+    so a test can count each server's share in any time window (``counts_between``).
+    """
+
+    def __init__(self, url: str, *, clients: int = 4, deadline_s: float = 60.0, seed: int = 1,
+                 timeout_s: float = 5.0) -> None:
+        import random
+
+        host, _, port = url.removeprefix("http://").partition(":")
+        self.host, self.port = host, int(port)
+        self.timeout_s = timeout_s
+        self.served: list[tuple[float, str]] = []
+        self.errors = 0
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._deadline = time.monotonic() + deadline_s
+        self._threads = [threading.Thread(target=self._loop, name=f"traffic-{i}", daemon=True)
+                         for i in range(clients)]
+        for t in self._threads:
+            t.start()
+
+    def _body(self) -> bytes:
+        with self._lock:
+            words = self._rng.randint(2, 40)
+            max_tokens = self._rng.randint(8, 32)
+        return json.dumps({"model": "fake", "prompt": " ".join(["tok"] * words), "max_tokens": max_tokens}).encode()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set() and time.monotonic() < self._deadline:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+            try:
+                conn.request("POST", "/v1/completions", body=self._body(),
+                             headers={"Content-Type": "application/json", "Connection": "close"})
+                resp = conn.getresponse()
+                resp.read()
+                served_by = resp.getheader("X-Served-By")
+                ok = resp.status == 200 and bool(served_by)
+            except OSError:
+                ok, served_by = False, None
+            finally:
+                conn.close()
+            with self._lock:
+                if ok and served_by:
+                    self.served.append((time.time(), served_by))
+                else:
+                    self.errors += 1
+
+    def counts_between(self, start: float, end: float | None = None) -> Counter[str]:
+        """Requests per server that finished in ``[start, end)`` (wall-clock seconds)."""
+        end = float("inf") if end is None else end
+        with self._lock:
+            return Counter(name for at, name in self.served if start <= at < end)
+
+    def wait_requests(self, start: float, n: int, timeout_s: float = 20.0) -> Counter[str]:
+        """Block until ``n`` requests finished after ``start``; returns their counts per server."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            counts = self.counts_between(start)
+            if sum(counts.values()) >= n:
+                return counts
+            time.sleep(0.05)
+        raise TimeoutError(f"only {sum(self.counts_between(start).values())} of {n} requests in {timeout_s}s")
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=self.timeout_s + 1)
+
+
+class CeleryWorker(_Process):
+    """``celery -A outlier_admin worker --beat`` (solo pool) with ``env`` (DATABASE_URL, REDIS_URL, ...)."""
+
+    def __init__(self, workdir: Path, env: dict[str, str], *, cwd: Path | None = None,
+                 loglevel: str = "WARNING") -> None:
+        import sys
+
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.workdir / "celery.log"
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "outlier_admin", "worker", "--beat", "--pool", "solo",
+             "--loglevel", loglevel, "-s", str(self.workdir / "beat-schedule")],
+            cwd=cwd, env={**os.environ, **env}, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    def stop(self) -> None:
+        super().stop()
+        self._log.close()
 
 
 def weights_document(group: str, version: int, servers: dict[str, str], *, quarantined: tuple[str, ...] = (),

@@ -53,7 +53,9 @@ def render_upstream(weights: EffectiveWeights, upstream: str, server_params: str
     extra = f" {server_params.strip()}" if server_params.strip() else ""
     for node in sorted(weights.nodes, key=lambda n: n.address):
         if node.quarantined:
-            lines.append(f"    server {node.address}{extra} down;  # {node.node} {node.state}\n")
+            # Not the exact state: quarantined <-> probing flips at every canary and must not
+            # rewrite the file and reload nginx when routing does not change.
+            lines.append(f"    server {node.address}{extra} down;  # {node.node} quarantined\n")
         else:
             lines.append(f"    server {node.address} weight={max(1, node.weight)}{extra};  # {node.node}\n")
     lines.append("}\n")

@@ -23,6 +23,8 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter, deque
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from outlier_admin.agent.haproxy import RuntimeAPI
@@ -42,7 +44,8 @@ class LogShipper:
 
     def __init__(self, ingest_url: str, token: str, *, node_map: dict[str, str] | None = None,
                  group: str | None = None, batch_size: int = 500, max_buffer: int = 100_000,
-                 timeout_s: float = 5.0) -> None:
+                 timeout_s: float = 5.0, parser: Callable[..., dict[str, Any]] = parse_line) -> None:
+        self.parser = parser
         self.ingest_url = ingest_url
         self.token = token
         self.node_map = node_map or {}
@@ -60,7 +63,7 @@ class LogShipper:
     def feed(self, line: str) -> bool:
         """Parse one line; True if it became a record (buffered for the next flush)."""
         try:
-            rec = parse_line(line, node_map=self.node_map)
+            rec = self.parser(line, node_map=self.node_map)
         except ParseError as exc:
             reason = getattr(exc, "reason", "bad_format")
             self.rejected_by_reason[reason] += 1
@@ -116,4 +119,36 @@ def serve_udp(shipper: LogShipper, sock: socket.socket, stop: threading.Event,
         if time.monotonic() - last_flush >= flush_interval_s:
             shipper.flush()
             last_flush = time.monotonic()
+    shipper.flush()
+
+
+def tail_file(shipper: LogShipper, path: str | Path, stop: threading.Event, *,
+              flush_interval_s: float = 1.0, poll_s: float = 0.1) -> None:
+    """Follow an access-log file (e.g. nginx's, with ``parser=nginx.parse_line``) from its current
+    end until ``stop``; flush at least every ``flush_interval_s``. A partial last line is kept until
+    its newline arrives; a truncated or replaced file is re-read from its start."""
+    path = Path(path)
+    offset = path.stat().st_size if path.exists() else 0
+    pending = b""
+    last_flush = time.monotonic()
+    while not stop.is_set():
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        if size < offset:  # rotated or truncated
+            offset, pending = 0, b""
+        if size > offset:
+            with path.open("rb") as fh:
+                fh.seek(offset)
+                chunk = fh.read(size - offset)
+            offset += len(chunk)
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                if line.strip():
+                    shipper.feed(line.decode("utf-8", "replace"))
+        if time.monotonic() - last_flush >= flush_interval_s:
+            shipper.flush()
+            last_flush = time.monotonic()
+        stop.wait(poll_s)
     shipper.flush()

@@ -14,7 +14,10 @@ Rules replayed (the detector's, on the history cadence of ``HISTORY_EVERY_S`` se
 - safeguard: a quarantine is refused (``safeguard_blocked``) when it would put more than
   ``floor(max_quarantine_fraction * nodes)`` nodes out of service; the node stays degraded.
 
-``baseline`` at a timestamp is the median EMA of the nodes recorded healthy/degraded at it.
+``baseline`` at a timestamp is the detector's own, stored by the tick with the history rows
+(:class:`~outlier_admin.control.models.GroupBaseline`, same ``at``); for rows written without one
+(history older than that table) it falls back to the median EMA of the nodes recorded
+healthy/degraded at that timestamp.
 
 Approximations, stated so nobody over-reads the preview: persistence is counted per history row (the
 detector counts per evaluation, i.e. per tick, so real quarantines come sooner); recovery needs canary
@@ -34,7 +37,7 @@ import numpy as np
 from django.utils import timezone
 
 from detector.thresholds import Thresholds
-from outlier_admin.control.models import NodeHistory
+from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.fleet.models import ModelGroup
 
 #: Thresholds whose effect the replay can show (they act on stored figures).
@@ -96,10 +99,14 @@ class Preview:
 Row = tuple[datetime, str, float | None, float | None, float | None, float | None, str]  # at,node,z,ema,p50,p99,state
 
 
-def replay(rows: list[Row], t: Thresholds, node_count: int) -> list[SimTransition]:
+def replay(
+    rows: list[Row], t: Thresholds, node_count: int, baselines: dict[datetime, float] | None = None
+) -> list[SimTransition]:
     """Simulated transitions of ``rows`` (sorted by ``at``) under thresholds ``t``. Pure function.
 
-    ``node_count`` sizes the safeguard (the group's nodes, not only those with history)."""
+    ``node_count`` sizes the safeguard (the group's nodes, not only those with history);
+    ``baselines``: the detector's stored baseline per timestamp (missing: median-EMA estimate)."""
+    baselines = baselines or {}
     by_at: dict[datetime, list[Row]] = defaultdict(list)
     for r in rows:
         by_at[r[0]].append(r)
@@ -116,7 +123,9 @@ def replay(rows: list[Row], t: Thresholds, node_count: int) -> list[SimTransitio
         peers = [r for r in batch if r[6] in ("healthy", "degraded")]
         emas = [r[3] for r in peers if r[3] is not None]
         p50s = [r[4] for r in peers if r[4] is not None]
-        baseline = float(np.median(emas)) if emas else None
+        baseline = baselines.get(at)
+        if baseline is None:
+            baseline = float(np.median(emas)) if emas else None
         median_p50 = float(np.median(p50s)) if p50s else None
         for _, node, z, ema, p50, p99, recorded in batch:
             if node in held:
@@ -172,6 +181,12 @@ def history_rows(group: ModelGroup, start: datetime, end: datetime) -> list[Row]
     return list(qs)
 
 
+def stored_baselines(group: ModelGroup, start: datetime, end: datetime) -> dict[datetime, float]:
+    """``{at: baseline}`` of the detector's stored ``norm`` baselines of ``group`` in ``[start, end)``."""
+    return dict(GroupBaseline.objects.filter(group=group, signal="norm", at__gte=start, at__lt=end,
+                                             baseline__isnull=False).values_list("at", "baseline"))
+
+
 def preview_thresholds(
     group: ModelGroup, changes: dict[str, Any], *, window_s: float = 3600.0, now: datetime | None = None
 ) -> Preview:
@@ -183,7 +198,8 @@ def preview_thresholds(
     start = end - timedelta(seconds=window_s)
     rows = history_rows(group, start, end)
     n = group.nodes.filter(retired=False).count()
+    baselines = stored_baselines(group, start, end)
     return Preview(
         rows=len(rows), nodes=len({r[1] for r in rows}), start=start, end=end,
-        current=replay(rows, current, n), proposed=replay(rows, proposed, n),
+        current=replay(rows, current, n, baselines), proposed=replay(rows, proposed, n, baselines),
     )

@@ -172,3 +172,12 @@ class TimelinePointSerializer(serializers.Serializer):
     weight = serializers.FloatField()
     samples = serializers.IntegerField()
     state = serializers.CharField()
+
+
+class BaselinePointSerializer(serializers.Serializer):
+    """The detector's peer baseline of the node's group (``Z = (EMA - baseline) / spread``)."""
+
+    at = serializers.DateTimeField()
+    baseline = serializers.FloatField(allow_null=True)
+    spread = serializers.FloatField(allow_null=True)
+    peers = serializers.IntegerField()

@@ -10,27 +10,31 @@ keeps, per non-empty bucket:
 - ``ema``, ``p50``: the mean; ``weight``: the **minimum** (a dip to 0 must stay visible);
 - ``samples``: the last value (a cumulative count).
 
-The peer baseline is not stored per row; :func:`peer_baseline` estimates it as the per-bucket median
-EMA of up to ``BASELINE_PEERS`` peers in a baseline state (healthy/degraded) — the robust baseline
-is a median over those same nodes, so this tracks it closely while bounding the query.
+The peer baseline is the detector's own: the tick stores it per group and signal
+(:class:`~outlier_admin.control.models.GroupBaseline`) with every history write, and
+:func:`group_baseline` downsamples it the same way (per bucket: mean baseline and spread, the
+fewest peers).
+
+Rows are read with the time as epoch seconds on PostgreSQL (``extract(epoch FROM at)``): building
+8,640 timezone-aware datetimes costs more than the query itself; only the returned points get one.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
 from django.db import connection
 
-from outlier_admin.control.models import NodeHistory, Transition
+from outlier_admin.control.models import GroupBaseline, NodeHistory, Transition
 from outlier_admin.fleet.models import Node
 
 MAX_POINTS = 2000
-BASELINE_PEERS = 8
-BASELINE_STATES = ("healthy", "degraded")
+#: Points of the baseline series on the node page's EMA chart (a line, not a spike detector).
+BASELINE_POINTS = 300
 FIELDS = ("at", "ema", "z", "p50", "p99", "weight", "samples", "state")
 
 
@@ -56,18 +60,79 @@ def _clean(v: float) -> float | None:
     return None if v is None or math.isnan(v) else float(v)
 
 
+def _when(at: datetime | float) -> datetime:
+    """A row's time: a datetime, or epoch seconds as read by the PostgreSQL fast path."""
+    return at if isinstance(at, datetime) else datetime.fromtimestamp(at, tz=UTC)
+
+
+def _epochs(rows: list[tuple]) -> np.ndarray:
+    return np.fromiter((r[0] if isinstance(r[0], float) else r[0].timestamp() for r in rows),
+                       dtype=float, count=len(rows))
+
+
+def _buckets(ts: np.ndarray, start: datetime, end: datetime, count: int) -> np.ndarray:
+    """Bucket id in ``[0, count)`` of each epoch time: ``floor((t - start) / (end - start) * count)``."""
+    span = max((end - start).total_seconds(), 1e-9)
+    return np.clip(((ts - start.timestamp()) / span * count).astype(np.int64), 0, count - 1)
+
+
+def _read_rows(model: type, columns: tuple[str, ...], start: datetime, end: datetime, **where: Any) -> list[tuple]:
+    """``model`` rows in ``[start, end)`` matching ``where`` (equality), sorted by ``at``; ``columns[0]``
+    must be ``at``. PostgreSQL: the time comes back as epoch seconds (float); elsewhere a datetime."""
+    if connection.vendor != "postgresql":
+        return list(model.objects.filter(at__gte=start, at__lt=end, **where).order_by("at").values_list(*columns))
+    table = model._meta.db_table
+    cond = " AND ".join(f"{model._meta.get_field(k).column} = %s" for k in where)
+    sql = (f"SELECT extract(epoch FROM at)::float8, {', '.join(columns[1:])} FROM {table} "
+           f"WHERE {cond} AND at >= %s AND at < %s ORDER BY at")
+    with connection.cursor() as cur:
+        cur.execute(sql, [*where.values(), start, end])
+        return cur.fetchall()
+
+
+def _count_rows(model: type, start: datetime, end: datetime, **where: Any) -> int:
+    return model.objects.filter(at__gte=start, at__lt=end, **where).count()
+
+
+def _sql_buckets(
+    model: type, aggregates: tuple[str, ...], start: datetime, end: datetime, count: int, **where: Any
+) -> list[tuple]:
+    """PostgreSQL only: ``model`` rows in ``[start, end)`` grouped into the same ``count`` buckets as
+    :func:`_buckets` (same float formula on the same epoch seconds, so the same bucket per row); one
+    ``(last epoch, *aggregates)`` tuple per non-empty bucket, in time order. Moves the work of a
+    long range (8,640 rows a day) into the database: only the buckets cross the wire."""
+    table = model._meta.db_table
+    cond = " AND ".join(f"{model._meta.get_field(k).column} = %s" for k in where)
+    span = max((end - start).total_seconds(), 1e-9)
+    sql = (
+        f"SELECT max(e), {', '.join(aggregates)} FROM ("
+        f"SELECT *, extract(epoch FROM at)::float8 AS e FROM {table} "
+        f"WHERE {cond} AND at >= %s AND at < %s) AS r "
+        "GROUP BY least(greatest(floor((e - %s) / %s * %s), 0), %s - 1) ORDER BY 1"
+    )
+    with connection.cursor() as cur:
+        cur.execute(sql, [*where.values(), start, end, start.timestamp(), span, count, count])
+        return cur.fetchall()
+
+
+#: Per-bucket aggregates of :func:`downsample`, in SQL (NaN counts as missing, like the numpy path).
+_HISTORY_AGGREGATES = (
+    "avg(NULLIF(ema, 'NaN'))", "max(NULLIF(z, 'NaN'))", "avg(NULLIF(p50, 'NaN'))", "max(NULLIF(p99, 'NaN'))",
+    "min(NULLIF(weight, 'NaN'))", "(array_agg(samples ORDER BY at DESC))[1]", "(array_agg(state ORDER BY at DESC))[1]",
+)
+_BASELINE_AGGREGATES = ("avg(NULLIF(baseline, 'NaN'))", "avg(NULLIF(spread, 'NaN'))", "min(peers)")
+
+
 def downsample(rows: list[tuple], start: datetime, end: datetime, max_points: int = MAX_POINTS) -> list[Point]:
     """``rows``: ``(at, ema, z, p50, p99, weight, samples, state)`` sorted by ``at``. Returns at most
     ``max_points`` points (rows are returned unchanged when they already fit). See module docstring."""
     if max_points < 1:
         raise ValueError(f"max_points must be >= 1, got {max_points}")
     if len(rows) <= max_points:
-        return [Point(r[0], _clean(r[1]), _clean(r[2]), _clean(r[3]), _clean(r[4]), float(r[5]), int(r[6]), r[7])
-                for r in rows]
-    span = max((end - start).total_seconds(), 1e-9)
-    t0 = start.timestamp()
-    ts = np.fromiter((r[0].timestamp() for r in rows), dtype=float, count=len(rows))
-    bucket = np.clip(((ts - t0) / span * max_points).astype(np.int64), 0, max_points - 1)
+        return [Point(_when(r[0]), _clean(r[1]), _clean(r[2]), _clean(r[3]), _clean(r[4]), float(r[5]), int(r[6]),
+                      r[7]) for r in rows]
+    ts = _epochs(rows)
+    bucket = _buckets(ts, start, end, max_points)
 
     def col(i: int) -> np.ndarray:
         return np.array([np.nan if r[i] is None else r[i] for r in rows], dtype=float)
@@ -95,52 +160,69 @@ def downsample(rows: list[tuple], start: datetime, end: datetime, max_points: in
     out: list[Point] = []
     for k, last_i in enumerate(lasts.tolist()):
         last = rows[last_i]
-        out.append(Point(last[0], ema_mean[k], z_max[k], p50_mean[k], p99_max[k], w_min[k], int(last[6]), last[7]))
+        out.append(Point(_when(last[0]), ema_mean[k], z_max[k], p50_mean[k], p99_max[k], w_min[k], int(last[6]),
+                         last[7]))
     return out
 
 
 def node_timeline(
     node: Node, start: datetime, end: datetime, *, signal: str = "norm", max_points: int = MAX_POINTS
 ) -> list[Point]:
-    """Downsampled history of ``node`` for ``signal`` in ``[start, end)``."""
-    rows = list(
-        NodeHistory.objects.filter(node=node, signal=signal, at__gte=start, at__lt=end)
-        .order_by("at").values_list(*FIELDS)
-    )
+    """Downsampled history of ``node`` for ``signal`` in ``[start, end)``: :func:`downsample` of its
+    rows; on PostgreSQL a range with more rows than ``max_points`` is aggregated by the database with
+    the same buckets and rules (``tests/outlier_admin/api/test_timeline_sql.py`` checks they agree)."""
+    if max_points < 1:
+        raise ValueError(f"max_points must be >= 1, got {max_points}")
+    where = {"node": node.pk, "signal": signal}
+    if connection.vendor == "postgresql" and _count_rows(NodeHistory, start, end, **where) > max_points:
+        return [Point(_when(b[0]), _clean(b[1]), _clean(b[2]), _clean(b[3]), _clean(b[4]),
+                      0.0 if b[5] is None else float(b[5]), int(b[6]), b[7])
+                for b in _sql_buckets(NodeHistory, _HISTORY_AGGREGATES, start, end, max_points, **where)]
+    rows = _read_rows(NodeHistory, FIELDS, start, end, **where)
     return downsample(rows, start, end, max_points)
 
 
-def peer_baseline(
-    node: Node, start: datetime, end: datetime, *, signal: str = "norm", buckets: int = 300
-) -> list[tuple[datetime, float]]:
-    """Estimated peer baseline (median EMA of up to ``BASELINE_PEERS`` peers) per time bucket."""
-    peers = list(
-        Node.objects.filter(group_id=node.group_id, retired=False).exclude(pk=node.pk)
-        .order_by("pk").values_list("pk", flat=True)[:BASELINE_PEERS]
-    )
-    if not peers or end <= start:
-        return []
-    width = max((end - start).total_seconds() / buckets, 1.0)
-    t0 = start.timestamp()
-    if connection.vendor == "postgresql":
-        sql = (
-            "SELECT floor((extract(epoch FROM at) - %s) / %s) AS b, "
-            "percentile_cont(0.5) WITHIN GROUP (ORDER BY ema) "
-            f"FROM {NodeHistory._meta.db_table} "
-            "WHERE node_id = ANY(%s) AND signal = %s AND at >= %s AND at < %s "
-            "AND state = ANY(%s) AND ema IS NOT NULL AND ema = ema GROUP BY b ORDER BY b"
-        )
-        with connection.cursor() as cur:
-            cur.execute(sql, [t0, width, peers, signal, start, end, list(BASELINE_STATES)])
-            rows = cur.fetchall()
-        return [(start + timedelta(seconds=(int(b) + 0.5) * width), float(m)) for b, m in rows]
-    values = NodeHistory.objects.filter(
-        node_id__in=peers, signal=signal, at__gte=start, at__lt=end, state__in=BASELINE_STATES, ema__isnull=False
-    ).values_list("at", "ema")
-    by_bucket: dict[int, list[float]] = {}
-    for at, ema in values:
-        by_bucket.setdefault(int((at.timestamp() - t0) // width), []).append(ema)
-    return [(start + timedelta(seconds=(b + 0.5) * width), float(np.median(v))) for b, v in sorted(by_bucket.items())]
+@dataclass(frozen=True)
+class BaselinePoint:
+    """The detector's peer baseline of a group at ``at`` (``None``: too few peers to compute it)."""
+
+    at: datetime
+    baseline: float | None
+    spread: float | None
+    peers: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at": self.at.isoformat(), "baseline": self.baseline, "spread": self.spread, "peers": self.peers}
+
+
+def group_baseline(
+    group_id: int, start: datetime, end: datetime, *, signal: str = "norm", max_points: int = BASELINE_POINTS
+) -> list[BaselinePoint]:
+    """The stored detector baseline of a group in ``[start, end)``, downsampled to at most
+    ``max_points`` equal time buckets: per non-empty bucket its last time, the mean of the finite
+    baselines and spreads (``None`` if there is none) and the fewest peers."""
+    if max_points < 1:
+        raise ValueError(f"max_points must be >= 1, got {max_points}")
+    where = {"group": group_id, "signal": signal}
+    if connection.vendor == "postgresql" and _count_rows(GroupBaseline, start, end, **where) > max_points:
+        return [BaselinePoint(_when(b[0]), _clean(b[1]), _clean(b[2]), int(b[3]))
+                for b in _sql_buckets(GroupBaseline, _BASELINE_AGGREGATES, start, end, max_points, **where)]
+    rows = _read_rows(GroupBaseline, ("at", "baseline", "spread", "peers"), start, end, **where)
+    if len(rows) <= max_points:
+        return [BaselinePoint(_when(r[0]), _clean(r[1]), _clean(r[2]), int(r[3])) for r in rows]
+    bucket = _buckets(_epochs(rows), start, end, max_points)
+    starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+    lasts = np.r_[starts[1:], len(rows)] - 1
+    out = []
+    for k, (a, b) in enumerate(zip(starts.tolist(), (lasts + 1).tolist(), strict=True)):
+        chunk = rows[a:b]
+        base = [r[1] for r in chunk if r[1] is not None and math.isfinite(r[1])]
+        spread = [r[2] for r in chunk if r[2] is not None and math.isfinite(r[2])]
+        out.append(BaselinePoint(
+            _when(rows[lasts[k]][0]), float(np.mean(base)) if base else None,
+            float(np.mean(spread)) if spread else None, min(int(r[3]) for r in chunk),
+        ))
+    return out
 
 
 def node_transitions(node: Node, start: datetime, end: datetime) -> list[Transition]:

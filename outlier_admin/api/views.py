@@ -25,7 +25,7 @@ from outlier_admin.api import filters, queries
 from outlier_admin.api import serializers as s
 from outlier_admin.api.permissions import capability_permission
 from outlier_admin.api.preview import preview_thresholds
-from outlier_admin.api.timeline import MAX_POINTS, RangeError, node_timeline, parse_range
+from outlier_admin.api.timeline import MAX_POINTS, RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.control import actions
 from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
 from outlier_admin.fleet.models import ModelGroup, Node
@@ -141,12 +141,14 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
             "node": serializers.IntegerField(), "signal": serializers.CharField(),
             "start": serializers.DateTimeField(), "end": serializers.DateTimeField(),
             "points": s.TimelinePointSerializer(many=True), "transitions": s.TransitionSerializer(many=True),
+            "baseline": s.BaselinePointSerializer(many=True),
         }),
     )
     @action(detail=True, methods=["get"])
     def timeline(self, request: Request, pk: str | None = None) -> Response:
         """EMA/Z/P50/P99/weight/state over a range, downsampled to at most 2,000 points (Z and P99 keep
-        each bucket's maximum, weight its minimum), with the transitions in the range."""
+        each bucket's maximum, weight its minimum), with the transitions in the range and the
+        detector's peer baseline of the node's group on the same signal (at most 300 points)."""
         node = get_object_or_404(Node, pk=pk)
         try:
             start, end = parse_range(request.query_params, now=timezone.now())
@@ -167,6 +169,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
             "node": node.pk, "signal": signal, "start": start, "end": end,
             "points": [p.to_dict() for p in points],
             "transitions": s.TransitionSerializer(transitions.order_by("at"), many=True).data,
+            "baseline": [b.to_dict() for b in group_baseline(node.group_id, start, end, signal=signal)],
         })
 
     def _override(self, request: Request, pk: str | None, kind: str) -> Response:

@@ -9,6 +9,8 @@ the group applies them to the detector state (the tick is the only writer of tha
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
@@ -40,6 +42,33 @@ class NodeHistory(models.Model):
         indexes = [
             models.Index(fields=["node", "signal", "at"], name="history_node_signal_at"),
             models.Index(fields=["at"], name="history_at"),
+        ]
+
+
+class GroupBaseline(models.Model):
+    """The detector's peer baseline of a group for one signal at one tick: what every node's Z was
+    measured against (``Z = (EMA - baseline) / spread``).
+
+    Written by the tick together with the node history (same cadence, same transaction), so charts
+    and the threshold preview show the real baseline instead of re-estimating it from peers.
+    ``baseline``/``spread`` are NULL when the detector had too few peers to compute them (NaN);
+    ``peers`` is the number of nodes the baseline was taken over. ``retention`` thins these rows
+    like :class:`NodeHistory`.
+    """
+
+    group = models.ForeignKey(ModelGroup, on_delete=models.CASCADE, related_name="baselines")
+    signal = models.CharField(max_length=16)
+    at = models.DateTimeField()
+    baseline = models.FloatField(null=True)
+    spread = models.FloatField(null=True)
+    peers = models.IntegerField(default=0)
+    downsampled = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["group", "signal", "at"]
+        indexes = [
+            models.Index(fields=["group", "signal", "at"], name="baseline_group_signal_at"),
+            models.Index(fields=["at"], name="baseline_at"),
         ]
 
 
@@ -150,8 +179,32 @@ class CanaryProbe(models.Model):
         ordering = ["-at"]
 
 
+class AuditLogIsAppendOnly(PermissionError):
+    """Raised on any attempt to change or remove an audit event from the application."""
+
+
+class AuditEventQuerySet(models.QuerySet):
+    """Reads and inserts only: bulk ``update()`` / ``delete()`` raise :class:`AuditLogIsAppendOnly`.
+
+    (Django's deletion collector uses the plain base manager, so deleting a user, group or node still
+    sets the audit rows' foreign key to NULL as declared: the event text stays.)
+    """
+
+    def update(self, **kwargs: Any) -> int:
+        raise AuditLogIsAppendOnly("the audit log is append-only: audit events cannot be updated")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise AuditLogIsAppendOnly("the audit log is append-only: audit events cannot be deleted")
+
+
 class AuditEvent(models.Model):
-    """Every state change made by a person or a token, written in the same transaction as the change."""
+    """Every state change made by a person or a token, written in the same transaction as the change.
+
+    Append-only from the application's point of view: ``save()`` of an existing row, ``delete()``
+    and the queryset's ``update()`` / ``delete()`` raise :class:`AuditLogIsAppendOnly`.
+    """
+
+    objects = AuditEventQuerySet.as_manager()
 
     at = models.DateTimeField(default=timezone.now, db_index=True)
     actor = models.CharField(max_length=150)
@@ -164,3 +217,14 @@ class AuditEvent(models.Model):
 
     class Meta:
         ordering = ["-at"]
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # A row that exists is never written again (a pk alone is not enough: tests and fixtures may
+        # insert with an explicit pk, so ask the ORM whether this instance was loaded).
+        if not self._state.adding:
+            raise AuditLogIsAppendOnly("the audit log is append-only: audit events cannot be updated")
+        kwargs["force_insert"] = True
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise AuditLogIsAppendOnly("the audit log is append-only: audit events cannot be deleted")

@@ -17,8 +17,16 @@ log = logging.getLogger(__name__)
 def tick_all_groups() -> int:
     """Enqueue one tick per group (beat, every ``TICK_INTERVAL_MS``). A tick not started within two
     intervals expires instead of piling up behind a slow worker."""
+    from outlier_admin.control import degraded
+    from outlier_admin.control.redis_conn import get_redis
+
     expires = 2 * settings.TICK_INTERVAL_MS / 1000.0
-    names = list(ModelGroup.objects.values_list("name", flat=True))
+    try:
+        names = list(ModelGroup.objects.values_list("name", flat=True))
+    except degraded.DB_ERRORS as exc:
+        # PostgreSQL down: tick the groups Redis knows, so gateways keep fresh weights.
+        log.warning("listing groups from Redis, PostgreSQL unreachable: %s", exc)
+        names = degraded.known_groups(get_redis())
     for name in names:
         tick_group.apply_async(args=[name], expires=expires)
     return len(names)

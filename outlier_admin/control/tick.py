@@ -33,9 +33,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from detector import GroupDetector, NodeState, SampleBatch, Thresholds, Transition
-from outlier_admin.control import publish
+from outlier_admin.control import degraded, publish
 from outlier_admin.control.models import (
     CanaryProbe,
+    GroupBaseline,
     NodeHistory,
     Override,
     OverrideKind,
@@ -230,6 +231,21 @@ def published_view(ev: Any, group: ModelGroup, nodes_by_name: dict[str, Node]) -
     return out
 
 
+def baseline_rows(ev: Any, group: ModelGroup, at: datetime) -> list[GroupBaseline]:
+    """One :class:`GroupBaseline` per signal of ``ev``: ``ev.baseline[s]``/``ev.spread[s]`` (NaN ->
+    NULL). ``peers``: the nodes with a finite Z on ``s`` that are in a baseline state (healthy or
+    degraded) after the tick — the evaluation does not carry the detector's own peer count, and a
+    node that changed state in this tick may be counted on the other side of the line."""
+    in_baseline = np.isin(np.asarray(ev.states, dtype=np.int64), [int(NodeState.HEALTHY), int(NodeState.DEGRADED)])
+    out = []
+    for sig, base in ev.baseline.items():
+        z = np.asarray(ev.z_by_signal.get(sig, []), dtype=np.float64)
+        peers = int((np.isfinite(z) & in_baseline).sum()) if z.shape == in_baseline.shape else 0
+        out.append(GroupBaseline(group=group, signal=sig, at=at, baseline=_f(base),
+                                 spread=_f(ev.spread.get(sig)), peers=peers))
+    return out
+
+
 def _transition_row(t: Transition, group: ModelGroup, node: Node, shadow: bool, ev: Any) -> TransitionRow:
     explanation = t.to_dict()
     explanation["policy"] = group.policy
@@ -248,16 +264,26 @@ def _transition_row(t: Transition, group: ModelGroup, node: Node, shadow: bool, 
 
 def run_tick(group: ModelGroup | str, *, now: float | None = None, consumer: str = "tick") -> TickResult | None:
     """Run one tick of ``group`` (a model or its name). Returns None when another worker holds the
-    group's lock (that tick is skipped, not queued)."""
+    group's lock (that tick is skipped, not queued). With PostgreSQL unreachable the tick runs from
+    Redis alone (:func:`outlier_admin.control.degraded.run_degraded_tick`); the first tick after it
+    returns drains the outbox first."""
     started = time.perf_counter()
-    if isinstance(group, str):
-        group = ModelGroup.objects.get(name=group)
+    name = group if isinstance(group, str) else group.name
     r = get_redis()
-    lock = GroupLock(r, lock_key(group.name), settings.TICK_LOCK_TTL_MS)
+    lock = GroupLock(r, lock_key(name), settings.TICK_LOCK_TTL_MS)
     if not lock.acquire():
         return None
     try:
-        return _tick_locked(r, group, now, consumer, started)
+        try:
+            if isinstance(group, str):
+                group = ModelGroup.objects.get(name=group)
+            # Rows kept in Redis while PostgreSQL was down are written before this tick's own.
+            degraded.drain(r, group)
+            return _tick_locked(r, group, now, consumer, started)
+        except degraded.DB_ERRORS as exc:
+            # PostgreSQL unreachable: keep deciding and publishing from Redis (see control.degraded).
+            log.warning("tick of %s without PostgreSQL: %s", name, exc)
+            return degraded.run_degraded_tick(r, name, now=now, consumer=consumer, started=started)
     finally:
         lock.release()
 
@@ -322,6 +348,8 @@ def _tick_locked(r: redis.Redis, group: ModelGroup, now: float | None, consumer:
             "history_slot": history_slot,
         },
     )
+    # What a tick needs to run while PostgreSQL is down (control.degraded).
+    degraded.store_snapshot(pipe, group, nodes)
     # Canary probes due now, for the canary task (replaced every tick).
     pipe.delete(probes_key(group.name))
     if ev.probes_due:
@@ -352,6 +380,9 @@ def _tick_locked(r: redis.Redis, group: ModelGroup, now: float | None, consumer:
                     samples=int(ev.counts[i]), weight=float(ev.weights[i]), state=state_label,
                 ))
         NodeHistory.objects.bulk_create(history, batch_size=2000)
+        if history:
+            # The baseline every Z of this write was measured against, one row per signal.
+            GroupBaseline.objects.bulk_create(baseline_rows(ev, group, at))
         changed = []
         for v in view:
             node = by_name.get(v["node"])

@@ -7,7 +7,7 @@ from datetime import datetime
 from django.utils.safestring import SafeString
 
 from detector.thresholds import Thresholds
-from outlier_admin.api.timeline import Point
+from outlier_admin.api.timeline import BaselinePoint, Point
 from outlier_admin.control.models import Transition
 from outlier_admin.dashboard.svg import PALETTE, Marker, Series, Threshold, time_chart
 
@@ -15,16 +15,21 @@ MARKER_COLORS = {"quarantined": "#c62828", "degraded": "#b85c00", "healthy": "#2
 
 
 def node_charts(
-    points: list[Point], baseline: list[tuple[datetime, float]], transitions: list[Transition],
+    points: list[Point], baseline: list[BaselinePoint], transitions: list[Transition],
     thresholds: Thresholds, start: datetime, end: datetime,
 ) -> dict[str, SafeString]:
-    """``{"z", "ema", "weight", "tail"}`` SVG charts for one node over ``[start, end]``."""
+    """``{"z", "ema", "weight", "tail"}`` SVG charts for one node over ``[start, end]``.
+
+    The EMA chart draws the group's stored detector baseline and the degrade bound
+    ``baseline + degrade_z * spread`` (where the node's EMA crosses it, its Z crosses ``degrade_z``)."""
     markers = [Marker(t.at, f"{t.at:%H:%M:%S} {t.from_state} -> {t.to_state} ({t.reason})",
                       MARKER_COLORS.get(t.to_state, "#444")) for t in transitions]
     ats = [p.at for p in points]
     # "learned" normalisation divides latency by the group's cost model (a ratio, 1.0 = as expected);
     # "seed" divides by weighted tokens (ms per token).
     unit = "ms/token" if thresholds.normalization == "seed" else "x expected"
+    degrade_bound = [(b.at, b.baseline + thresholds.degrade_z * b.spread if b.baseline is not None
+                      and b.spread is not None else None) for b in baseline]
     return {
         "z": time_chart(
             [Series("Z-score", list(zip(ats, [p.z for p in points], strict=True)))],
@@ -34,7 +39,8 @@ def node_charts(
         ),
         "ema": time_chart(
             [Series("node EMA", list(zip(ats, [p.ema for p in points], strict=True))),
-             Series("peer baseline (median)", baseline, PALETTE[2], dashed=True)],
+             Series("peer baseline (detector)", [(b.at, b.baseline) for b in baseline], PALETTE[2], dashed=True),
+             Series(f"degrade bound (baseline + {thresholds.degrade_z:g}σ)", degrade_bound, PALETTE[1], dashed=True)],
             title="Normalised latency: EMA vs peer baseline", unit=unit, start=start, end=end, markers=markers,
         ),
         "weight": time_chart(

@@ -2,6 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from outlier_admin.dashboard import views
+from outlier_admin.fleet.login_throttle import ThrottledLoginView
 
 app_name = "dashboard"
 urlpatterns = [
@@ -15,7 +16,7 @@ urlpatterns = [
     path("approvals/<int:pk>/decide/", views.decide_proposal, name="decide"),
     path("canary/", views.canary_review, name="canary"),
     path("audit/", views.audit_log, name="audit"),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/login/", ThrottledLoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]
 

@@ -25,7 +25,7 @@ from outlier_admin.api import queries
 from outlier_admin.api.filters import AuditFilter
 from outlier_admin.api.permissions import CAPABILITIES, capabilities_of, user_can
 from outlier_admin.api.preview import preview_thresholds
-from outlier_admin.api.timeline import RangeError, node_timeline, parse_range, peer_baseline
+from outlier_admin.api.timeline import RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.control import actions
 from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
 from outlier_admin.dashboard.charts import node_charts
@@ -33,8 +33,10 @@ from outlier_admin.dashboard.forms import OverrideForm, PolicyForm, ProposalDeci
 from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.ingest.models import GpuReading
 
-SORTS = {"name": "name", "state": "state", "weight": "weight", "z": "latest_z", "ema": "latest_ema",
-         "p50": "latest_p50", "p99": "latest_p99", "samples": "latest_samples", "last_seen": "last_seen"}
+SORTS = queries.NODE_SORTS
+#: Rows per page of the group page's nodes table: a 1,000-node group renders in well under the
+#: 300 ms target (the whole table takes ~200 ms of template rendering alone).
+GROUP_PAGE_SIZE = 200
 
 
 def requires(capability: str) -> Callable:
@@ -77,15 +79,16 @@ def overview(request: HttpRequest) -> HttpResponse:
 
 @requires("read")
 def group_page(request: HttpRequest, name: str) -> HttpResponse:
+    """Nodes table (sorted over the whole group, then paginated), the detector's stored baseline,
+    safeguard and thresholds. ``?partial=nodes`` returns only the table (the page's auto-refresh)."""
     group = get_object_or_404(ModelGroup, name=name)
     sort = request.GET.get("sort", "name")
-    key = SORTS.get(sort.lstrip("-"), "name")
-    order = f"-{key}" if sort.startswith("-") else key
-    nodes = list(queries.with_latest_figures(group.nodes.filter(retired=False)).order_by(order, "name"))
+    if sort.lstrip("-") not in SORTS:
+        sort = "name"
+    page = Paginator(queries.group_nodes(group, sort), GROUP_PAGE_SIZE).get_page(request.GET.get("page"))
     counts = queries.state_counts([group.pk]).get(group.pk, {})
-    emas = sorted(n.latest_ema for n in nodes if n.latest_ema is not None and n.state in ("healthy", "degraded"))
-    baseline = emas[len(emas) // 2] if emas else None
-    ctx = _ctx(request, group=group, nodes=nodes, sort=sort, baseline=baseline,
+    ctx = _ctx(request, group=group, nodes=page.object_list, page=page, sort=sort,
+               baseline=queries.latest_baseline(group),
                safeguard=queries.safeguard_status(group, counts), thresholds=group.thresholds().to_dict(),
                counts=[(s, counts.get(s, 0)) for s in queries.STATE_ORDER if counts.get(s)])
     if request.GET.get("partial") == "nodes":
@@ -103,7 +106,8 @@ def node_page(request: HttpRequest, pk: int) -> HttpResponse:
         start, end = timezone.now() - timedelta(hours=1), timezone.now()
     points = node_timeline(node, start, end)
     transitions = list(Transition.objects.filter(node=node, at__gte=start, at__lt=end).order_by("at"))
-    charts = node_charts(points, peer_baseline(node, start, end), transitions, node.group.thresholds(), start, end)
+    charts = node_charts(points, group_baseline(node.group_id, start, end), transitions, node.group.thresholds(),
+                         start, end)
     latest_gpu: dict[str, GpuReading] = {}
     for r in GpuReading.objects.filter(node=node).order_by("-at")[:64]:
         latest_gpu.setdefault(r.gpu, r)

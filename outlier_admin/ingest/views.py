@@ -7,15 +7,19 @@ and its error contract is fixed by the issue. Responses are JSON:
   (``line`` is 1-based: the array element or the NDJSON line; only the first errors are listed,
   every rejected record is stored with its reason);
 - 400 body is neither JSON nor NDJSON; 401 no / unknown / revoked token or wrong scope;
-  405 not POST; 413 body over ``INGEST_MAX_BODY_BYTES``; 415 content type not JSON/NDJSON.
+  405 not POST; 413 body over ``INGEST_MAX_BODY_BYTES``; 415 content type not JSON/NDJSON;
+  503 + ``Retry-After`` Redis or PostgreSQL unreachable (retry the whole body).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
+import redis
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -23,6 +27,10 @@ from outlier_admin.fleet.auth import lookup_token, token_from_header
 from outlier_admin.fleet.models import TokenScope
 from outlier_admin.ingest.pipeline import submit
 
+log = logging.getLogger(__name__)
+
+# Seconds a client should wait before retrying after a 503 (Redis or PostgreSQL unreachable).
+RETRY_AFTER_S = 2
 JSON_TYPES = {"application/json"}
 NDJSON_TYPES = {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines"}
 
@@ -74,6 +82,18 @@ def split_body(body: bytes, content_type: str) -> list[tuple[int, Any, str | Non
 
 @csrf_exempt
 def ingest_requests(request: HttpRequest) -> HttpResponse:
+    try:
+        return _ingest_requests(request)
+    except (redis.ConnectionError, redis.TimeoutError, OperationalError, InterfaceError) as exc:
+        # Redis (the stream) or PostgreSQL (tokens, groups, nodes, rejected records) is unreachable:
+        # refuse the body rather than accept and drop it. The client retries the whole body; records
+        # with a request_id that reached the stream before the fault are then counted as duplicates.
+        log.warning("ingest refused with 503: %s: %s", type(exc).__name__, exc)
+        return _json(503, {"error": "storage unavailable: the records were not accepted, retry later",
+                           "retry_after_s": RETRY_AFTER_S}, Retry_After=str(RETRY_AFTER_S))
+
+
+def _ingest_requests(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return _json(405, {"error": "method not allowed: POST records here"}, Allow="POST")
     plaintext = token_from_header(request.META.get("HTTP_AUTHORIZATION"))
