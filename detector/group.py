@@ -36,6 +36,7 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -282,7 +283,7 @@ class GroupDetector:
         """Validate and apply a batch. Invalid samples and samples of unknown nodes are reported, not
         applied; every sample is accounted for in the result."""
         valid, rejected = validate(batch)
-        idx = np.array([self._index.get(n, -1) for n in batch.node], dtype=np.int64)
+        idx = np.fromiter(map(self._index.get, batch.node, repeat(-1)), dtype=np.int64, count=len(batch))
         unknown_mask = valid & (idx < 0)
         unknown = sorted({str(n) for n in batch.node[unknown_mask]})
         rejected += [(int(i), RejectReason.UNKNOWN_NODE) for i in np.flatnonzero(unknown_mask)]

@@ -47,7 +47,11 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summarise(latencies_s: list[float]) -> dict[str, float]:
+    """n, p50/p99 (nearest rank), max and mean in ms of latencies given in seconds (n=0: NaNs)."""
     ms = [v * 1000 for v in latencies_s]
+    if not ms:
+        nan = float("nan")
+        return {"n": 0, "p50_ms": nan, "p99_ms": nan, "max_ms": nan, "mean_ms": nan}
     return {"n": len(ms), "p50_ms": round(percentile(ms, 50), 3), "p99_ms": round(percentile(ms, 99), 3),
             "max_ms": round(max(ms), 3), "mean_ms": round(sum(ms) / len(ms), 3)}
 

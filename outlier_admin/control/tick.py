@@ -233,14 +233,18 @@ def published_view(ev: Any, group: ModelGroup, nodes_by_name: dict[str, Node]) -
 
 def baseline_rows(ev: Any, group: ModelGroup, at: datetime) -> list[GroupBaseline]:
     """One :class:`GroupBaseline` per signal of ``ev``: ``ev.baseline[s]``/``ev.spread[s]`` (NaN ->
-    NULL). ``peers``: the nodes with a finite Z on ``s`` that are in a baseline state (healthy or
-    degraded) after the tick — the evaluation does not carry the detector's own peer count, and a
-    node that changed state in this tick may be counted on the other side of the line."""
+    NULL). ``peers``: the detector's own count when the evaluation carries one (``ev.peers[s]``);
+    otherwise the nodes with a finite Z on ``s`` in a baseline state (healthy or degraded) *after*
+    the tick, which is off by the nodes that changed state in this tick."""
+    exact = getattr(ev, "peers", None)
     in_baseline = np.isin(np.asarray(ev.states, dtype=np.int64), [int(NodeState.HEALTHY), int(NodeState.DEGRADED)])
     out = []
     for sig, base in ev.baseline.items():
         z = np.asarray(ev.z_by_signal.get(sig, []), dtype=np.float64)
-        peers = int((np.isfinite(z) & in_baseline).sum()) if z.shape == in_baseline.shape else 0
+        if isinstance(exact, dict) and sig in exact:
+            peers = int(exact[sig])
+        else:
+            peers = int((np.isfinite(z) & in_baseline).sum()) if z.shape == in_baseline.shape else 0
         out.append(GroupBaseline(group=group, signal=sig, at=at, baseline=_f(base),
                                  spread=_f(ev.spread.get(sig)), peers=peers))
     return out

@@ -30,6 +30,7 @@ from outlier_admin.control import actions
 from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
 from outlier_admin.dashboard.charts import node_charts
 from outlier_admin.dashboard.forms import OverrideForm, PolicyForm, ProposalDecisionForm, ThresholdForm
+from outlier_admin.dashboard.tables import node_rows
 from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.ingest.models import GpuReading
 
@@ -87,7 +88,7 @@ def group_page(request: HttpRequest, name: str) -> HttpResponse:
         sort = "name"
     page = Paginator(queries.group_nodes(group, sort), GROUP_PAGE_SIZE).get_page(request.GET.get("page"))
     counts = queries.state_counts([group.pk]).get(group.pk, {})
-    ctx = _ctx(request, group=group, nodes=page.object_list, page=page, sort=sort,
+    ctx = _ctx(request, group=group, nodes=node_rows(page.object_list), page=page, sort=sort,
                baseline=queries.latest_baseline(group),
                safeguard=queries.safeguard_status(group, counts), thresholds=group.thresholds().to_dict(),
                counts=[(s, counts.get(s, 0)) for s in queries.STATE_ORDER if counts.get(s)])
