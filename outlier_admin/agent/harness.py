@@ -73,6 +73,29 @@ def wait_for_socket(path: str, timeout_s: float = 5.0) -> None:
     raise TimeoutError(f"no stats socket at {path} after {timeout_s}s")
 
 
+class _Process:
+    """A gateway process we started; ``stop()`` ends it by pid (SIGTERM, then SIGKILL)."""
+
+    proc: subprocess.Popen[bytes] | None = None
+    workdir: Path
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.proc = None
+
+    def __enter__(self) -> _Process:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 class FakeInferenceServer:
     """A tiny OpenAI-compatible completion server (see module docstring).
 
@@ -111,6 +134,9 @@ class FakeInferenceServer:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b"{}"
+                if self.path.startswith("/admin/"):
+                    self._admin(raw)
+                    return
                 try:
                     payload = json.loads(raw)
                     prompt = str(payload.get("prompt", ""))
@@ -131,8 +157,11 @@ class FakeInferenceServer:
                     time.sleep(outer.base_delay_s * outer.slowdown)
                 else:
                     completion_tokens = max(1, min(max_tokens, 4096))
-                    ttft = outer.ttft_ms + outer.prefill_ms_per_token * prompt_tokens
-                    time.sleep((ttft + outer.per_token_ms * outer.slowdown * completion_tokens) / 1000.0)
+                    started = time.perf_counter()
+                    time.sleep((outer.ttft_ms + outer.prefill_ms_per_token * prompt_tokens) / 1000.0)
+                    # The TTFT as measured (sleep overshoot belongs to prefill, not to decode).
+                    ttft = (time.perf_counter() - started) * 1000.0
+                    time.sleep(outer.per_token_ms * outer.slowdown * completion_tokens / 1000.0)
                     extra["X-TTFT-Ms"] = f"{ttft:.1f}"
                 with outer._lock:
                     outer.requests += 1
@@ -158,6 +187,24 @@ class FakeInferenceServer:
 
             do_GET = do_POST
 
+            def _admin(self, raw: bytes) -> None:
+                """Test control: ``POST /admin/slowdown {"slowdown": x}``, ``GET /admin/stats``."""
+                if self.path == "/admin/slowdown" and self.command == "POST":
+                    try:
+                        outer.slowdown = float(json.loads(raw)["slowdown"])
+                    except (ValueError, KeyError, TypeError):
+                        self.send_error(400, "body must be {\"slowdown\": <number>}")
+                        return
+                elif self.path != "/admin/stats":
+                    self.send_error(404)
+                    return
+                body = json.dumps(outer.stats()).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
             def log_message(self, *args: Any) -> None:  # keep test output clean
                 return
 
@@ -177,9 +224,96 @@ class FakeInferenceServer:
         """The gray failure is fixed: back to normal speed."""
         self.slowdown = 1.0
 
+    def stats(self) -> dict[str, Any]:
+        """Counters for tests: completions served, hits per path and per client (User-Agent)."""
+        with self._lock:
+            return {"name": self.name, "slowdown": self.slowdown, "requests": self.requests,
+                    "paths": dict(self.paths), "user_agents": dict(self.user_agents)}
+
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class RemoteFakeServer:
+    """Handle on a ``FakeInferenceServer`` running in a ``FakeServerFleet`` process (admin endpoints)."""
+
+    def __init__(self, name: str, address: str) -> None:
+        self.name = name
+        self.address = address
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        host, _, port = self.address.partition(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=5)
+        try:
+            conn.request(method, path, body=json.dumps(body or {}), headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            data = resp.read()
+        finally:
+            conn.close()
+        if resp.status != 200:
+            raise RuntimeError(f"{method} {path} on {self.name}: HTTP {resp.status}")
+        return json.loads(data)
+
+    def set_slowdown(self, slowdown: float) -> None:
+        self._call("POST", "/admin/slowdown", {"slowdown": slowdown})
+
+    def heal(self) -> None:
+        self.set_slowdown(1.0)
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("GET", "/admin/stats")
+
+    @property
+    def user_agents(self) -> Counter[str]:
+        return Counter(self.stats()["user_agents"])
+
+
+class FakeServerFleet(_Process):
+    """Fake inference servers in their own process: ``python -m outlier_admin.agent.harness``.
+
+    Why a process: in the test process the servers' threads compete for the GIL with the traffic
+    clients, the live ingest server and the shipper; a thread waking from ``sleep`` can wait a GIL
+    switch interval (5 ms) and that lands in the decode time the detector judges, enough to make a
+    healthy server look 15% slower for a moment. ``specs``: ``{name: {FakeInferenceServer kwargs}}``.
+    ``servers`` maps each name to a :class:`RemoteFakeServer`.
+    """
+
+    def __init__(self, specs: dict[str, dict[str, Any]], *, timeout_s: float = 10.0) -> None:
+        import sys
+
+        self.workdir = Path(tempfile.gettempdir())
+        self.proc = subprocess.Popen([sys.executable, "-m", "outlier_admin.agent.harness", json.dumps(specs)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert self.proc.stdout is not None
+        ready: dict[str, str] = {}
+        deadline = time.monotonic() + timeout_s
+        line = b""
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            line = self.proc.stdout.readline()
+            if line:
+                ready = json.loads(line)
+                break
+        if not ready:
+            self.stop()
+            raise RuntimeError(f"fake server fleet did not start: {line!r}")
+        self.servers = {name: RemoteFakeServer(name, addr) for name, addr in ready.items()}
+
+
+def _serve_fleet(specs: dict[str, dict[str, Any]]) -> None:
+    """Entry point of :class:`FakeServerFleet`: start the servers, print ``{name: address}``, serve
+    until stdin closes or SIGTERM."""
+    import sys
+
+    sys.setswitchinterval(0.0005)  # hand the GIL over quickly: sleeps end on time
+    servers = {name: FakeInferenceServer(name, **kwargs) for name, kwargs in specs.items()}
+    print(json.dumps({name: srv.address for name, srv in servers.items()}), flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    stop.wait()
+    for srv in servers.values():
+        srv.stop()
 
 
 class SyslogCollector:
@@ -209,29 +343,6 @@ class SyslogCollector:
         self._stop.set()
         self._thread.join(timeout=2)
         self.sock.close()
-
-
-class _Process:
-    """A gateway process we started; ``stop()`` ends it by pid (SIGTERM, then SIGKILL)."""
-
-    proc: subprocess.Popen[bytes] | None = None
-    workdir: Path
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        self.proc = None
-
-    def __enter__(self) -> _Process:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class HAProxyProcess(_Process):
@@ -537,3 +648,9 @@ def publish(redis_client: Any, doc: dict[str, Any], *, key_prefix: str = "outlie
 
 def make_workdir(prefix: str = "oa-gw-") -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+if __name__ == "__main__":
+    import sys
+
+    _serve_fleet(json.loads(sys.argv[1]))
