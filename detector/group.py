@@ -122,6 +122,7 @@ class Evaluation:
     fallback: bool = False
     fallback_reason: str | None = None
     probes_due: list[str] = field(default_factory=list)
+    peers: dict[str, int] = field(default_factory=dict)  # nodes in each signal's baseline
 
     def index(self, node: str) -> int:
         return self.nodes.index(node)
@@ -445,7 +446,7 @@ class GroupDetector:
         state = a["state"]
         fresh = np.isfinite(a["last_seen"]) & (a["last_seen"] >= now - t.stale_after_s)
         out = np.isin(state, _OUT)
-        z_rows, ema_rows, base_d, spread_d = [], [], {}, {}
+        z_rows, ema_rows, base_d, spread_d, peers_d = [], [], {}, {}, {}
         for s in SIGNALS:
             e = self.ewma[s]
             if t.baseline_mode == "seed":
@@ -457,7 +458,7 @@ class GroupDetector:
                 pb = robust_zscores(e.mean, judged, eligible, min_peers=t.min_peers, spread_floor=t.spread_floor)
             z_rows.append(pb.z)
             ema_rows.append(np.where(e.count > 0, e.mean, np.nan))
-            base_d[s], spread_d[s] = pb.baseline, pb.spread
+            base_d[s], spread_d[s], peers_d[s] = pb.baseline, pb.spread, pb.peers
             self._last[f"baseline:{s}"] = pb.baseline
             self._last[f"spread:{s}"] = pb.spread
             # Per-request spread (a canary probe is one request, not an EMA): median EW sd of peers.
@@ -647,6 +648,7 @@ class GroupDetector:
             p50=a["p50"].copy(), p99=a["p99"].copy(), counts=self.ewma["norm"].count.copy(),
             transitions=transitions, safeguard=safeguard_reason is not None, safeguard_reason=safeguard_reason,
             fallback=fallback_reason is not None, fallback_reason=fallback_reason, probes_due=probes_due,
+            peers=peers_d,
         )
 
     def _weights(self, score: np.ndarray) -> np.ndarray:

@@ -15,8 +15,10 @@ The peer baseline is the detector's own: the tick stores it per group and signal
 :func:`group_baseline` downsamples it the same way (per bucket: mean baseline and spread, the
 fewest peers).
 
-Rows are read with the time as epoch seconds on PostgreSQL (``extract(epoch FROM at)``): building
-8,640 timezone-aware datetimes costs more than the query itself; only the returned points get one.
+On PostgreSQL a range with more rows than points is aggregated by the database (same buckets, same
+rules, checked against :func:`downsample` by the tests), and short ranges are read with the time as
+epoch seconds (``extract(epoch FROM at)``): building thousands of timezone-aware datetimes cost more
+than the query; only the returned points get one. Other databases (the SQLite demo) use the ORM.
 """
 
 from __future__ import annotations
@@ -90,25 +92,23 @@ def _read_rows(model: type, columns: tuple[str, ...], start: datetime, end: date
         return cur.fetchall()
 
 
-def _count_rows(model: type, start: datetime, end: datetime, **where: Any) -> int:
-    return model.objects.filter(at__gte=start, at__lt=end, **where).count()
-
-
 def _sql_buckets(
     model: type, aggregates: tuple[str, ...], start: datetime, end: datetime, count: int, **where: Any
 ) -> list[tuple]:
     """PostgreSQL only: ``model`` rows in ``[start, end)`` grouped into the same ``count`` buckets as
     :func:`_buckets` (same float formula on the same epoch seconds, so the same bucket per row); one
-    ``(last epoch, *aggregates)`` tuple per non-empty bucket, in time order. Moves the work of a
-    long range (8,640 rows a day) into the database: only the buckets cross the wire."""
+    ``(rows in bucket, last epoch, *aggregates)`` tuple per non-empty bucket, in time order. Moves
+    the work of a long range (8,640 rows a day) into the database: only the buckets cross the wire.
+    Callers whose range holds no more than ``count`` rows read the rows themselves (returned as
+    stored), which the first column tells them without a separate ``COUNT``."""
     table = model._meta.db_table
     cond = " AND ".join(f"{model._meta.get_field(k).column} = %s" for k in where)
     span = max((end - start).total_seconds(), 1e-9)
     sql = (
-        f"SELECT max(e), {', '.join(aggregates)} FROM ("
+        f"SELECT count(*), max(e), {', '.join(aggregates)} FROM ("
         f"SELECT *, extract(epoch FROM at)::float8 AS e FROM {table} "
         f"WHERE {cond} AND at >= %s AND at < %s) AS r "
-        "GROUP BY least(greatest(floor((e - %s) / %s * %s), 0), %s - 1) ORDER BY 1"
+        "GROUP BY least(greatest(floor((e - %s) / %s * %s), 0), %s - 1) ORDER BY 2"
     )
     with connection.cursor() as cur:
         cur.execute(sql, [*where.values(), start, end, start.timestamp(), span, count, count])
@@ -174,10 +174,11 @@ def node_timeline(
     if max_points < 1:
         raise ValueError(f"max_points must be >= 1, got {max_points}")
     where = {"node": node.pk, "signal": signal}
-    if connection.vendor == "postgresql" and _count_rows(NodeHistory, start, end, **where) > max_points:
-        return [Point(_when(b[0]), _clean(b[1]), _clean(b[2]), _clean(b[3]), _clean(b[4]),
-                      0.0 if b[5] is None else float(b[5]), int(b[6]), b[7])
-                for b in _sql_buckets(NodeHistory, _HISTORY_AGGREGATES, start, end, max_points, **where)]
+    if connection.vendor == "postgresql":
+        buckets = _sql_buckets(NodeHistory, _HISTORY_AGGREGATES, start, end, max_points, **where)
+        if sum(b[0] for b in buckets) > max_points:
+            return [Point(_when(b[1]), _clean(b[2]), _clean(b[3]), _clean(b[4]), _clean(b[5]),
+                          0.0 if b[6] is None else float(b[6]), int(b[7]), b[8]) for b in buckets]
     rows = _read_rows(NodeHistory, FIELDS, start, end, **where)
     return downsample(rows, start, end, max_points)
 
@@ -204,9 +205,10 @@ def group_baseline(
     if max_points < 1:
         raise ValueError(f"max_points must be >= 1, got {max_points}")
     where = {"group": group_id, "signal": signal}
-    if connection.vendor == "postgresql" and _count_rows(GroupBaseline, start, end, **where) > max_points:
-        return [BaselinePoint(_when(b[0]), _clean(b[1]), _clean(b[2]), int(b[3]))
-                for b in _sql_buckets(GroupBaseline, _BASELINE_AGGREGATES, start, end, max_points, **where)]
+    if connection.vendor == "postgresql":
+        buckets = _sql_buckets(GroupBaseline, _BASELINE_AGGREGATES, start, end, max_points, **where)
+        if sum(b[0] for b in buckets) > max_points:
+            return [BaselinePoint(_when(b[1]), _clean(b[2]), _clean(b[3]), int(b[4])) for b in buckets]
     rows = _read_rows(GroupBaseline, ("at", "baseline", "spread", "peers"), start, end, **where)
     if len(rows) <= max_points:
         return [BaselinePoint(_when(r[0]), _clean(r[1]), _clean(r[2]), int(r[3])) for r in rows]

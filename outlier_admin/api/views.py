@@ -17,6 +17,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serial
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
+from rest_framework.renderers import BrowsableAPIRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -25,6 +26,7 @@ from outlier_admin.api import filters, queries
 from outlier_admin.api import serializers as s
 from outlier_admin.api.permissions import capability_permission
 from outlier_admin.api.preview import preview_thresholds
+from outlier_admin.api.renderers import FastJSONRenderer
 from outlier_admin.api.timeline import MAX_POINTS, RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.control import actions
 from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
@@ -144,7 +146,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
             "baseline": s.BaselinePointSerializer(many=True),
         }),
     )
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], renderer_classes=[FastJSONRenderer, BrowsableAPIRenderer])
     def timeline(self, request: Request, pk: str | None = None) -> Response:
         """EMA/Z/P50/P99/weight/state over a range, downsampled to at most 2,000 points (Z and P99 keep
         each bucket's maximum, weight its minimum), with the transitions in the range and the

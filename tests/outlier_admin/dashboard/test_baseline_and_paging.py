@@ -1,0 +1,103 @@
+"""Group page: the nodes table is sorted over the whole group, then paginated; the baseline shown is
+the detector's stored one. Node page and threshold preview use the stored baseline too."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+
+from outlier_admin.api.preview import preview_thresholds
+from outlier_admin.control.actions import do_register_node
+from outlier_admin.control.models import GroupBaseline, NodeHistory
+from outlier_admin.dashboard.views import GROUP_PAGE_SIZE
+from tests.outlier_admin.api.conftest import write_history
+
+pytestmark = pytest.mark.django_db
+
+
+def viewer(users) -> Client:
+    c = Client()
+    c.force_login(users["viewer"])
+    return c
+
+
+def store_baseline(group, ats, value: float, spread: float = 0.05, peers: int = 7) -> None:
+    GroupBaseline.objects.bulk_create([GroupBaseline(group=group, signal="norm", at=at, baseline=value,
+                                                     spread=spread, peers=peers) for at in ats])
+
+
+def test_group_table_sorts_all_nodes_then_pages(fleet, users):
+    group, now = fleet["group"], fleet["now"]
+    extra = [do_register_node(group, f"10.0.9.{i}:8000", actor="setup") for i in range(GROUP_PAGE_SIZE)]
+    # One of the new nodes has the highest Z of the group: it must lead page 1 sorted by -z although
+    # by name it sorts after the first page.
+    write_history(extra[-1], start=now - timedelta(seconds=30), count=3, z=7.5, ema=2.5)
+    c = viewer(users)
+    total = 8 + GROUP_PAGE_SIZE
+    page1 = c.get(f"/groups/{group.name}/?sort=-z").content.decode()
+    assert page1.count('class="row-') == GROUP_PAGE_SIZE
+    assert f"{total} nodes, sorted by -z, showing 1–{GROUP_PAGE_SIZE}" in page1
+    rows = re.findall(r'<th scope="row"><a href="/nodes/\d+/">([^<]+)</a>', page1)
+    assert rows[:2] == [extra[-1].name, "10.0.0.0:8000"]  # Z 7.5, then 4.2
+    assert "page=1" in page1 and 'rel="next"' in page1 and 'href="?sort=-z&amp;page=2"' in page1
+    page2 = c.get(f"/groups/{group.name}/?sort=-z&page=2&partial=nodes").content.decode()
+    assert page2.count('class="row-') == total - GROUP_PAGE_SIZE and "<html" not in page2
+    names2 = re.findall(r'<th scope="row"><a href="/nodes/\d+/">([^<]+)</a>', page2)
+    assert not set(names2) & set(rows)
+    # Nodes without any figure come last, in name order, whatever the direction.
+    assert names2 == sorted(names2) and all(n.startswith("10.0.9.") for n in names2)
+    # An unknown sort key or page number falls back instead of failing.
+    assert c.get(f"/groups/{group.name}/?sort=bogus&page=99").status_code == 200
+
+
+def test_group_page_shows_the_stored_detector_baseline(fleet, users):
+    c = viewer(users)
+    group = fleet["group"]
+    assert "not recorded yet" in c.get(f"/groups/{group.name}/").content.decode()
+    store_baseline(group, [fleet["now"] - timedelta(seconds=20)], 1.234, spread=0.061, peers=7)
+    store_baseline(group, [fleet["now"] - timedelta(seconds=10)], 1.042, spread=0.052, peers=6)
+    html = c.get(f"/groups/{group.name}/").content.decode()
+    assert "1.042 ± 0.052 over 6 peers" in html and "1.234" not in html
+
+
+def test_node_chart_draws_stored_baseline_and_degrade_bound(fleet, users):
+    group, node, now = fleet["group"], fleet["nodes"][0], fleet["now"]
+    html = viewer(users).get(f"/nodes/{node.pk}/").content.decode()
+    assert "peer baseline (detector): no data" in html
+    ats = [now - timedelta(minutes=30) + timedelta(seconds=10 * i) for i in range(180)]
+    store_baseline(group, ats, 1.25, spread=0.05)
+    html = viewer(users).get(f"/nodes/{node.pk}/").content.decode()
+    # Latest values are stated in the chart's accessible description: baseline and baseline + 2.0 x spread.
+    assert "peer baseline (detector) 1.25 x expected" in html
+    assert "degrade bound (baseline + 2σ) 1.35 x expected" in html
+
+
+def test_timeline_api_returns_the_group_baseline(fleet, users):
+    group, node, now = fleet["group"], fleet["nodes"][0], fleet["now"]
+    store_baseline(group, [now - timedelta(minutes=m) for m in (50, 20, 5)], 1.1, peers=7)
+    GroupBaseline.objects.create(group=group, signal="decode", at=now - timedelta(minutes=5), baseline=20.0)
+    body = viewer(users).get(f"/api/v1/nodes/{node.pk}/timeline/?hours=0.5").json()
+    assert [(b["baseline"], b["peers"]) for b in body["baseline"]] == [(1.1, 7), (1.1, 7)]
+    decode = viewer(users).get(f"/api/v1/nodes/{node.pk}/timeline/?hours=0.5&signal=decode").json()
+    assert [b["baseline"] for b in decode["baseline"]] == [20.0]
+
+
+def test_preview_uses_the_stored_baseline_for_materiality(fleet):
+    group, now = fleet["group"], fleet["now"]
+    node = fleet["nodes"][5]
+    NodeHistory.objects.filter(node=node).delete()
+    write_history(node, start=now - timedelta(minutes=30), count=180, z=3.0, ema=1.8, state="degraded")
+    ats = sorted(set(NodeHistory.objects.filter(node=node).values_list("at", flat=True)))
+
+    def quarantines() -> list[str]:
+        p = preview_thresholds(group, {"quarantine_z": 2.8}, now=now + timedelta(seconds=1))
+        return [t.node for t in p.proposed if t.to_state == "quarantined"]
+
+    # Median-EMA estimate ~1.04: EMA 1.8 >= 1.5 x 1.04, the new quarantine_z would quarantine it.
+    assert node.name in quarantines()
+    # The detector's recorded baseline was 1.3: 1.8 < 1.5 x 1.3 = 1.95, so it would not have.
+    store_baseline(group, ats, 1.3)
+    assert node.name not in quarantines()
