@@ -1,0 +1,318 @@
+"""Ticking through a PostgreSQL outage: decide and publish from Redis, keep the SQL rows in an outbox.
+
+The detector state, the stream and the weights documents live in Redis; PostgreSQL holds the group's
+configuration and what happened (transitions, history, baselines, proposals). When PostgreSQL is
+unreachable, :func:`run_degraded_tick` keeps the control loop running:
+
+- the group and its nodes come from a snapshot (``outlier:config:<group>``, JSON) that every normal
+  tick refreshes; threshold changes, overrides and proposal decisions wait for PostgreSQL (they are
+  stored there) and are applied by the first normal tick after it returns;
+- the weights ``version`` continues from the published document (``version + 1``; the group lock
+  makes ticks of a group sequential), and :func:`drain` lifts ``ModelGroup.weights_version`` to it
+  so the version stays monotonic once PostgreSQL is back;
+- the rows a normal tick would write go to a Redis list ``outlier:outbox:<group>`` (one JSON item per
+  tick) **in the same MULTI/EXEC as the detector state**: the samples are applied and their rows kept
+  together or not at all; only then are the stream entries acknowledged.
+
+:func:`drain` (called by the normal tick under the group lock, before anything else) writes the items
+in one SQL transaction, then removes them from the list. A crash between the commit and the removal
+re-drains the same items; rows are matched on their natural keys (transition: node, time, from, to;
+history: node, signal, time; baseline: group, signal, time) and proposals are de-duplicated by
+``do_propose_quarantine``, so nothing is written twice. The outbox is not capped: a cap would lose
+rows; its size is one small item per tick and per group (history at ``HISTORY_EVERY_S`` cadence).
+
+Known window: if PostgreSQL fails *during* a normal tick's final SQL transaction (after the state was
+stored), that tick's transitions are lost; the stream entries are still acknowledged by the next tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import redis
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, transaction
+from django.db.models import Model
+
+from detector import GroupDetector, NodeState
+from outlier_admin.control import publish
+from outlier_admin.control.models import GroupBaseline, NodeHistory
+from outlier_admin.control.models import Transition as TransitionRow
+from outlier_admin.control.redis_conn import WEIGHTS_CHANNEL, probes_key, state_key, stream_key, weights_key
+from outlier_admin.fleet.models import ModelGroup, Node, Policy
+
+log = logging.getLogger(__name__)
+
+# What "PostgreSQL is unreachable" looks like to the ORM (connection refused, reset, server gone).
+DB_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
+GROUPS_KEY = "outlier:groups"
+_MODELS: dict[str, type[Model]] = {"transition": TransitionRow, "history": NodeHistory, "baseline": GroupBaseline}
+_LABELS = {v: k for k, v in _MODELS.items()}
+# Natural key of each outboxed row: how a re-drained row is recognised as already written.
+_NATURAL_KEYS = {
+    "transition": ("node_id", "at", "from_state", "to_state"),
+    "history": ("node_id", "signal", "at"),
+    "baseline": ("group_id", "signal", "at"),
+}
+
+
+def snapshot_key(group: str) -> str:
+    return f"outlier:config:{group}"
+
+
+def outbox_key(group: str) -> str:
+    return f"outlier:outbox:{group}"
+
+
+def degraded_key(group: str) -> str:
+    """Set by a degraded tick to the version it published; cleared by :func:`drain`."""
+    return f"outlier:degraded:{group}"
+
+
+def group_snapshot(group: ModelGroup, nodes: list[Node]) -> bytes:
+    """What a degraded tick needs to know about ``group`` (JSON)."""
+    return orjson.dumps({
+        "id": group.pk, "name": group.name, "policy": group.policy,
+        "thresholds_version": group.thresholds_version, "weights_version": group.weights_version,
+        "nodes": [
+            {"id": n.pk, "name": n.name, "address": n.address, "base_weight": n.base_weight,
+             "retired": n.retired, "gpu_evidence": n.gpu_evidence or {}}
+            for n in nodes
+        ],
+    })
+
+
+def store_snapshot(pipe: Any, group: ModelGroup, nodes: list[Node]) -> None:
+    """Queue the snapshot writes on a pipeline (the normal tick adds them to its state MULTI)."""
+    pipe.set(snapshot_key(group.name), group_snapshot(group, nodes))
+    pipe.sadd(GROUPS_KEY, group.name)
+
+
+def load_snapshot(r: redis.Redis, name: str) -> tuple[ModelGroup, list[Node]] | None:
+    """Unsaved model instances (with their real primary keys) rebuilt from the snapshot."""
+    raw = r.get(snapshot_key(name))
+    if raw is None:
+        return None
+    snap = orjson.loads(raw)
+    group = ModelGroup(id=snap["id"], name=snap["name"], policy=snap["policy"],
+                       thresholds_version=snap["thresholds_version"], weights_version=snap["weights_version"])
+    nodes = [
+        Node(id=n["id"], group_id=group.pk, name=n["name"], address=n["address"], base_weight=n["base_weight"],
+             retired=n["retired"], gpu_evidence=n["gpu_evidence"])
+        for n in snap["nodes"]
+    ]
+    return group, nodes
+
+
+def known_groups(r: redis.Redis) -> list[str]:
+    """Group names known to Redis (for the beat when PostgreSQL cannot list them)."""
+    return sorted(m.decode() for m in r.smembers(GROUPS_KEY))
+
+
+# --- outbox items ---------------------------------------------------------------------------------
+
+
+def _encode_row(obj: Model) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for f in obj._meta.concrete_fields:
+        if f.primary_key:
+            continue
+        value = getattr(obj, f.attname)
+        fields[f.attname] = {"$dt": value.timestamp()} if isinstance(value, datetime) else value
+    return {"model": _LABELS[type(obj)], "fields": fields}
+
+
+def _decode_row(item: dict[str, Any]) -> tuple[str, Model]:
+    fields = {
+        k: datetime.fromtimestamp(v["$dt"], tz=UTC) if isinstance(v, dict) and "$dt" in v else v
+        for k, v in item["fields"].items()
+    }
+    return item["model"], _MODELS[item["model"]](**fields)
+
+
+def outbox_item(rows: list[Model], proposals: list[dict[str, Any]]) -> bytes:
+    """One tick's rows (transitions, history, baselines) and proposals to open, as JSON."""
+    return orjson.dumps({"id": uuid.uuid4().hex, "at": time.time(),
+                         "rows": [_encode_row(o) for o in rows], "proposals": proposals})
+
+
+def outbox_length(r: redis.Redis, group: str) -> int:
+    return int(r.llen(outbox_key(group)))
+
+
+def drain(r: redis.Redis, group: ModelGroup, *, max_items: int = 200) -> int:
+    """Write outboxed rows of ``group`` to SQL (idempotent); returns the rows inserted.
+
+    Call under the group's tick lock. Also lifts ``weights_version`` to what degraded ticks published.
+    """
+    pipe = r.pipeline(transaction=False)
+    pipe.get(degraded_key(group.name))
+    pipe.lrange(outbox_key(group.name), 0, max_items - 1)
+    flag, items = pipe.execute()
+    if flag is None and not items:
+        return 0
+    inserted = 0
+    with transaction.atomic():
+        if flag is not None:
+            published = int(flag)
+            ModelGroup.objects.filter(pk=group.pk, weights_version__lt=published).update(weights_version=published)
+            if group.weights_version < published:
+                group.weights_version = published
+        pending: dict[str, list[Model]] = {label: [] for label in _MODELS}
+        proposals: list[dict[str, Any]] = []
+        for raw in items:
+            item = orjson.loads(raw)
+            for row in item["rows"]:
+                label, obj = _decode_row(row)
+                pending[label].append(obj)
+            proposals.extend(item["proposals"])
+        for label, objs in pending.items():
+            if not objs:
+                continue
+            fresh = _not_yet_written(label, objs)
+            _MODELS[label].objects.bulk_create(fresh, batch_size=2000)
+            inserted += len(fresh)
+        if proposals:
+            from outlier_admin.control.actions import do_propose_quarantine
+
+            nodes = Node.objects.in_bulk([p["node_id"] for p in proposals])
+            for p in proposals:
+                node = nodes.get(p["node_id"])
+                if node is not None:  # a node deleted meanwhile has nothing to propose
+                    do_propose_quarantine(node, actor="system:detector", source=p["source"],
+                                          reason=p["reason"], evidence=p["evidence"])
+    # After the commit: a crash here re-drains these items, and _not_yet_written skips them.
+    pipe = r.pipeline(transaction=True)
+    pipe.ltrim(outbox_key(group.name), len(items), -1)
+    if flag is not None:
+        pipe.delete(degraded_key(group.name))
+    pipe.execute()
+    if items:
+        log.info("outbox of %s drained: %d items, %d rows written", group.name, len(items), inserted)
+    return inserted
+
+
+def _not_yet_written(label: str, objs: list[Model]) -> list[Model]:
+    key_fields = _NATURAL_KEYS[label]
+    model = _MODELS[label]
+    owner = key_fields[0]
+    existing = set(
+        model.objects.filter(**{
+            f"{owner}__in": {getattr(o, owner) for o in objs},
+            "at__gte": min(o.at for o in objs), "at__lte": max(o.at for o in objs),
+        }).values_list(*key_fields)
+    )
+    out = []
+    for o in objs:
+        key = tuple(getattr(o, f) for f in key_fields)
+        if key not in existing:
+            existing.add(key)  # the same row twice in the outbox is written once
+            out.append(o)
+    return out
+
+
+# --- the degraded tick ------------------------------------------------------------------------------
+
+
+def run_degraded_tick(r: redis.Redis, name: str, *, now: float | None, consumer: str, started: float) -> Any:
+    """One tick of ``name`` without PostgreSQL (call under the group lock). Returns a
+    :class:`~outlier_admin.control.tick.TickResult` or None when the group has no snapshot or
+    detector state yet (a group never ticked with PostgreSQL up cannot be ticked without it)."""
+    from outlier_admin.control import tick as t
+
+    now = time.time() if now is None else now
+    snap = load_snapshot(r, name)
+    raw = r.hmget(state_key(name), ["detector", "last_id", "history_slot"])
+    if snap is None or not raw[0]:
+        log.warning("tick of %s skipped: PostgreSQL is down and Redis has no snapshot/state yet", name)
+        return None
+    group, nodes = snap
+    gd = GroupDetector.from_bytes(raw[0])
+    last_id = raw[1] or b"0-0"
+    by_name = {n.name: n for n in nodes}
+    t._sync_nodes(gd, nodes, now, fresh_state=False)
+
+    skey = stream_key(name)
+    t._ensure_consumer_group(r, skey)
+    # Entries this consumer read in a tick that then failed on PostgreSQL are pending under its
+    # name: take them back now rather than after the lock lease (XAUTOCLAIM's idle time).
+    own = r.xreadgroup(t.CONSUMER_GROUP, consumer, {skey: "0"}, count=settings.TICK_MAX_ENTRIES)
+    entries, ack_ids = t._read_entries(r, skey, consumer, last_id)
+    floor = t._id_tuple(last_id)
+    seen = {eid for eid, _ in entries}
+    for _stream, items in own or []:
+        for eid, fields in items:
+            if fields is not None and eid not in seen and t._id_tuple(eid) > floor:
+                entries.append((eid, fields))
+                seen.add(eid)
+            ack_ids.append(eid)
+    result = t.TickResult(group=name, at=now, entries=len(entries))
+    rows: list[list[Any]] = []
+    for _eid, fields in entries:
+        rows.extend(t.decode_entry(fields))
+    if rows:
+        # Samples of nodes registered after the snapshot are not in the detector: counted as
+        # unknown by it (the node joins at the first normal tick).
+        result.samples = gd.ingest(t._batch(rows)).accepted
+        last_id = max((eid for eid, _ in entries), key=t._id_tuple)
+
+    ev = gd.evaluate(now)
+    view = t.published_view(ev, group, by_name)
+    current = r.get(weights_key(name))
+    version = max(int(orjson.loads(current)["version"]) if current else 0, group.weights_version) + 1
+    doc = publish.build_document(name, version, view, safeguard=bool(ev.safeguard), now=now,
+                                 stale_after_s=settings.WEIGHTS_STALE_AFTER_S)
+    result.version, result.safeguard = version, bool(ev.safeguard)
+    result.weights = {v["node"]: v["weight"] for v in view}
+    result.states = {v["node"]: NodeState(int(s)).label for v, s in zip(view, ev.states, strict=True)}
+
+    shadow = group.policy == Policy.SHADOW
+    transitions = [tr for tr in ev.transitions if tr.node in by_name]
+    result.transitions = len(transitions)
+    out_rows: list[Model] = [t._transition_row(tr, group, by_name[tr.node], shadow, ev) for tr in transitions]
+    proposals = [
+        {"node_id": by_name[tr.node].pk, "source": "detector", "evidence": tr.to_dict(),
+         "reason": f"{tr.reason}: {tr.detail}" if tr.detail else tr.reason}
+        for tr in transitions if tr.to_state == NodeState.PENDING_APPROVAL and not shadow
+    ]
+    history_slot = int(now // settings.HISTORY_EVERY_S)
+    write_all = raw[2] is None or int(raw[2]) != history_slot
+    moved = {tr.node for tr in transitions}
+    at = datetime.fromtimestamp(now, tz=UTC)
+    history = []
+    for i, node_name in enumerate(ev.nodes):
+        if node_name not in by_name or not (write_all or node_name in moved):
+            continue
+        state_label = NodeState(int(ev.states[i])).label
+        for sig, ema in ev.ema.items():
+            history.append(NodeHistory(
+                node=by_name[node_name], signal=sig, at=at, ema=t._f(ema[i]), z=t._f(ev.z_by_signal[sig][i]),
+                p50=t._f(ev.p50[i]) if sig == "norm" else None, p99=t._f(ev.p99[i]) if sig == "norm" else None,
+                samples=int(ev.counts[i]), weight=float(ev.weights[i]), state=state_label,
+            ))
+    out_rows.extend(history)
+    if history:  # as the normal tick: the baseline of every history write
+        out_rows.extend(t.baseline_rows(ev, group, at))
+
+    # One MULTI: the weights document + notification, the detector state and this tick's SQL rows.
+    pipe = r.pipeline(transaction=True)
+    pipe.set(weights_key(name), orjson.dumps(doc))
+    pipe.publish(WEIGHTS_CHANNEL, orjson.dumps({"group": name, "version": version}))
+    pipe.hset(state_key(name), mapping={"detector": gd.to_bytes(), "last_id": last_id, "history_slot": history_slot})
+    pipe.delete(probes_key(name))
+    if ev.probes_due:
+        pipe.hset(probes_key(name), mapping={n: by_name[n].address for n in ev.probes_due if n in by_name})
+    if out_rows or proposals:
+        pipe.rpush(outbox_key(name), outbox_item(out_rows, proposals))
+    pipe.set(degraded_key(name), version)
+    pipe.execute()
+    if ack_ids:
+        r.xack(skey, t.CONSUMER_GROUP, *ack_ids)
+        r.xdel(skey, *ack_ids)
+    result.tick_ms = (time.perf_counter() - started) * 1000.0
+    return result
