@@ -526,6 +526,10 @@ class GroupDetector:
         a["over_q"] = np.where(over_q, a["over_q"] + a["new_samples"], 0)
         z_sustained = a["over_q"] >= t.quarantine_persistence
         over_d = np.isfinite(q_score) & (q_score >= t.degrade_z) & (q_excess >= t.degrade_materiality)
+        # A weight cut needs the line held for a few samples, unless the evidence is already of
+        # quarantine strength: a one-tick spike (a CPU-starved host, a GC pause) moves an EMA too.
+        a["over_d"] = np.where(over_d, a["over_d"] + a["new_samples"], 0)
+        degrade_now = over_d & ((a["over_d"] >= t.degrade_persistence) | over_q)
         # Leaving DEGRADED needs a clear margin (hysteresis), or the node flaps at the line.
         still_d = np.isfinite(q_score) & (q_score >= t.degrade_z - t.degrade_hysteresis) & (
             q_excess >= 1.0 + (t.degrade_materiality - 1.0) / 2
@@ -576,7 +580,7 @@ class GroupDetector:
 
         # Soft degrade and its way back.
         state = a["state"]
-        to_deg = (state == S.HEALTHY) & over_d
+        to_deg = (state == S.HEALTHY) & degrade_now
         move(to_deg, S.DEGRADED, Reason.Z_DEGRADE)
         back = (state == S.DEGRADED) & ~still_d & ~blocked_mask & ~moved
         a["healthy_since"][back] = now
@@ -940,6 +944,7 @@ _NODE_ARRAYS: dict[str, Any] = {
     "pin": np.float64,
     "pin_until": np.float64,
     "grace": np.int64,
+    "over_d": np.int64,
 }
 _NAN_ARRAYS = frozenset(
     {"last_seen", "p50", "p99", "next_probe", "step_started", "pending_since", "override_until", "pin", "pin_until"}

@@ -82,6 +82,8 @@ class Thresholds:
     degrade_hysteresis: float = _f(0.5, lo=0.0, hi=10.0)
     """A degraded node returns to healthy once ``Z < degrade_z - degrade_hysteresis`` (no flapping)."""
     quarantine_z: float = _f(3.5, lo=0.5, hi=100.0)
+    degrade_persistence: int = _f(3, lo=1, hi=100_000, integer=True)
+    """Samples in a row over the degrade line before a weight cut (immediate at quarantine strength)."""
     quarantine_persistence: int = _f(10, lo=1, hi=100_000, integer=True)
     """Samples in a row (counted at each evaluation) with ``Z >= quarantine_z`` before quarantine."""
     min_weight_fraction: float = _f(0.05, lo=0.0, hi=1.0, lo_open=True)
