@@ -1,0 +1,96 @@
+"""LogShipper with a pluggable parser, tail_file on an nginx access log, retry on a failed POST."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from outlier_admin.agent.harness import free_port
+from outlier_admin.agent.shipper import LogShipper, tail_file
+from outlier_admin.ingest.logformats import nginx as nginx_format
+
+LINE = ('127.0.0.1 - - [03/Dec/2026:07:35:32 +0000] "POST /v1/completions HTTP/1.1" 200 180 "-" "-" 120 0.071 '
+        '[outlier_llm] [] 127.0.0.1:{port} 180 0.070 200 {rid} prompt_tokens=12 completion_tokens=30 ttft_ms=7.4')
+
+
+@pytest.fixture
+def ingest_stub():
+    """A stand-in for the ingest API that records each POST (its bearer token and body)."""
+    posts: list[tuple[str, list]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            posts.append((self.headers.get("Authorization", ""), body))
+            out = json.dumps({"accepted": len(body), "rejected": 0, "duplicates": 0, "errors": []}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *args) -> None:
+            return
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/api/v1/ingest/requests", posts
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def wait_for(predicate, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_tail_file_ships_new_complete_lines_and_follows_truncation(tmp_path, ingest_stub):
+    url, posts = ingest_stub
+    log = tmp_path / "access.log"
+    log.write_text(LINE.format(port=9000, rid="old") + "\n")  # before the tail started: not shipped
+    shipper = LogShipper(url, "secret", group="llm", parser=nginx_format.parse_line)
+    stop = threading.Event()
+    thread = threading.Thread(target=tail_file, args=(shipper, log, stop),
+                              kwargs={"flush_interval_s": 0.05, "poll_s": 0.01,
+                                      "start_offset": log.stat().st_size}, daemon=True)
+    thread.start()
+    try:
+        with log.open("a") as fh:
+            fh.write(LINE.format(port=9001, rid="r1") + "\n" + LINE.format(port=9002, rid="r2")[:40])
+        assert wait_for(lambda: shipper.shipped == 1)
+        time.sleep(0.1)
+        assert shipper.shipped == 1  # the partial line waits for its newline
+        with log.open("a") as fh:
+            fh.write(LINE.format(port=9002, rid="r2")[40:] + "\nnot a log line\n")
+        assert wait_for(lambda: shipper.shipped == 2)
+        log.write_text(LINE.format(port=9003, rid="r3") + "\n")  # truncated and rewritten (rotation)
+        assert wait_for(lambda: shipper.shipped == 3)
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    records = [rec for _, body in posts for rec in body]
+    assert [r["node"] for r in records] == ["127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"]
+    assert all(auth == "Bearer secret" for auth, _ in posts)
+    assert records[0] | {"ts": None} == {
+        "ts": None, "node": "127.0.0.1:9001", "group": "llm", "prompt_tokens": 12.0, "completion_tokens": 30.0,
+        "ttft_ms": 7.4, "total_ms": 70.0, "status": 200, "request_id": "r1"}
+    assert shipper.rejected_by_reason == {"bad_format": 1}
+    assert shipper.rejected[0] == ("bad_format", "not a log line")
+
+
+def test_failed_post_keeps_records_and_retries(ingest_stub):
+    url, posts = ingest_stub
+    shipper = LogShipper(f"http://127.0.0.1:{free_port()}/api/v1/ingest/requests", "t", timeout_s=1,
+                         parser=nginx_format.parse_line)
+    assert shipper.feed(LINE.format(port=9001, rid="a")) and shipper.feed(LINE.format(port=9001, rid="b"))
+    assert shipper.flush() == 0 and shipper.post_errors == 1 and len(shipper.buffer) == 2
+    shipper.ingest_url = url  # the API is back
+    assert shipper.flush() == 2 and not shipper.buffer
+    assert [r["request_id"] for r in posts[0][1]] == ["a", "b"]  # order kept
