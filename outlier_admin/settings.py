@@ -52,6 +52,7 @@ SECURE_REDIRECT_EXEMPT = [r"^healthz", r"^readyz", r"^metrics"]
 # Login throttling (outlier_admin.fleet.login_throttle): failures per username+IP within a window.
 LOGIN_MAX_FAILURES = envint("LOGIN_MAX_FAILURES", 5, minimum=1)
 LOGIN_LOCKOUT_S = envint("LOGIN_LOCKOUT_S", 900, minimum=1)
+AUTHENTICATION_BACKENDS = ["outlier_admin.fleet.login_throttle.ThrottledModelBackend"]
 
 INSTALLED_APPS = [
     "django.contrib.admin",

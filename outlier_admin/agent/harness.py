@@ -12,6 +12,12 @@ logs), and every process is started by us and stopped by pid (``stop()``; also a
 * ``NginxProcess``: ``proxy_pass`` to the upstream rendered in an include file by the agent.
 * ``send_traffic``: bounded sequential requests (one connection each, so each request is balanced
   on its own), returns per-server counts and latencies.
+* ``FakeServerFleet``: the fake servers in their own process (``python -m
+  outlier_admin.agent.harness``), controlled through ``/admin/slowdown`` and ``/admin/stats``;
+  used when the control plane judges their latency (no GIL noise from the test process).
+* ``TrafficLoop``: concurrent bounded background traffic with varied prompt / ``max_tokens``,
+  every answer kept with its time so shares can be counted per phase.
+* ``CeleryWorker``: ``celery -A outlier_admin worker --beat`` as a subprocess (the control plane).
 """
 
 from __future__ import annotations

@@ -123,12 +123,15 @@ def serve_udp(shipper: LogShipper, sock: socket.socket, stop: threading.Event,
 
 
 def tail_file(shipper: LogShipper, path: str | Path, stop: threading.Event, *,
-              flush_interval_s: float = 1.0, poll_s: float = 0.1) -> None:
-    """Follow an access-log file (e.g. nginx's, with ``parser=nginx.parse_line``) from its current
-    end until ``stop``; flush at least every ``flush_interval_s``. A partial last line is kept until
-    its newline arrives; a truncated or replaced file is re-read from its start."""
+              flush_interval_s: float = 1.0, poll_s: float = 0.1, start_offset: int | None = None) -> None:
+    """Follow an access-log file (e.g. nginx's, with ``parser=nginx.parse_line``) from
+    ``start_offset`` (default: its current end) until ``stop``; flush at least every
+    ``flush_interval_s``. A partial last line is kept until its newline arrives; a truncated or
+    replaced file is re-read from its start."""
     path = Path(path)
-    offset = path.stat().st_size if path.exists() else 0
+    if start_offset is None:
+        start_offset = path.stat().st_size if path.exists() else 0
+    offset = start_offset
     pending = b""
     last_flush = time.monotonic()
     while not stop.is_set():

@@ -21,8 +21,9 @@ history: node, signal, time; baseline: group, signal, time) and proposals are de
 ``do_propose_quarantine``, so nothing is written twice. The outbox is not capped: a cap would lose
 rows; its size is one small item per tick and per group (history at ``HISTORY_EVERY_S`` cadence).
 
-Known window: if PostgreSQL fails *during* a normal tick's final SQL transaction (after the state was
-stored), that tick's transitions are lost; the stream entries are still acknowledged by the next tick.
+If PostgreSQL fails *during* a normal tick's final SQL transaction (the decision is already published
+and the detector state stored), :func:`sql_or_outbox` puts that tick's rows in the outbox too, with
+the operator inputs it applied (marked applied on drain, so none is applied twice).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -135,10 +137,17 @@ def _decode_row(item: dict[str, Any]) -> tuple[str, Model]:
     return item["model"], _MODELS[item["model"]](**fields)
 
 
-def outbox_item(rows: list[Model], proposals: list[dict[str, Any]]) -> bytes:
-    """One tick's rows (transitions, history, baselines) and proposals to open, as JSON."""
-    return orjson.dumps({"id": uuid.uuid4().hex, "at": time.time(),
-                         "rows": [_encode_row(o) for o in rows], "proposals": proposals})
+def outbox_item(rows: list[Model], proposals: list[dict[str, Any]], applied: dict[str, Any]) -> bytes:
+    """One tick's rows (transitions, history, baselines), proposals to open and the operator inputs
+    it applied (``{"overrides": [pk], "proposals": [pk], "probes": [[pk, passed]]}``: marked applied
+    on drain, so the next tick does not apply them again), as JSON."""
+    return orjson.dumps({"id": uuid.uuid4().hex, "at": time.time(), "rows": [_encode_row(o) for o in rows],
+                         "proposals": proposals, "applied": applied})
+
+
+def applied_inputs(overrides: list[Any], decided: list[Any], probes: list[Any]) -> dict[str, Any]:
+    return {"overrides": [o.pk for o in overrides], "proposals": [p.pk for p in decided],
+            "probes": [[pr.pk, pr.passed] for pr in probes]}
 
 
 def outbox_length(r: redis.Redis, group: str) -> int:
@@ -177,6 +186,7 @@ def drain(r: redis.Redis, group: ModelGroup, *, max_items: int = 200) -> int:
             fresh = _not_yet_written(label, objs)
             _MODELS[label].objects.bulk_create(fresh, batch_size=2000)
             inserted += len(fresh)
+        _mark_applied(items)
         if proposals:
             from outlier_admin.control.actions import do_propose_quarantine
 
@@ -197,6 +207,25 @@ def drain(r: redis.Redis, group: ModelGroup, *, max_items: int = 200) -> int:
     return inserted
 
 
+def _mark_applied(items: list[bytes]) -> None:
+    """Operator inputs a tick applied before its SQL write failed: mark them applied now (only those
+    still unmarked, so a re-drain changes nothing)."""
+    from django.utils import timezone
+
+    from outlier_admin.control.models import CanaryProbe, Override, QuarantineProposal
+
+    stamp = timezone.now()
+    for raw in items:
+        applied = orjson.loads(raw).get("applied") or {}
+        if applied.get("overrides"):
+            Override.objects.filter(pk__in=applied["overrides"], applied_at__isnull=True).update(applied_at=stamp)
+        if applied.get("proposals"):
+            QuarantineProposal.objects.filter(pk__in=applied["proposals"], applied_at__isnull=True).update(
+                applied_at=stamp)
+        for pk, passed in applied.get("probes") or []:
+            CanaryProbe.objects.filter(pk=pk, applied_at__isnull=True).update(applied_at=stamp, passed=passed)
+
+
 def _not_yet_written(label: str, objs: list[Model]) -> list[Model]:
     key_fields = _NATURAL_KEYS[label]
     model = _MODELS[label]
@@ -214,6 +243,77 @@ def _not_yet_written(label: str, objs: list[Model]) -> list[Model]:
             existing.add(key)  # the same row twice in the outbox is written once
             out.append(o)
     return out
+
+
+def rows_of_tick(ev: Any, group: ModelGroup, by_name: dict[str, Node], transitions: list[Any], *, shadow: bool,
+                 now: float, write_all: bool) -> tuple[list[Model], list[dict[str, Any]]]:
+    """The SQL rows of one tick, as the normal tick writes them: transitions, history (every node on
+    a new ``HISTORY_EVERY_S`` slot, else the nodes that moved) with the group baselines, and the
+    detector proposals to open (policy ``approval``)."""
+    from outlier_admin.control import tick as t
+
+    rows: list[Model] = [t._transition_row(tr, group, by_name[tr.node], shadow, ev) for tr in transitions]
+    proposals = [
+        {"node_id": by_name[tr.node].pk, "source": "detector", "evidence": tr.to_dict(),
+         "reason": f"{tr.reason}: {tr.detail}" if tr.detail else tr.reason}
+        for tr in transitions if tr.to_state == NodeState.PENDING_APPROVAL and not shadow
+    ]
+    moved = {tr.node for tr in transitions}
+    at = datetime.fromtimestamp(now, tz=UTC)
+    history = []
+    for i, node_name in enumerate(ev.nodes):
+        if node_name not in by_name or not (write_all or node_name in moved):
+            continue
+        state_label = NodeState(int(ev.states[i])).label
+        for sig, ema in ev.ema.items():
+            history.append(NodeHistory(
+                node=by_name[node_name], signal=sig, at=at, ema=t._f(ema[i]), z=t._f(ev.z_by_signal[sig][i]),
+                p50=t._f(ev.p50[i]) if sig == "norm" else None, p99=t._f(ev.p99[i]) if sig == "norm" else None,
+                samples=int(ev.counts[i]), weight=float(ev.weights[i]), state=state_label,
+            ))
+    rows.extend(history)
+    if history:  # as the normal tick: the baseline of every history write
+        rows.extend(t.baseline_rows(ev, group, at))
+    return rows, proposals
+
+
+class sql_or_outbox:  # lower case: used like transaction.atomic
+    """``transaction.atomic()`` for the normal tick's SQL writes; if PostgreSQL fails inside (the
+    decision is already published and the state stored), the tick's rows and the operator inputs it
+    applied go to the outbox instead and the tick goes on (its stream entries are acknowledged).
+
+    A class, not ``@contextmanager``: a connection that fails at ``BEGIN`` must still let the body
+    run (and fail on its first query) so the failure is handled in one place, ``__exit__``.
+    """
+
+    def __init__(self, r: redis.Redis, group: str,
+                 rows_if_failed: Callable[[], tuple[list[Model], list[dict[str, Any]]]],
+                 applied: Callable[[], dict[str, Any]]) -> None:
+        self.r, self.group, self.rows_if_failed, self.applied = r, group, rows_if_failed, applied
+        self._atomic = transaction.atomic()
+        self._entered = False
+
+    def __enter__(self) -> sql_or_outbox:
+        try:
+            self._atomic.__enter__()
+            self._entered = True
+        except DB_ERRORS:
+            self._entered = False
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        if self._entered:
+            try:
+                self._atomic.__exit__(exc_type, exc, tb)  # commit, or roll back on an exception
+            except DB_ERRORS as commit_error:
+                exc_type, exc = type(commit_error), commit_error
+        if exc_type is None or not issubclass(exc_type, DB_ERRORS):
+            return False
+        log.warning("tick of %s: PostgreSQL failed during the SQL write, rows kept in the outbox: %s",
+                    self.group, exc)
+        rows, proposals = self.rows_if_failed()
+        self.r.rpush(outbox_key(self.group), outbox_item(rows, proposals, self.applied()))
+        return True
 
 
 # --- the degraded tick ------------------------------------------------------------------------------
@@ -274,30 +374,9 @@ def run_degraded_tick(r: redis.Redis, name: str, *, now: float | None, consumer:
     shadow = group.policy == Policy.SHADOW
     transitions = [tr for tr in ev.transitions if tr.node in by_name]
     result.transitions = len(transitions)
-    out_rows: list[Model] = [t._transition_row(tr, group, by_name[tr.node], shadow, ev) for tr in transitions]
-    proposals = [
-        {"node_id": by_name[tr.node].pk, "source": "detector", "evidence": tr.to_dict(),
-         "reason": f"{tr.reason}: {tr.detail}" if tr.detail else tr.reason}
-        for tr in transitions if tr.to_state == NodeState.PENDING_APPROVAL and not shadow
-    ]
     history_slot = int(now // settings.HISTORY_EVERY_S)
     write_all = raw[2] is None or int(raw[2]) != history_slot
-    moved = {tr.node for tr in transitions}
-    at = datetime.fromtimestamp(now, tz=UTC)
-    history = []
-    for i, node_name in enumerate(ev.nodes):
-        if node_name not in by_name or not (write_all or node_name in moved):
-            continue
-        state_label = NodeState(int(ev.states[i])).label
-        for sig, ema in ev.ema.items():
-            history.append(NodeHistory(
-                node=by_name[node_name], signal=sig, at=at, ema=t._f(ema[i]), z=t._f(ev.z_by_signal[sig][i]),
-                p50=t._f(ev.p50[i]) if sig == "norm" else None, p99=t._f(ev.p99[i]) if sig == "norm" else None,
-                samples=int(ev.counts[i]), weight=float(ev.weights[i]), state=state_label,
-            ))
-    out_rows.extend(history)
-    if history:  # as the normal tick: the baseline of every history write
-        out_rows.extend(t.baseline_rows(ev, group, at))
+    out_rows, proposals = rows_of_tick(ev, group, by_name, transitions, shadow=shadow, now=now, write_all=write_all)
 
     # One MULTI: the weights document + notification, the detector state and this tick's SQL rows.
     pipe = r.pipeline(transaction=True)
@@ -308,7 +387,7 @@ def run_degraded_tick(r: redis.Redis, name: str, *, now: float | None, consumer:
     if ev.probes_due:
         pipe.hset(probes_key(name), mapping={n: by_name[n].address for n in ev.probes_due if n in by_name})
     if out_rows or proposals:
-        pipe.rpush(outbox_key(name), outbox_item(out_rows, proposals))
+        pipe.rpush(outbox_key(name), outbox_item(out_rows, proposals, {}))
     pipe.set(degraded_key(name), version)
     pipe.execute()
     if ack_ids:

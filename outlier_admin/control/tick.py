@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 import redis
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
 from detector import GroupDetector, NodeState, SampleBatch, Thresholds, Transition
@@ -366,7 +365,12 @@ def _tick_locked(r: redis.Redis, group: ModelGroup, now: float | None, consumer:
     moved = {t.node for t in transitions}
     write_all = stored_slot is None or int(stored_slot) != history_slot
     stamp = timezone.now()
-    with transaction.atomic():
+    # If PostgreSQL fails inside, the rows go to the Redis outbox and the tick goes on (control.degraded).
+    with degraded.sql_or_outbox(
+        r, group.name,
+        lambda: degraded.rows_of_tick(ev, group, by_name, transitions, shadow=shadow, now=now, write_all=write_all),
+        lambda: degraded.applied_inputs(overrides, decided, probes),
+    ):
         TransitionRow.objects.bulk_create([_transition_row(t, group, by_name[t.node], shadow, ev) for t in transitions])
         for t in transitions:
             if t.to_state == NodeState.PENDING_APPROVAL and not shadow:
