@@ -175,6 +175,11 @@ def _num(obj: dict[str, Any], key: str, path: str, *, default: Any = ..., lo: fl
     return int(v) if integer else float(v)
 
 
+def _one_of(value: Any, options: Any) -> bool:
+    """``value in options`` for names; a list or dict (unhashable) is simply not one of them."""
+    return isinstance(value, str) and value in options
+
+
 def _obj(v: Any, where: str) -> dict[str, Any]:
     if not isinstance(v, dict):
         raise ScenarioError(where, f"must be an object, got {type(v).__name__}")
@@ -244,7 +249,7 @@ def parse_scenario(data: Any, source: str = "") -> Scenario:
         else:
             parsed_curve = _steps(curve, f"{w}.decode_batch_curve")
         speed_source = g.get("speed_source", "lognormal")
-        if speed_source not in ("lognormal", "azure_vm_noise"):
+        if not _one_of(speed_source, ("lognormal", "azure_vm_noise")):
             raise ScenarioError(f"{w}.speed_source", f"'lognormal' or 'azure_vm_noise', got {speed_source!r}")
         groups.append(Group(
             name=gname,
@@ -262,10 +267,10 @@ def parse_scenario(data: Any, source: str = "") -> Scenario:
     for i, wl in enumerate(_list(d.get("workload"), "workload", nonempty=True)):
         w = f"workload[{i}]"
         wl = _obj(wl, w)
-        if wl.get("group") not in names:
+        if not _one_of(wl.get("group"), names):
             raise ScenarioError(f"{w}.group", f"unknown group {wl.get('group')!r} (groups: {sorted(names)})")
         trace = wl.get("trace")
-        if trace is not None and trace not in TRACE_NAMES:
+        if trace is not None and not _one_of(trace, TRACE_NAMES):
             raise ScenarioError(f"{w}.trace", f"unknown trace {trace!r} (known: {sorted(TRACE_NAMES)})")
         profile = _steps(wl["rate_profile"], f"{w}.rate_profile") if wl.get("rate_profile") else ((0.0, 1.0),)
         workloads.append(Workload(
@@ -286,11 +291,11 @@ def parse_scenario(data: Any, source: str = "") -> Scenario:
     for i, f in enumerate(_list(d.get("faults", []), "faults")):
         w = f"faults[{i}]"
         f = _obj(f, w)
-        if f.get("group") not in names:
+        if not _one_of(f.get("group"), names):
             raise ScenarioError(f"{w}.group", f"unknown group {f.get('group')!r}")
         grp = next(g for g in groups if g.name == f["group"])
         kind = f.get("kind")
-        if kind not in FAULT_KINDS:
+        if not _one_of(kind, FAULT_KINDS):
             raise ScenarioError(f"{w}.kind", f"unknown kind {kind!r} (one of {', '.join(FAULT_KINDS)})")
         node_v = f.get("node")
         if node_v == "all":
@@ -318,7 +323,7 @@ def parse_scenario(data: Any, source: str = "") -> Scenario:
     for i, x in enumerate(_list(e.get("faulty", []), "expect.faulty")):
         w = f"expect.faulty[{i}]"
         x = _obj(x, w)
-        if x.get("group") not in names:
+        if not _one_of(x.get("group"), names):
             raise ScenarioError(f"{w}.group", f"unknown group {x.get('group')!r}")
         grp = next(g for g in groups if g.name == x["group"])
         faulty.append((x["group"], _num(x, "node", w, lo=0, hi=grp.nodes - 1, integer=True)))

@@ -172,9 +172,6 @@ def _mutate(obj, draw):
     return draw(json_values)
 
 
-@pytest.mark.xfail(raises=TypeError, strict=True, reason=(
-    "known bug (detector/sim/scenario.py, outside this area): a list/dict as workload.group, "
-    "workload.trace or faults[].group reaches `x in set` and raises TypeError instead of ScenarioError"))
 @settings(FAST, report_multiple_bugs=False)
 @given(st.data())
 def test_scenario_files_parse_or_name_the_bad_field(data):

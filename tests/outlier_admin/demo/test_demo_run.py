@@ -4,6 +4,7 @@ this area): a node must be degraded or quarantined, and the web endpoints must a
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sqlite3
 import subprocess
@@ -18,9 +19,19 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port *below* the kernel's ephemeral range: the demo's 40 simulated nodes each bind an
+    ephemeral port for their canary endpoint, and one of them could take a port picked from that
+    range before the dashboard binds it."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 30000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-29999")
 
 
 @pytest.mark.slow
