@@ -153,25 +153,21 @@ def _resolve_node(group_name: str, group_id: int, node: str) -> tuple[str | None
     return node, None
 
 
-def _dedup(group: str, request_ids: list[str]) -> list[bool]:
-    """For each id, True if it was already seen in this or the previous window (then marks all
-    as seen). Sets per window expire after two windows."""
-    window = settings.INGEST_DEDUP_WINDOW_S
-    slot = int(time.time() // window)
-    cur, prev = f"outlier:dedup:{group}:{slot}", f"outlier:dedup:{group}:{slot - 1}"
-    r = get_redis()
-    pipe = r.pipeline(transaction=False)
+def _dedup_keys(group: str) -> tuple[str, str]:
+    """The request-id sets of the current and the previous de-duplication window."""
+    slot = int(time.time() // settings.INGEST_DEDUP_WINDOW_S)
+    return f"outlier:dedup:{group}:{slot}", f"outlier:dedup:{group}:{slot - 1}"
+
+
+def _seen(group: str, request_ids: list[str]) -> list[bool]:
+    """For each id, True if it was already accepted in this or the previous window. Marking the new
+    ids happens in the same MULTI as the stream write (see :func:`submit`): marked means written."""
+    cur, prev = _dedup_keys(group)
+    pipe = get_redis().pipeline(transaction=False)
     pipe.smismember(cur, request_ids)
     pipe.smismember(prev, request_ids)
     seen_cur, seen_prev = pipe.execute()
-    seen = [bool(a) or bool(b) for a, b in zip(seen_cur, seen_prev, strict=True)]
-    new = [rid for rid, s in zip(request_ids, seen, strict=True) if not s]
-    if new:
-        pipe = r.pipeline(transaction=False)
-        pipe.sadd(cur, *new)
-        pipe.expire(cur, 2 * window)
-        pipe.execute()
-    return seen
+    return [bool(a) or bool(b) for a, b in zip(seen_cur, seen_prev, strict=True)]
 
 
 def submit(
@@ -231,6 +227,7 @@ def submit(
             kept.append(item)
         with_id = [(i, it[1]["request_id"]) for i, it in enumerate(kept) if it[1]["request_id"]]
         dup_index: set[int] = set()
+        new_ids: list[str] = []
         if with_id:
             # Within one batch, a repeated id is a duplicate too.
             first_seen: dict[str, int] = {}
@@ -240,9 +237,11 @@ def submit(
                 else:
                     first_seen[rid] = i
             ids = list(first_seen)
-            for rid, seen in zip(ids, _dedup(group, ids), strict=True):
+            for rid, seen in zip(ids, _seen(group, ids), strict=True):
                 if seen:
                     dup_index.add(first_seen[rid])
+                else:
+                    new_ids.append(rid)
         for i, (_, rec, _, _) in enumerate(kept):
             if i in dup_index:
                 continue
@@ -252,13 +251,19 @@ def submit(
             ])
         out.duplicates += len(dup_index)
         if rows:
-            pipe = r.pipeline(transaction=False)
+            # One MULTI: the rows and the marks of their request ids land together or not at all,
+            # so a client retrying after a Redis failure is neither lost nor counted twice.
+            pipe = r.pipeline(transaction=True)
             for start in range(0, len(rows), ROWS_PER_ENTRY):
                 chunk = rows[start : start + ROWS_PER_ENTRY]
                 pipe.xadd(
                     stream_key(group), {"rows": orjson.dumps(chunk)},
                     maxlen=STREAM_MAXLEN, approximate=True,
                 )
+            if new_ids:
+                cur, _ = _dedup_keys(group)
+                pipe.sadd(cur, *new_ids)
+                pipe.expire(cur, 2 * settings.INGEST_DEDUP_WINDOW_S)
             pipe.execute()
             out.accepted += len(rows)
             out.by_group[group] = out.by_group.get(group, 0) + len(rows)
