@@ -21,7 +21,7 @@ RUN pip install .
 
 COPY . .
 RUN pip install --no-deps . \
-    && SECRET_KEY=build-only python manage.py collectstatic --noinput \
+    && SECRET_KEY=build-only ALLOWED_HOSTS=build-only python manage.py collectstatic --noinput \
     && mkdir -p /run/prometheus && chown app:app /run/prometheus
 
 USER app

@@ -203,6 +203,7 @@ WHITENOISE_USE_FINDERS = True
 ALERTMANAGER_URLS = envlist("ALERTMANAGER_URLS", [])
 ALERTMANAGER_WEBHOOK_URLS = envlist("ALERTMANAGER_WEBHOOK_URLS", [])
 ALERT_WEBHOOK_URLS = envlist("ALERT_WEBHOOK_URLS", [])
+METRICS_TOKEN = envstr("METRICS_TOKEN") or ""  # when set, /metrics requires this bearer token
 ALERT_TIMEOUT_S = envint("ALERT_TIMEOUT_S", 5, minimum=1)
 ALERT_RETRIES = envint("ALERT_RETRIES", 2, minimum=0)
 # Base URL of the dashboard, for links in alerts (generatorURL).

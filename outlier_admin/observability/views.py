@@ -2,13 +2,17 @@
 
 ``/healthz`` answers 200 whenever the process serves requests (liveness: restart me if not).
 ``/readyz`` answers 200 when the database and Redis both answer, else 503 with which one failed
-(readiness: send me no traffic until then). Neither needs authentication, like ``/metrics``:
-expose them on the internal network only.
+(readiness: send me no traffic until then). Neither needs authentication: expose them on the
+internal network only. ``/metrics`` names every group and node, so it can also require a bearer token
+(``METRICS_TOKEN``; Prometheus sends it with ``authorization: {credentials: ...}``).
 """
 
 from __future__ import annotations
 
+import hmac
+
 import orjson
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 
@@ -17,6 +21,12 @@ from outlier_admin.observability import health, metrics
 
 @require_GET
 def metrics_view(request: HttpRequest) -> HttpResponse:
+    token = settings.METRICS_TOKEN
+    if token:
+        sent = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(sent.encode(), token.encode()):
+            body = {"error": "metrics need 'Authorization: Bearer <METRICS_TOKEN>'"}
+            return HttpResponse(orjson.dumps(body), status=401, content_type="application/json")
     return HttpResponse(metrics.render(), content_type=metrics.CONTENT_TYPE)
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import redis
 
 from outlier_admin.control import redis_conn
@@ -36,3 +37,12 @@ def test_readyz_is_503_and_names_redis_when_redis_is_unreachable(client, db):
 
 def test_probes_refuse_other_methods(client):
     assert client.post("/healthz").status_code == 405
+
+
+@pytest.mark.django_db
+def test_metrics_token_when_configured(client, settings):
+    settings.METRICS_TOKEN = "s3cret-scrape-token"
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+    resp = client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-scrape-token")
+    assert resp.status_code == 200 and b"outlier_" in resp.content
