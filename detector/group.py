@@ -71,9 +71,22 @@ DEFAULT_BASE_WEIGHT = 100.0
 STATE_FORMAT_VERSION = 1
 
 S = NodeState
-_OUT = np.array(sorted(int(s) for s in OUT_OF_SERVICE))
-_BASELINE = np.array(sorted(int(s) for s in BASELINE_STATES))
-_ACTIVE = np.array([int(S.HEALTHY), int(S.DEGRADED)])
+
+
+def _lookup(states: Iterable[NodeState]) -> np.ndarray:
+    """Boolean table indexed by state code: ``_lookup(X)[state_array]`` is ``state in X`` per node,
+    one gather instead of ``np.isin`` (which sorts) on every tick."""
+    table = np.zeros(len(NodeState), dtype=bool)
+    table[[int(x) for x in states]] = True
+    return table
+
+
+_OUT = _lookup(OUT_OF_SERVICE)
+_BASELINE = _lookup(BASELINE_STATES)
+_ACTIVE = _lookup((S.HEALTHY, S.DEGRADED))
+_FORCED = _lookup((S.FORCED_ACTIVE, S.FORCED_QUARANTINE))
+_HELD_OUT = _lookup((*OUT_OF_SERVICE, S.PENDING_APPROVAL))  # counted against the safeguard
+_PROBED = _lookup((S.QUARANTINED, S.PROBING))
 
 # The thresholds shown with every transition (the ones that decide states).
 _EXPLAINED = (
@@ -419,7 +432,7 @@ class GroupDetector:
         if fq.any():
             # Back under the detector's control, which may only hold nodes out within the cap.
             cap = math.floor(t.max_quarantine_fraction * n + 1e-9)
-            held = int(np.isin(a["state"], _OUT).sum() + (a["state"] == S.PENDING_APPROVAL).sum())
+            held = int(_HELD_OUT[a["state"]].sum())
             held -= int((a["state"] == S.FORCED_QUARANTINE).sum())
             keep = np.flatnonzero(fq)[: max(cap - held, 0)]
             stay = np.zeros(n, dtype=bool)
@@ -445,7 +458,7 @@ class GroupDetector:
         # Per-signal peer baseline and Z.
         state = a["state"]
         fresh = np.isfinite(a["last_seen"]) & (a["last_seen"] >= now - t.stale_after_s)
-        out = np.isin(state, _OUT)
+        out = _OUT[state]
         z_rows, ema_rows, base_d, spread_d, peers_d = [], [], {}, {}, {}
         for s in SIGNALS:
             e = self.ewma[s]
@@ -453,8 +466,8 @@ class GroupDetector:
                 pb = seed_zscores(e.mean, e.count, out)
             else:
                 judged = fresh & (e.count > t.min_samples) & ~out & (state != S.WARMING)
-                judged &= ~np.isin(state, [S.FORCED_ACTIVE, S.FORCED_QUARANTINE])
-                eligible = judged & np.isin(state, _BASELINE)
+                judged &= ~_FORCED[state]
+                eligible = judged & _BASELINE[state]
                 pb = robust_zscores(e.mean, judged, eligible, min_peers=t.min_peers, spread_floor=t.spread_floor)
             z_rows.append(pb.z)
             ema_rows.append(np.where(e.count > 0, e.mean, np.nan))
@@ -462,7 +475,7 @@ class GroupDetector:
             self._last[f"baseline:{s}"] = pb.baseline
             self._last[f"spread:{s}"] = pb.spread
             # Per-request spread (a canary probe is one request, not an EMA): median EW sd of peers.
-            if t.baseline_mode == "robust" and pb.peers:
+            if s == "norm" and t.baseline_mode == "robust" and pb.peers:
                 sd = np.sqrt(e.variance()[eligible])
                 self._last[f"request_sd:{s}"] = float(np.median(sd))
         z_stack = np.vstack(z_rows) if n else np.zeros((len(SIGNALS), 0))
@@ -484,7 +497,7 @@ class GroupDetector:
                 min_samples=t.tail_min_samples, ratio=t.tail_ratio, windows=t.tail_windows,
             )
             enough = self.window.filled >= t.tail_min_samples
-            peers = np.isin(state, _BASELINE) & fresh
+            peers = _BASELINE[state] & fresh
             a["cross_slow"] = cross_p50_slow(q[0], peers, enough, factor=t.cross_p50_ratio).astype(np.int8)
         tail_bad = a["tail"] == TailStatus.UNHEALTHY
         cross_bad = a["cross_slow"].astype(bool)
@@ -536,7 +549,7 @@ class GroupDetector:
         )
 
         # Candidates for leaving service, by cause (errors first: they are unambiguous).
-        active = np.isin(a["state"], _ACTIVE)
+        active = _ACTIVE[a["state"]]
         cause = np.full(n, -1, dtype=np.int8)
         causes = [
             (err_eject, Reason.CONSECUTIVE_ERRORS),
@@ -552,7 +565,7 @@ class GroupDetector:
 
         # Safeguard: never more than max_quarantine_fraction of the group out (or pending).
         cap = math.floor(t.max_quarantine_fraction * n + 1e-9)
-        held = int(np.isin(a["state"], _OUT).sum() + (a["state"] == S.PENDING_APPROVAL).sum())
+        held = int(_HELD_OUT[a["state"]].sum())
         slots = max(cap - held, 0)
         cand = np.flatnonzero(want)
         rank_key = np.where(cause[cand] <= 1, np.inf, np.nan_to_num(score[cand], nan=0.0))
@@ -612,7 +625,7 @@ class GroupDetector:
         a["ejections"][long_ok] = 0
 
         # Canary probes due.
-        due = np.isin(a["state"], [S.QUARANTINED, S.PROBING]) & (a["next_probe"] <= now)
+        due = _PROBED[a["state"]] & (a["next_probe"] <= now)
         move(due & (a["state"] == S.QUARANTINED), S.PROBING, Reason.PROBE_DUE)
         a["next_probe"][due] = now + t.canary_interval_s
         probes_due = [self.node_ids[i] for i in np.flatnonzero(due)]
@@ -670,7 +683,7 @@ class GroupDetector:
         )
         w[warming] = (base * ramp)[warming]
         w[state == S.PENDING_APPROVAL] = floor[state == S.PENDING_APPROVAL]
-        w[np.isin(state, _OUT)] = 0.0
+        w[_OUT[state]] = 0.0
         rec = state == S.RECOVERING
         steps = np.array(t.recovery_steps)
         w[rec] = (base * steps[np.minimum(a["step"], len(steps) - 1)])[rec]
