@@ -159,15 +159,53 @@ def _dedup_keys(group: str) -> tuple[str, str]:
     return f"outlier:dedup:{group}:{slot}", f"outlier:dedup:{group}:{slot - 1}"
 
 
-def _seen(group: str, request_ids: list[str]) -> list[bool]:
-    """For each id, True if it was already accepted in this or the previous window. Marking the new
-    ids happens in the same MULTI as the stream write (see :func:`submit`): marked means written."""
+def _append(r: Any, group: str, recs: list[dict[str, Any]]) -> tuple[int, int]:
+    """Append ``recs`` to the group's stream; returns ``(accepted, duplicates)``.
+
+    A ``request_id`` seen in this or the previous de-duplication window (or earlier in the batch) is
+    a duplicate. The check, the stream write and the marking of the new ids form one optimistic
+    transaction (WATCH the id sets, read, MULTI, write, EXEC; retried if another request changed the
+    sets meanwhile): two concurrent requests carrying the same id cannot both get through, and a
+    client retrying after a Redis failure is neither lost (ids are marked only with their rows) nor
+    counted twice.
+    """
     cur, prev = _dedup_keys(group)
-    pipe = get_redis().pipeline(transaction=False)
-    pipe.smismember(cur, request_ids)
-    pipe.smismember(prev, request_ids)
-    seen_cur, seen_prev = pipe.execute()
-    return [bool(a) or bool(b) for a, b in zip(seen_cur, seen_prev, strict=True)]
+    result = (0, 0)
+
+    def attempt(pipe: Any) -> None:
+        nonlocal result
+        ids = list(dict.fromkeys(rec["request_id"] for rec in recs if rec["request_id"]))
+        seen: set[str] = set()
+        if ids:
+            in_cur, in_prev = pipe.smismember(cur, ids), pipe.smismember(prev, ids)
+            seen = {rid for rid, a, b in zip(ids, in_cur, in_prev, strict=True) if a or b}
+        rows, batch_ids = [], set()
+        for rec in recs:
+            rid = rec["request_id"]
+            if rid and (rid in seen or rid in batch_ids):
+                continue
+            if rid:
+                batch_ids.add(rid)
+            rows.append([rec["node"], rec["ts"], rec["prompt_tokens"], rec["completion_tokens"],
+                         rec["ttft_ms"], rec["total_ms"], rec["status"]])
+        pipe.multi()
+        for start in range(0, len(rows), ROWS_PER_ENTRY):
+            chunk = rows[start : start + ROWS_PER_ENTRY]
+            pipe.xadd(stream_key(group), {"rows": orjson.dumps(chunk)}, maxlen=STREAM_MAXLEN, approximate=True)
+        if batch_ids:
+            pipe.sadd(cur, *batch_ids)
+            pipe.expire(cur, 2 * settings.INGEST_DEDUP_WINDOW_S)
+        result = (len(rows), len(recs) - len(rows))
+
+    if not recs:
+        return result
+    if any(rec["request_id"] for rec in recs):
+        r.transaction(attempt, cur, prev)
+    else:  # no ids to check: a plain MULTI, nothing to watch
+        pipe = r.pipeline(transaction=True)
+        attempt(pipe)
+        pipe.execute()
+    return result
 
 
 def submit(
@@ -211,7 +249,6 @@ def submit(
     r = get_redis()
     for group, recs in per_group.items():
         group_id = _ensure_group(group)
-        rows: list[list[Any]] = []
         resolved: dict[str, tuple[str | None, str | None]] = {}
         kept: list[tuple[int, dict[str, Any], Any, str | None]] = []
         for item in recs:
@@ -225,48 +262,11 @@ def submit(
                 continue
             rec["node"] = name
             kept.append(item)
-        with_id = [(i, it[1]["request_id"]) for i, it in enumerate(kept) if it[1]["request_id"]]
-        dup_index: set[int] = set()
-        new_ids: list[str] = []
-        if with_id:
-            # Within one batch, a repeated id is a duplicate too.
-            first_seen: dict[str, int] = {}
-            for i, rid in with_id:
-                if rid in first_seen:
-                    dup_index.add(i)
-                else:
-                    first_seen[rid] = i
-            ids = list(first_seen)
-            for rid, seen in zip(ids, _seen(group, ids), strict=True):
-                if seen:
-                    dup_index.add(first_seen[rid])
-                else:
-                    new_ids.append(rid)
-        for i, (_, rec, _, _) in enumerate(kept):
-            if i in dup_index:
-                continue
-            rows.append([
-                rec["node"], rec["ts"], rec["prompt_tokens"], rec["completion_tokens"],
-                rec["ttft_ms"], rec["total_ms"], rec["status"],
-            ])
-        out.duplicates += len(dup_index)
-        if rows:
-            # One MULTI: the rows and the marks of their request ids land together or not at all,
-            # so a client retrying after a Redis failure is neither lost nor counted twice.
-            pipe = r.pipeline(transaction=True)
-            for start in range(0, len(rows), ROWS_PER_ENTRY):
-                chunk = rows[start : start + ROWS_PER_ENTRY]
-                pipe.xadd(
-                    stream_key(group), {"rows": orjson.dumps(chunk)},
-                    maxlen=STREAM_MAXLEN, approximate=True,
-                )
-            if new_ids:
-                cur, _ = _dedup_keys(group)
-                pipe.sadd(cur, *new_ids)
-                pipe.expire(cur, 2 * settings.INGEST_DEDUP_WINDOW_S)
-            pipe.execute()
-            out.accepted += len(rows)
-            out.by_group[group] = out.by_group.get(group, 0) + len(rows)
+        accepted, duplicates = _append(r, group, [rec for _, rec, _, _ in kept])
+        out.duplicates += duplicates
+        if accepted:
+            out.accepted += accepted
+            out.by_group[group] = out.by_group.get(group, 0) + accepted
 
     if rejects:
         rejects.sort(key=lambda x: x[0])
