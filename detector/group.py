@@ -537,7 +537,13 @@ class GroupDetector:
         # Z persistence: samples in a row at or above the quarantine line.
         over_q = np.isfinite(q_score) & (q_score >= t.quarantine_z) & (q_excess >= t.quarantine_materiality)
         a["over_q"] = np.where(over_q, a["over_q"] + a["new_samples"], 0)
-        z_sustained = a["over_q"] >= t.quarantine_persistence
+        # ...and over enough evaluations: one tick can bring hundreds of samples of a busy node, and
+        # the EMA at its end says nothing about how many of them were over the line (seed 000: 3).
+        a["over_q_evals"] = np.where(over_q & (a["new_samples"] > 0), a["over_q_evals"] + 1,
+                                     np.where(over_q, a["over_q_evals"], 0))
+        z_sustained = (a["over_q"] >= t.quarantine_persistence) & (
+            a["over_q_evals"] >= t.quarantine_min_evaluations
+        )
         over_d = np.isfinite(q_score) & (q_score >= t.degrade_z) & (q_excess >= t.degrade_materiality)
         # A weight cut needs the line held for a few samples, unless the evidence is already of
         # quarantine strength: a one-tick spike (a CPU-starved host, a GC pause) moves an EMA too.
@@ -707,6 +713,7 @@ class GroupDetector:
         a["next_probe"][i] = now + interval
         a["passes"][i] = 0
         a["over_q"][i] = 0
+        a["over_q_evals"][i] = 0
         a["consec_err"][i] = 0
         a["tail"][i] = TailStatus.INSUFFICIENT
         a["tail_windows"][i] = 0
@@ -797,6 +804,7 @@ class GroupDetector:
         i = self.index_of(node)
         self._require(i, {S.PENDING_APPROVAL}, "reject")
         self.a["over_q"][i] = 0
+        self.a["over_q_evals"][i] = 0
         self.a["consec_err"][i] = 0
         self.a["tail"][i] = TailStatus.INSUFFICIENT
         self.a["tail_windows"][i] = 0
@@ -835,6 +843,7 @@ class GroupDetector:
         self.a["cross_slow"][i] = 0
         self.a["consec_err"][i] = 0
         self.a["over_q"][i] = 0
+        self.a["over_q_evals"][i] = 0
         self.a["warm_samples"][i] = max(self.a["warm_samples"][i], self.thresholds.warmup_samples)
         self._set(i, S.HEALTHY, now, Reason.OPERATOR_RELEASE)
 
@@ -911,6 +920,10 @@ class GroupDetector:
             gd.node_ids = list(meta["nodes"])
             gd._index = {n: i for i, n in enumerate(gd.node_ids)}
             gd.a = {k[2:]: z[k].copy() for k in z.files if k.startswith("a.")}
+            n = len(gd.node_ids)
+            for name, dtype in _NODE_ARRAYS.items():  # a snapshot from before a counter was added
+                if name not in gd.a:
+                    gd.a[name] = np.full(n, np.nan if name in _NAN_ARRAYS else 0, dtype=dtype)
             for s, e in gd.ewma.items():
                 e.mean, e.sq, e.count = z[f"e.{s}.mean"].copy(), z[f"e.{s}.sq"].copy(), z[f"e.{s}.count"].copy()
             gd.window.values, gd.window.pos, gd.window.filled = (
@@ -958,6 +971,7 @@ _NODE_ARRAYS: dict[str, Any] = {
     "pin_until": np.float64,
     "grace": np.int64,
     "over_d": np.int64,
+    "over_q_evals": np.int64,
 }
 _NAN_ARRAYS = frozenset(
     {"last_seen", "p50", "p99", "next_probe", "step_started", "pending_since", "override_until", "pin", "pin_until"}

@@ -86,6 +86,8 @@ class Thresholds:
     """Samples in a row over the degrade line before a weight cut (immediate at quarantine strength)."""
     quarantine_persistence: int = _f(10, lo=1, hi=100_000, integer=True)
     """Samples in a row (counted at each evaluation) with ``Z >= quarantine_z`` before quarantine."""
+    quarantine_min_evaluations: int = _f(3, lo=1, hi=10_000, integer=True)
+    """...seen over the line at this many evaluations with new samples (seed 000: 3 evaluations)."""
     min_weight_fraction: float = _f(0.05, lo=0.0, hi=1.0, lo_open=True)
     """Floor of a degraded / pending node's weight, as a fraction of base: it keeps being sampled."""
 

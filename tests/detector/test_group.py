@@ -294,3 +294,18 @@ def test_set_thresholds_keeps_learned_state_and_resizes_windows():
     np.testing.assert_allclose(after[0], before[0], rtol=0.1)  # the newest samples carry over
     ev = gd.evaluate(10.2)
     assert ev.transitions == [] or all(t.thresholds["quarantine_z"] == 5.0 for t in ev.transitions)
+
+
+def test_a_snapshot_without_newer_counters_still_restores():
+    import io
+
+    fleet = Fleet(6, seed=15, rate=60)
+    gd = GroupDetector(Thresholds(), fleet.nodes)
+    run(gd, fleet, 0, 5)
+    with np.load(io.BytesIO(gd.to_bytes())) as z:
+        arrays = {k: z[k] for k in z.files if k != "a.over_q_evals"}
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    old = GroupDetector.from_bytes(buf.getvalue())
+    assert (old.a["over_q_evals"] == 0).all()
+    run(old, fleet, 5, 2)  # evaluates without a KeyError
