@@ -753,6 +753,19 @@ class GroupDetector:
             spread = t.spread_floor * base
         return base + t.canary_tolerance_sigma * spread
 
+    def probe_value(
+        self, prompt_tokens: float, completion_tokens: float, ttft_ms: float | None, total_ms: float | None
+    ) -> float:
+        """A probe's latency on the scale it is judged on (``norm``: latency / the group's cost model,
+        or the seed's formula in seed normalisation); NaN when it cannot be computed."""
+        if total_ms is None or not math.isfinite(total_ms):
+            return math.nan
+        b = SampleBatch.from_columns(
+            node=["probe"], ts=[0.0], prompt_tokens=[prompt_tokens], completion_tokens=[completion_tokens],
+            total_ms=[total_ms], ttft_ms=[np.nan if ttft_ms is None else ttft_ms], status=[200],
+        )
+        return float(self._signals(b)["norm"][0])
+
     def record_probe(
         self,
         node: str,
@@ -769,13 +782,7 @@ class GroupDetector:
         src = NodeState(int(a["state"][i]))
         if src not in (S.PROBING, S.QUARANTINED):
             return False
-        value = float("nan")
-        if ok and total_ms is not None and math.isfinite(total_ms):
-            b = SampleBatch.from_columns(
-                node=[node], ts=[now], prompt_tokens=[prompt_tokens], completion_tokens=[completion_tokens],
-                total_ms=[total_ms], ttft_ms=[np.nan if ttft_ms is None else ttft_ms], status=[200],
-            )
-            value = float(self._signals(b)["norm"][0])
+        value = self.probe_value(prompt_tokens, completion_tokens, ttft_ms, total_ms) if ok else math.nan
         limit = self.probe_threshold()
         passed = bool(ok and math.isfinite(value) and value <= limit)
         detail = f"probe normalised latency {value:.3g} vs limit {limit:.3g}" if ok else "probe failed (error/timeout)"

@@ -57,9 +57,7 @@ def probe_node(node: Node, *, client: httpx.Client | None = None) -> CanaryProbe
     finally:
         if own:
             client.close()
-    if probe.ok and probe.total_ms is not None:
-        w = node.group.thresholds().seed_prompt_weight
-        probe.normalised_latency = probe.total_ms / max(probe.prompt_tokens * w + probe.completion_tokens, 1.0)
+    # ``normalised_latency`` is filled in by the tick that judges the probe, on the detector's scale.
     probe.save()
     return probe
 

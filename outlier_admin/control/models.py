@@ -170,7 +170,7 @@ class CanaryProbe(models.Model):
     ttft_ms = models.FloatField(null=True)
     prompt_tokens = models.IntegerField(default=0)
     completion_tokens = models.IntegerField(default=0)
-    normalised_latency = models.FloatField(null=True, help_text="total_ms / (prompt*w + completion)")
+    normalised_latency = models.FloatField(null=True, help_text="latency on the scale the detector judged it (norm signal); set by the judging tick")
     error = models.TextField(blank=True, default="")
     passed = models.BooleanField(null=True)
     applied_at = models.DateTimeField(null=True, blank=True)

@@ -199,6 +199,9 @@ def _apply_operator_inputs(gd: GroupDetector, group: ModelGroup, now: float) -> 
             pr.node.name, pr.at.timestamp(), pr.prompt_tokens, pr.completion_tokens,
             pr.ttft_ms, pr.total_ms, pr.ok,
         )
+        # Stored on the scale the detector judged it on, beside the verdict (NULL if not computable).
+        value = gd.probe_value(pr.prompt_tokens, pr.completion_tokens, pr.ttft_ms, pr.total_ms) if pr.ok else None
+        pr.normalised_latency = value if value is not None and math.isfinite(value) else None
     return overrides, decided, probes
 
 
@@ -411,7 +414,7 @@ def _tick_locked(r: redis.Redis, group: ModelGroup, now: float | None, consumer:
         for pr in probes:
             pr.applied_at = stamp
         if probes:
-            CanaryProbe.objects.bulk_update(probes, ["passed", "applied_at"])
+            CanaryProbe.objects.bulk_update(probes, ["passed", "normalised_latency", "applied_at"])
         ModelGroup.objects.filter(pk=group.pk).update(last_tick_at=stamp)
     if ack_ids:
         r.xack(stream_key(group.name), CONSUMER_GROUP, *ack_ids)

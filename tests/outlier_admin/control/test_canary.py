@@ -59,7 +59,7 @@ def test_probe_measures_latency_and_tokens(node, settings):
     probe = probe_node(node)
     assert probe.ok and probe.status == 200 and probe.total_ms >= 200
     assert (probe.prompt_tokens, probe.completion_tokens) == (11, 16)
-    assert probe.normalised_latency == pytest.approx(probe.total_ms / (11 * 0.25 + 16))
+    assert probe.normalised_latency is None  # set by the tick that judges it, on the detector's scale
     assert FakeVLLM.bodies[0][0] == "/v1/completions" and FakeVLLM.bodies[0][1]["max_tokens"] == 16
 
 
@@ -111,3 +111,6 @@ def test_tick_feeds_probe_results_to_the_state_machine(server, redis_client, set
     run_tick("g1", now=t0 + 301)
     probe = CanaryProbe.objects.get()
     assert probe.ok and probe.passed is not None and probe.applied_at is not None
+    # Stored on the detector's scale (latency over the learned cost model): a quick local server
+    # answering 11 + 32 tokens in a few ms is far below what the group's requests cost.
+    assert probe.normalised_latency is not None and 0 < probe.normalised_latency < 1
