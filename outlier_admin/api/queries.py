@@ -82,6 +82,21 @@ def group_nodes(group: ModelGroup, sort: str = "name", signal: str = "norm") -> 
     return present + missing
 
 
+SIGNALS = ("norm", "prefill", "decode")
+SIGNAL_LABELS = {
+    "decode": "decode time per output token (queue-free: what the detector decides on when TTFT is logged)",
+    "norm": "normalised total latency (latency / the group's cost model)",
+    "prefill": "time to first token / the group's prefill model",
+}
+
+
+def decision_signal(group: ModelGroup) -> str:
+    """The signal the detector decides on for ``group``: ``decode`` once its gateways log TTFT
+    (the detector then has a decode baseline), else ``norm``."""
+    latest = latest_baseline(group, "decode")
+    return "decode" if latest is not None and latest.baseline is not None else "norm"
+
+
 def latest_baseline(group: ModelGroup, signal: str = "norm") -> GroupBaseline | None:
     """The detector's most recent stored peer baseline of ``group`` for ``signal`` (None before the
     first history write)."""

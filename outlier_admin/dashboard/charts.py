@@ -16,7 +16,8 @@ MARKER_COLORS = {"quarantined": "#c62828", "degraded": "#b85c00", "healthy": "#2
 
 def node_charts(
     points: list[Point], baseline: list[BaselinePoint], transitions: list[Transition],
-    thresholds: Thresholds, start: datetime, end: datetime,
+    thresholds: Thresholds, start: datetime, end: datetime, *, signal: str = "norm",
+    tail_points: list[Point] | None = None,
 ) -> dict[str, SafeString]:
     """``{"z", "ema", "weight", "tail"}`` SVG charts for one node over ``[start, end]``.
 
@@ -27,13 +28,18 @@ def node_charts(
     ats = [p.at for p in points]
     # "learned" normalisation divides latency by the group's cost model (a ratio, 1.0 = as expected);
     # "seed" divides by weighted tokens (ms per token).
-    unit = "ms/token" if thresholds.normalization == "seed" else "x expected"
+    ratio_unit = "ms/token" if thresholds.normalization == "seed" else "x expected"
+    unit = "ms/token" if signal == "decode" else ratio_unit
+    ema_title = {"decode": "Decode time per token", "prefill": "Time to first token (normalised)"}.get(
+        signal, "Normalised latency")
+    tail_points = points if tail_points is None else tail_points
+    tail_ats = [p.at for p in tail_points]
     degrade_bound = [(b.at, b.baseline + thresholds.degrade_z * b.spread if b.baseline is not None
                       and b.spread is not None else None) for b in baseline]
     return {
         "z": time_chart(
             [Series("Z-score", list(zip(ats, [p.z for p in points], strict=True)))],
-            title="Z-score vs peers", unit="σ", start=start, end=end, markers=markers,
+            title=f"Z-score vs peers ({signal})", unit="σ", start=start, end=end, markers=markers,
             thresholds=[Threshold("degrade Z", thresholds.degrade_z, "#b85c00"),
                         Threshold("quarantine Z", thresholds.quarantine_z, "#c62828")],
         ),
@@ -41,15 +47,15 @@ def node_charts(
             [Series("node EMA", list(zip(ats, [p.ema for p in points], strict=True))),
              Series("peer baseline (detector)", [(b.at, b.baseline) for b in baseline], PALETTE[2], dashed=True),
              Series(f"degrade bound (baseline + {thresholds.degrade_z:g}σ)", degrade_bound, PALETTE[1], dashed=True)],
-            title="Normalised latency: EMA vs peer baseline", unit=unit, start=start, end=end, markers=markers,
+            title=f"{ema_title}: EMA vs peer baseline", unit=unit, start=start, end=end, markers=markers,
         ),
         "weight": time_chart(
             [Series("weight", list(zip(ats, [p.weight for p in points], strict=True)), PALETTE[3])],
             title="Published weight", unit="weight", start=start, end=end, markers=markers, height=160,
         ),
         "tail": time_chart(
-            [Series("P99", list(zip(ats, [p.p99 for p in points], strict=True)), PALETTE[1]),
-             Series("P50", list(zip(ats, [p.p50 for p in points], strict=True)))],
-            title="P99 and P50 (normalised)", unit=unit, start=start, end=end, markers=markers,
+            [Series("P99", list(zip(tail_ats, [p.p99 for p in tail_points], strict=True)), PALETTE[1]),
+             Series("P50", list(zip(tail_ats, [p.p50 for p in tail_points], strict=True)))],
+            title="P99 and P50 of the tail window (x the peers' baseline)", unit=ratio_unit, start=start, end=end, markers=markers,
         ),
     }

@@ -87,15 +87,23 @@ def group_page(request: HttpRequest, name: str) -> HttpResponse:
     sort = request.GET.get("sort", "name")
     if sort.lstrip("-") not in SORTS:
         sort = "name"
-    page = Paginator(queries.group_nodes(group, sort), GROUP_PAGE_SIZE).get_page(request.GET.get("page"))
+    signal = _signal(request, group)
+    page = Paginator(queries.group_nodes(group, sort, signal=signal), GROUP_PAGE_SIZE).get_page(request.GET.get("page"))
     counts = queries.state_counts([group.pk]).get(group.pk, {})
     ctx = _ctx(request, group=group, nodes=node_rows(page.object_list), page=page, sort=sort,
-               baseline=queries.latest_baseline(group),
+               signal=signal, signal_label=queries.SIGNAL_LABELS[signal], signals=queries.SIGNALS,
+               baseline=queries.latest_baseline(group, signal),
                safeguard=queries.safeguard_status(group, counts), thresholds=group.thresholds().to_dict(),
                counts=[(s, counts.get(s, 0)) for s in queries.STATE_ORDER if counts.get(s)])
     if request.GET.get("partial") == "nodes":
         return render(request, "dashboard/_nodes_table.html", ctx)
     return render(request, "dashboard/group.html", ctx)
+
+
+def _signal(request: HttpRequest, group: ModelGroup) -> str:
+    """``?signal=`` if valid, else the signal the detector decides on for the group."""
+    asked = request.GET.get("signal")
+    return asked if asked in queries.SIGNALS else queries.decision_signal(group)
 
 
 @requires("read")
@@ -106,15 +114,19 @@ def node_page(request: HttpRequest, pk: int) -> HttpResponse:
     except RangeError as exc:
         messages.error(request, str(exc))
         start, end = timezone.now() - timedelta(hours=1), timezone.now()
-    points = node_timeline(node, start, end)
+    signal = _signal(request, node.group)
+    points = node_timeline(node, start, end, signal=signal)
+    # P50/P99 come from the detector's tail window, recorded on the norm rows.
+    tail_points = points if signal == "norm" else node_timeline(node, start, end)
     transitions = list(Transition.objects.filter(node=node, at__gte=start, at__lt=end).order_by("at"))
-    charts = node_charts(points, group_baseline(node.group_id, start, end), transitions, node.group.thresholds(),
-                         start, end)
+    charts = node_charts(points, group_baseline(node.group_id, start, end, signal=signal), transitions,
+                         node.group.thresholds(), start, end, signal=signal, tail_points=tail_points)
     latest_gpu: dict[str, GpuReading] = {}
     for r in GpuReading.objects.filter(node=node).order_by("-at")[:64]:
         latest_gpu.setdefault(r.gpu, r)
     return render(request, "dashboard/node.html", _ctx(
         request, node=node, charts=charts, start=start, end=end, hours=request.GET.get("hours", "1"),
+        signal=signal, signals=queries.SIGNALS, signal_label=queries.SIGNAL_LABELS[signal],
         points=len(points), transitions=Transition.objects.filter(node=node)[:50],
         probes=CanaryProbe.objects.filter(node=node)[:50], overrides=Override.objects.filter(node=node)[:50],
         gpus=sorted(latest_gpu.values(), key=lambda r: r.gpu), override_form=OverrideForm(),

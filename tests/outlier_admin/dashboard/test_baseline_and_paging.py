@@ -101,3 +101,27 @@ def test_preview_uses_the_stored_baseline_for_materiality(fleet):
     # The detector's recorded baseline was 1.3: 1.8 < 1.5 x 1.3 = 1.95, so it would not have.
     store_baseline(group, ats, 1.3)
     assert node.name not in quarantines()
+
+
+def test_pages_show_the_signal_the_detector_decides_on(fleet, users):
+    """Once the group logs TTFT the detector decides on decode: the group and node pages default to
+    it (its Z, its baseline), and ``?signal=norm`` still shows the normalised total latency."""
+    group, now = fleet["group"], fleet["now"]
+    node = group.nodes.order_by("name").first()
+    NodeHistory.objects.filter(node=node).delete()
+    write_history(node, start=now - timedelta(seconds=30), count=3, z=0.6, ema=1.03)  # norm rows
+    NodeHistory.objects.bulk_create([
+        NodeHistory(node=node, signal="decode", at=now - timedelta(seconds=30 - 10 * i), ema=31.0, z=9.25,
+                    samples=300 + i, weight=0.0, state="quarantined")
+        for i in range(3)
+    ])
+    GroupBaseline.objects.create(group=group, signal="decode", at=now, baseline=14.0, spread=0.7, peers=7)
+    c = viewer(users)
+    page = c.get(f"/groups/{group.name}/").content.decode()
+    assert "Signal: <strong>decode</strong>" in page
+    assert "9.25" in page and "14.000 ± 0.700" in page
+    norm = c.get(f"/groups/{group.name}/?signal=norm").content.decode()
+    assert "Signal: <strong>norm</strong>" in norm and "9.25" not in norm
+    node_page = c.get(f"/nodes/{node.pk}/").content.decode()
+    assert "Decode time per token: EMA vs peer baseline" in node_page
+    assert "Z-score vs peers (decode)" in node_page
