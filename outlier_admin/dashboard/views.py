@@ -27,7 +27,14 @@ from outlier_admin.api.permissions import CAPABILITIES, capabilities_of, user_ca
 from outlier_admin.api.preview import preview_thresholds
 from outlier_admin.api.timeline import RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.control import actions
-from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
+from outlier_admin.control.models import (
+    AuditEvent,
+    CanaryProbe,
+    NodeHistory,
+    Override,
+    QuarantineProposal,
+    Transition,
+)
 from outlier_admin.dashboard.charts import node_charts
 from outlier_admin.dashboard.forms import OverrideForm, PolicyForm, ProposalDecisionForm, ThresholdForm
 from outlier_admin.dashboard.tables import node_rows
@@ -114,6 +121,14 @@ def node_page(request: HttpRequest, pk: int) -> HttpResponse:
     except RangeError as exc:
         messages.error(request, str(exc))
         start, end = timezone.now() - timedelta(hours=1), timezone.now()
+    if "hours" not in request.GET and "start" not in request.GET:
+        # A young node (new, or just restarted demo): start the default view at its first record so
+        # its charts are not squeezed into the right edge of an hour.
+        first = NodeHistory.objects.filter(node=node, at__gte=start).order_by("at").values_list("at", flat=True).first()
+        if first is not None and end - first >= timedelta(minutes=1):
+            start = first
+        elif first is not None:
+            start = max(start, end - timedelta(minutes=5))
     signal = _signal(request, node.group)
     points = node_timeline(node, start, end, signal=signal)
     # P50/P99 come from the detector's tail window, recorded on the norm rows.

@@ -125,3 +125,20 @@ def test_pages_show_the_signal_the_detector_decides_on(fleet, users):
     node_page = c.get(f"/nodes/{node.pk}/").content.decode()
     assert "Decode time per token: EMA vs peer baseline" in node_page
     assert "Z-score vs peers (decode)" in node_page
+
+
+def test_a_young_node_page_starts_at_its_first_record(fleet, users):
+    from django.utils import timezone
+
+    group = fleet["group"]
+    node = group.nodes.order_by("name").last()
+    NodeHistory.objects.filter(node=node).delete()
+    first = timezone.now() - timedelta(minutes=3)
+    write_history(node, start=first, count=10, every_s=15)
+    c = viewer(users)
+    page = c.get(f"/nodes/{node.pk}/").content.decode()
+    assert f"{first:%Y-%m-%d %H:%M} –" in page  # not an hour ago
+    before = timezone.now() - timedelta(hours=1)
+    hour = c.get(f"/nodes/{node.pk}/?hours=1").content.decode()
+    after = timezone.now() - timedelta(hours=1)
+    assert f"{before:%Y-%m-%d %H:%M} –" in hour or f"{after:%Y-%m-%d %H:%M} –" in hour  # asked for: an hour
