@@ -56,6 +56,14 @@ def summarise(latencies_s: list[float]) -> dict[str, float]:
             "max_ms": round(max(ms), 3), "mean_ms": round(sum(ms) / len(ms), 3)}
 
 
+def write_report(report: dict, out: str | Path) -> None:
+    """Write a benchmark report as JSON (creating its folder) and say where."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
 def run(redis_url: str, n: int, gap_ms: float, nginx_n: int) -> dict:
     r = redis.Redis.from_url(redis_url)
     servers = {f"s{i}": FakeInferenceServer(f"s{i}", slowdown=3.0 if i == 3 else 1.0) for i in range(4)}
@@ -124,10 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, res in result.items():
         print(f"{name:8s} n={res['n']:4d} p50={res['p50_ms']:.2f} ms p99={res['p99_ms']:.2f} ms "
               f"max={res['max_ms']:.2f} ms errors={res['apply_errors']}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_report(report, args.out)
     return 0
 
 

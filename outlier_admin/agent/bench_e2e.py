@@ -42,6 +42,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from outlier_admin.agent.bench import summarise, write_report
+
 ROOT = Path(__file__).resolve().parents[2]
 FAST_LOOP: dict[str, Any] = {
     "warmup_samples": 0,
@@ -53,8 +55,9 @@ FAST_LOOP: dict[str, Any] = {
     "recovery_step_s": 1.0,
     "backoff_cap_s": 2.0,
     # The host is shared (2 cores, other test runs): for a tick or two a healthy fake server's decode
-    # EMA can sit 16-40% over its peers' from CPU starvation alone, and a degrade needs no persistence.
-    # s3 is 3x slower, so raising the degrade materiality to the quarantine one changes nothing for it.
+    # EMA can sit 16-40% over its peers' from CPU starvation alone, and the weight cut it would cause
+    # is visible to the gateway. s3 is 3x slower, so raising the degrade materiality to the quarantine
+    # one changes nothing for it. (Shared with tests/outlier_admin/agent/test_e2e_control_plane.py.)
     "degrade_materiality": 1.5,
 }
 
@@ -85,7 +88,6 @@ def run(cycles: int, tick_ms: int, clients: int) -> dict[str, Any]:
     from django.conf import settings
     from django.core.management import call_command
 
-    from outlier_admin.agent.bench import summarise
     from outlier_admin.agent.core import Agent
     from outlier_admin.agent.haproxy import HAProxyApplier, RuntimeAPI
     from outlier_admin.agent.harness import (
@@ -236,10 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             s = res[kind]
             print(f"{name:8s} {kind:12s} n={s['n']:4d} p50={s['p50_ms']:.1f} ms p99={s['p99_ms']:.1f} ms "
                   f"max={s['max_ms']:.1f} ms")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_report(report, args.out)
     return 0
 
 

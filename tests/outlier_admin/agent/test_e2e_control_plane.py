@@ -18,7 +18,8 @@ Thresholds are lowered with ``do_update_thresholds`` (the operator path) so one 
 canary every 1 s, 2 passes, recovery steps 0.5 -> 1.0 of 1 s each, no slow start, and a canary
 tolerance of 3 spreads because the probe is timed by the worker's HTTP client while traffic is
 timed by the gateway (a few ms of client overhead on a shared 2-core machine), and a degrade
-materiality of 1.5 (see ``FAST_LOOP``) because the healthy servers must stay untouched on that host.
+materiality of 1.5 (see ``outlier_admin.agent.bench_e2e.FAST_LOOP``) because the healthy servers
+must stay untouched on that host.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import pytest
 from django.db import connection
 
 from outlier_admin.agent.bench import summarise
+from outlier_admin.agent.bench_e2e import FAST_LOOP  # the thresholds of the quick loop, one copy
 from outlier_admin.agent.core import Agent
 from outlier_admin.agent.haproxy import HAProxyApplier, RuntimeAPI
 from outlier_admin.agent.harness import (
@@ -54,20 +56,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pyt
               pytest.mark.timeout(90)]
 ROOT = Path(__file__).resolve().parents[3]
 HEALTHY = ("s0", "s1", "s2")
-FAST_LOOP = {
-    "warmup_samples": 0,  # no slow start: the healthy servers' weights must never change
-    "cost_model_min_samples": 40,
-    "canary_interval_s": 1.0,
-    "canary_passes": 2,
-    "canary_tolerance_sigma": 3.0,
-    "recovery_steps": (0.5, 1.0),
-    "recovery_step_s": 1.0,
-    "backoff_cap_s": 2.0,
-    # The host is shared (2 cores, other test runs): for a tick or two a healthy fake server's decode
-    # EMA can sit 16-40% over its peers' from CPU starvation alone, and a degrade needs no persistence.
-    # s3 is 3x slower, so raising the degrade materiality to the quarantine one changes nothing for it.
-    "degrade_materiality": 1.5,
-}
 
 
 @pytest.fixture
