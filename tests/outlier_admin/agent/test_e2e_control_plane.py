@@ -165,8 +165,9 @@ def test_haproxy_control_plane_quarantines_and_canary_restores(
         assert not servers()["s3"].drained and not agent.change_log
         # The gray failure; the quarantine is decided by the worker's ticks from the shipped logs.
         token_servers["s3"].set_slowdown(3.0)
-        t_out = wait_until(lambda: servers()["s3"].drained, 30, "s3 drained by the control plane")
-        assert servers()["s3"].uweight == 0
+        # One apply sends the drain and the weight as two runtime-API commands: wait for both.
+        t_out = wait_until(lambda: (lambda s: s.drained and s.uweight == 0)(servers()["s3"]), 30,
+                           "s3 drained at weight 0 by the control plane")
         healthy_untouched()
 
         during = traffic.wait_requests(t_out + 0.3, 200)
