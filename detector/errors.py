@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from detector.samples import node_order
+
 
 def consecutive_error_runs(consec: np.ndarray, node: np.ndarray, is_error: np.ndarray) -> np.ndarray:
     """New per-node run length of trailing errors after applying a batch (time order within node)."""
     n = len(consec)
     if len(node) == 0:
         return consec.copy()
-    order = np.argsort(node, kind="stable")
-    node, is_error = node[order], is_error[order]
+    order = node_order(node)
+    if order is not None:
+        node, is_error = node[order], is_error[order]
     per_node = np.bincount(node, minlength=n)
     end = np.cumsum(per_node)  # exclusive end of each node's run in the sorted batch
     position = np.arange(len(node))

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from detector.samples import node_order
+
 
 class EwmaArrays:
     """EW mean/variance and sample counts over ``n`` nodes (one signal)."""
@@ -43,8 +45,9 @@ class EwmaArrays:
         if len(x) == 0:
             return
         n = len(self.mean)
-        order = np.argsort(node, kind="stable")
-        node, x = node[order], x[order]
+        order = node_order(node)
+        if order is not None:
+            node, x = node[order], x[order]
         per_node = np.bincount(node, minlength=n)
         starts = np.cumsum(per_node) - per_node
         rank = np.arange(len(x)) - starts[node]  # 0-based position within the node's run

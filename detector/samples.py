@@ -117,6 +117,8 @@ class SampleBatch:
 
     def take(self, index: np.ndarray) -> SampleBatch:
         """The sub-batch at ``index`` (a boolean mask or integer indices)."""
+        if index.dtype == bool and len(index) == len(self) and index.all():
+            return self
         return SampleBatch(**{f: getattr(self, f)[index] for f in self.__dataclass_fields__})
 
 
@@ -183,3 +185,16 @@ def decode_per_token(batch: SampleBatch) -> np.ndarray:
     or the request produced fewer than 2 tokens (no inter-token time to measure)."""
     out = (batch.total_ms - batch.ttft_ms) / np.maximum(batch.completion_tokens - 1.0, 1.0)
     return np.where(batch.completion_tokens >= 2, out, np.nan)
+
+
+def node_order(node: np.ndarray) -> np.ndarray | None:
+    """Stable permutation grouping samples by node index, or ``None`` when they already are.
+
+    Time order within each node survives (the sort is stable). Indices below 2^16 are sorted as
+    ``uint16``, for which numpy's stable sort is a radix sort: about 3x faster than on ``int64`` at
+    100,000 samples, and ingestion sorts once per batch so that the per-signal updates need not.
+    """
+    if len(node) < 2 or not np.any(node[1:] < node[:-1]):
+        return None
+    key = node.astype(np.uint16) if int(node.max()) < 1 << 16 else node
+    return np.argsort(key, kind="stable")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from detector.samples import node_order
+
 
 class SlidingWindows:
     """The last ``size`` samples of one signal for each of ``n`` nodes."""
@@ -24,8 +26,9 @@ class SlidingWindows:
         """Append samples (``node`` indices, time order within a node)."""
         if len(x) == 0:
             return
-        order = np.argsort(node, kind="stable")
-        node, x = node[order], x[order]
+        order = node_order(node)
+        if order is not None:
+            node, x = node[order], x[order]
         n = len(self.pos)
         per_node = np.bincount(node, minlength=n)
         starts = np.cumsum(per_node) - per_node
