@@ -53,11 +53,12 @@ def markdown_table(report: dict[str, Any]) -> str:
                  f"| {b['timeouts']} | | | | |")
     for name, r in report["policies"].items():
         det = "; ".join(f"n{f['node']}:{_fmt(f['first_degrade_s'])}/{_fmt(f['quarantine_s'])}"
+                        + (f" ({_fmt(f['delay_vs_floor'])}x floor)" if f.get("delay_vs_floor") is not None else "")
                         for f in r["faults"] if f["node"] != "all" and f["kind"] != "warmup")
         lines.append("| " + " | ".join([name, *(_fmt(r[k]) for k in TABLE_KEYS), det or "–"]) + " |")
     cb = "; ".join(
         f"n{c['node']} ({c['kind']}): {_fmt(c['min_delay_s'])} s by samples, "
-        f"{_fmt(c.get('observable_delay_s'))} s once completed"
+        f"{_fmt(c.get('observable_delay_s'))} s on completed records"
         for c in report.get("cusum_bound", [])
     )
     if cb:

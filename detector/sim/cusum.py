@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 OVERSHOOT = 1.166
 
 
@@ -63,3 +65,15 @@ def cusum_min_delay(delta: float, arl0: float) -> float | None:
     k = delta / 2
     h = threshold_for_arl0(arl0, k)
     return max(1.0, siegmund_arl1(h, delta, k))
+
+
+def oracle_cusum_alarm(x: np.ndarray, k: float, h: float) -> int | None:
+    """Index of the first sample at which Page's CUSUM ``S_n = max(0, S_{n-1} + x_n - k)`` exceeds
+    ``h``, or ``None``. ``x`` is already standardised on the pre-change mean and sd (the oracle knows
+    them), in the order a detector would see the samples."""
+    s = 0.0
+    for i, v in enumerate(x):  # sequential by definition; a few hundred samples at most
+        s = max(0.0, s + float(v) - k)
+        if s > h:
+            return i
+    return None

@@ -470,6 +470,7 @@ class Simulation:
                     ttft = new_ttft
                 else:
                     end = now + (end - now) * rd
+                self.a_service[att] += (end - self.a_end[att]) * 1000.0  # service time includes the stretch
                 self.a_ttft[att] = ttft
                 self.a_end[att] = end
                 self.a_ver[att] += 1

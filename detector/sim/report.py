@@ -13,6 +13,8 @@ Definitions (what an SRE reads in the report):
   the group's attempts from first detection to the fault's end, over its fair share. ``recovery_s``:
   seconds after the fault ends until the node is back at full weight (``null``: the fault does not end,
   the node was never cut, or it never came back within the run).
+- ``floor_s`` / ``delay_vs_floor``: the statistical floor on this policy's own records of the faulty
+  node (see :func:`cusum_bounds`) and ``first_degrade_s`` over it.
 - ``false_degrades`` / ``false_quarantines``: weight cuts / removals of nodes that are not in
   ``expect.faulty`` (events, not nodes). ``healthy_node_hours``: observation time of those nodes, the
   denominator of a false-alarm rate; ``healthy_out_of_service_node_hours``: how much of it they spent
@@ -26,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from detector.sim.cusum import cusum_min_delay
+from detector.sim.cusum import cusum_min_delay, oracle_cusum_alarm, threshold_for_arl0
 from detector.sim.engine import KIND_CLIENT, STATUS_OK, STATUS_TIMEOUT, Simulation
 from detector.sim.scenario import Scenario
 
@@ -221,7 +223,7 @@ def cusum_bounds(scn: Scenario, sim: Simulation, false_alarm_node_hours: float =
 
     Signal: ``log(service time / (prefill_ms * N_prompt + decode_ms * N_completion))`` per request (the
     node's own slowness, without queueing, i.e. the evidence available at onset). Pre-change: that
-    node's requests started before the onset (all healthy nodes' when fewer than 30); post-change: its
+    node's requests completed before the onset (all healthy nodes' when fewer than 30); post-change: its
     requests started in ``[onset, onset + window_s)`` during the fault. ``δ`` is the mean shift in units
     of the pre-change sd. The false-alarm budget is one alarm per ``false_alarm_node_hours`` node-hours:
     ``ARL0 = rate * 3600 * false_alarm_node_hours`` samples, with ``rate`` the node's fair-share request
@@ -229,21 +231,16 @@ def cusum_bounds(scn: Scenario, sim: Simulation, false_alarm_node_hours: float =
 
     ``min_delay_s`` converts samples to seconds at the node's request rate, as if each request's
     latency were known when it started. A gateway learns it only when the request completes, so
-    ``observable_delay_s`` is the floor for any detector on access-log records: the time from onset
-    until the ``ceil(arl1)``-th request started at or after onset on that node has completed (under
-    ``round_robin``, which does not react). Detection delays are fairly compared with the latter.
+    ``observable_delay_s`` is the floor for a detector on access-log records: CUSUMs told the
+    pre-change mean and sd, with ``h`` from the same budget, run over the node's records in
+    completion order from the onset on (under ``round_robin``, which does not react), including
+    requests that were in flight at the onset and carry part of the slowdown; the time from onset to
+    the first alarm of the best of ``k = δ/2, δ/4, ..., δ/64`` (in-flight requests shift less than
+    ``δ``, so the best reference is lower than for a step). Detection delays are fairly compared
+    with this one.
     """
-    a = sim.attempts()
-    ok = (a["kind"] == KIND_CLIENT) & np.isfinite(a["service_ms"]) & (a["status"] == STATUS_OK)
-    req = a["req"][ok]
-    node = a["node"][ok]
-    start = a["start"][ok]
-    end_t = a["end"][ok]
-    p = np.asarray(sim.r_prompt, dtype=np.float64)[req]
-    c = np.asarray(sim.r_comp, dtype=np.float64)[req]
-    pre_ms = np.asarray(sim.pre_ms)[node]
-    dec_ms = np.asarray(sim.dec_ms)[node]
-    sig = np.log(a["service_ms"][ok] / (pre_ms * p + dec_ms * c))
+    req_sig = _request_signal(sim)
+    node, start, end_t, sig = req_sig
     out = []
     for gname, local in scn.faulty:
         gi = _group_index(scn, gname)
@@ -253,7 +250,7 @@ def cusum_bounds(scn: Scenario, sim: Simulation, false_alarm_node_hours: float =
             continue
         end = min(f.end_s if f.end_s is not None else scn.duration_s, f.start_s + window_s)
         mine = node == n_glob
-        before = sig[mine & (start < f.start_s)]
+        before = sig[mine & (end_t < f.start_s)]
         if len(before) < 30:
             healthy = np.asarray([sim.node_group[n] == gi for n in range(len(sim.node_group))])[node]
             before = sig[healthy & ~mine]
@@ -265,17 +262,64 @@ def cusum_bounds(scn: Scenario, sim: Simulation, false_alarm_node_hours: float =
             delta = (float(np.mean(after)) - float(np.mean(before))) / sd if sd > 0 else math.inf
             arl0 = rate * 3600.0 * false_alarm_node_hours
             samples = cusum_min_delay(delta, arl0)
-            observable = None
-            if samples is not None:
-                done = np.sort(end_t[mine & (start >= f.start_s)])
-                k = math.ceil(samples)
-                if len(done) >= k:
-                    observable = float(done[k - 1]) - f.start_s
             entry.update({
-                "observable_delay_s": _r(observable),
+                "observable_delay_s": None,
                 "delta_sd": _r(delta), "arl0_samples": _r(arl0, 0), "arl1_samples": _r(samples),
                 "node_rate_rps": _r(rate), "min_delay_s": _r(samples / rate if samples is not None else None),
                 "samples_pre": len(before), "samples_post": len(after),
+                "pre_mean": _r(float(np.mean(before)), 6), "pre_sd": _r(sd, 6),
             })
+            entry["observable_delay_s"] = observable_floor(req_sig, entry, n_glob, f.start_s)
         out.append(entry)
     return out
+
+
+def _request_signal(sim: Simulation) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per successful client attempt: node, start, end and ``log(service / healthy service)``."""
+    a = sim.attempts()
+    ok = (a["kind"] == KIND_CLIENT) & np.isfinite(a["service_ms"]) & (a["status"] == STATUS_OK)
+    req = a["req"][ok]
+    node = a["node"][ok]
+    p = np.asarray(sim.r_prompt, dtype=np.float64)[req]
+    c = np.asarray(sim.r_comp, dtype=np.float64)[req]
+    pre_ms = np.asarray(sim.pre_ms)[node]
+    dec_ms = np.asarray(sim.dec_ms)[node]
+    sig = np.log(a["service_ms"][ok] / (pre_ms * p + dec_ms * c))
+    return node, a["start"][ok], a["end"][ok], sig
+
+
+def observable_floor(req_sig: tuple[np.ndarray, ...], bound: dict[str, Any], n_glob: int,
+                     onset: float) -> float | None:
+    """Seconds from ``onset`` to the first alarm of the oracle CUSUMs of :func:`cusum_bounds` on the
+    records of node ``n_glob`` in one run (``req_sig`` from :func:`_request_signal` of that run)."""
+    node, _, end_t, sig = req_sig
+    delta, sd, arl0 = bound.get("delta_sd"), bound.get("pre_sd"), bound.get("arl0_samples")
+    if delta is None and sd == 0:
+        delta = math.inf
+    if delta is None or sd is None or not delta > 0:
+        return None
+    seen = (node == n_glob) & (end_t >= onset)
+    by_end = np.argsort(end_t[seen], kind="stable")
+    x = (sig[seen][by_end] - bound["pre_mean"]) / sd if sd > 0 else np.full(int(seen.sum()), math.inf)
+    # Requests in flight at the onset carry only part of the shift: a CUSUM tuned for the full
+    # shift ignores them, one tuned lower uses them. The oracle takes the best tuning.
+    ref = (delta / 2) * 0.5 ** np.arange(6) if math.isfinite(delta) else [math.inf]
+    alarms = [oracle_cusum_alarm(x, k, threshold_for_arl0(arl0, k)) for k in ref]
+    alarms = [i for i in alarms if i is not None]
+    return _r(float(end_t[seen][by_end][min(alarms)]) - onset) if alarms else None
+
+
+def add_floor_ratios(scn: Scenario, sim: Simulation, policy: dict[str, Any], bounds: list[dict[str, Any]]) -> None:
+    """Per fault of one policy's report: ``floor_s``, the observable floor on *this run's* records
+    (routing differs between policies before the fault, so each gets its own), and
+    ``delay_vs_floor = first_degrade_s / floor_s``."""
+    req_sig = _request_signal(sim)
+    for entry in policy["faults"]:
+        b = next((b for b in bounds if b["group"] == entry["group"] and b["node"] == entry["node"]), None)
+        if b is None or "pre_sd" not in b:
+            continue
+        gi = _group_index(scn, entry["group"])
+        floor = observable_floor(req_sig, b, sim.offset[gi] + entry["node"], entry["onset_s"])
+        entry["floor_s"] = floor
+        det = entry["first_degrade_s"]
+        entry["delay_vs_floor"] = _r(det / floor) if det is not None and floor else None

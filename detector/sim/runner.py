@@ -9,7 +9,7 @@ from typing import Any
 
 from detector.sim.engine import Precomputed, Simulation
 from detector.sim.policies import ALL_POLICIES, policy_factory
-from detector.sim.report import cusum_bounds, policy_report, signal_quality
+from detector.sim.report import add_floor_ratios, cusum_bounds, policy_report, signal_quality
 from detector.sim.scenario import Scenario
 from detector.sim.workload import build_requests
 
@@ -67,6 +67,8 @@ def run_scenario(scn: Scenario, policies: Sequence[str] = ALL_POLICIES, *,
                      f"{timing[name]:.1f} s wall")
     rr = sims.get("round_robin") or one("round_robin", scn)
     report["cusum_bound"] = cusum_bounds(scn, rr)
+    for name in policies:
+        add_floor_ratios(scn, sims[name], report["policies"][name], report["cusum_bound"])
     report["speed"] = {"wall_s": {k: round(v, 2) for k, v in timing.items()},
                        "realtime_factor": {k: round(scn.duration_s / v, 1) for k, v in timing.items() if v > 0},
                        "total_wall_s": round(time.perf_counter() - t0, 2)}

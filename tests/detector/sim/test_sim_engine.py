@@ -86,6 +86,9 @@ def test_step_fault_stretches_requests_already_running():
     for s, e in zip(a["start"][m], a["end"][m], strict=True):
         done_before = 20 - s
         assert e == pytest.approx(20 + (0.6 - done_before) * 2.0)
+    # The stretch is service time (the report's floor reads it), not queueing.
+    np.testing.assert_allclose(a["service_ms"][m], (a["end"][m] - a["start"][m]) * 1000.0, rtol=1e-9)
+    assert (a["service_ms"][m] > 600.0).all()
 
 
 def test_ecc_replay_stalls_a_fraction_of_requests():

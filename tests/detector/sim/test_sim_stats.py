@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sim_helpers import tiny
 
-from detector.sim.cusum import cusum_min_delay, siegmund_arl0, siegmund_arl1, threshold_for_arl0
+from detector.sim.cusum import cusum_min_delay, oracle_cusum_alarm, siegmund_arl0, siegmund_arl1, threshold_for_arl0
 from detector.sim.fastmode import SeedZScoreVec, run_fast
 from detector.sim.scenario import parse_scenario
 from detector.sim.traces import load_cusum_table, load_trace, splitwise_decode_curve, vm_noise_spread
@@ -27,6 +27,15 @@ def test_cusum_floor_monotone_in_shift_and_budget():
     assert cusum_min_delay(-1.0, 1e6) is None
     assert cusum_min_delay(50.0, 1e6) == 1.0
     assert siegmund_arl0(threshold_for_arl0(1e6, 0.5), 0.5) == pytest.approx(1e6, rel=1e-6)
+
+
+def test_oracle_cusum_alarms_on_accumulated_evidence():
+    # k = 1, h = 4: 0.5-sd samples never accumulate; three 3-sd samples do (2 + 2 + 2 > 4).
+    assert oracle_cusum_alarm(np.full(100, 0.5), 1.0, 4.0) is None
+    assert oracle_cusum_alarm(np.array([0.0, 3.0, 3.0, 3.0, 3.0]), 1.0, 4.0) == 3
+    # The statistic resets at 0: a dip between strong samples costs evidence, not the whole past.
+    assert oracle_cusum_alarm(np.array([3.0, 3.0, -1.0, 3.0, 3.0]), 1.0, 4.0) == 4
+    assert oracle_cusum_alarm(np.array([3.0, -5.0, 3.0, 3.0]), 1.0, 4.0) is None
 
 
 def test_rate_profile_time_warp():
