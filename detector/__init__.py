@@ -13,6 +13,7 @@ Modules, one concept each:
 - :mod:`detector.ewma` — vectorised EW mean/variance per node
 - :mod:`detector.window` — per-node sliding windows and percentiles
 - :mod:`detector.baseline` — peer baseline and Z-score (seed and robust)
+- :mod:`detector.evidence` — per-node CUSUM of excess over the materiality line (gates a weight cut)
 - :mod:`detector.tail` — P99/P50 ratio detector and cross-node P50
 - :mod:`detector.errors` — Envoy-style consecutive-error and success-rate ejection
 - :mod:`detector.states` — node states, allowed edges, transition records

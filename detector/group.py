@@ -44,6 +44,7 @@ import numpy as np
 from detector.baseline import PeerBaseline, robust_zscores, seed_zscores
 from detector.costmodel import CostModel, fit_cost_model
 from detector.errors import consecutive_error_runs, success_rate_outliers
+from detector.evidence import cusum_update, excess_over_line
 from detector.ewma import EwmaArrays
 from detector.samples import (
     RejectReason,
@@ -355,10 +356,30 @@ class GroupDetector:
             tail_x = np.where(np.isfinite(signals["decode"]), signals["decode"] / dec_base, tail_x)
         ok = np.isfinite(tail_x)
         self.window.add(learn_node[ok], tail_x[ok].astype(np.float32))
+        self._add_evidence(learn_node, signals)
         a["new_samples"] += np.bincount(learn_node, minlength=n)
         accepted = int(keep.sum())
         self.accepted_total += accepted
         return IngestResult(accepted, rejected, unknown, ignored=int((~counted).sum()))
+
+    def _add_evidence(self, node: np.ndarray, signals: dict[str, np.ndarray]) -> None:
+        """Feed each request's excess over the degrade materiality line into its node's CUSUM, on the
+        signal that decides (decode when the gateway logs TTFT), against the last tick's baseline."""
+        t = self.thresholds
+        if t.baseline_mode != "robust":
+            return
+        s = "decode" if math.isfinite(self._last.get("baseline:decode", math.nan)) else "norm"
+        base = self._last.get(f"baseline:{s}", math.nan)
+        sigma = self._last.get(f"request_rel_sd:{s}", math.nan)
+        if not (math.isfinite(base) and base > 0 and math.isfinite(sigma) and sigma > 0):
+            return
+        v = signals[s]
+        ok = np.isfinite(v) & (v > 0)
+        x = excess_over_line(v[ok], base, t.degrade_materiality, sigma)
+        self.a["evidence"] = cusum_update(
+            self.a["evidence"], node[ok], x, allowance=t.evidence_allowance,
+            cap=t.degrade_evidence / t.degrade_persistence + t.evidence_allowance,
+        )
 
     def _signals(self, b: SampleBatch) -> dict[str, np.ndarray]:
         """Per-request signals. ``norm`` is NaN until the cost model is fitted (learned mode)."""
@@ -481,9 +502,13 @@ class GroupDetector:
             self._last[f"baseline:{s}"] = pb.baseline
             self._last[f"spread:{s}"] = pb.spread
             # Per-request spread (a canary probe is one request, not an EMA): median EW sd of peers.
-            if s == "norm" and t.baseline_mode == "robust" and pb.peers:
+            if s != "prefill" and t.baseline_mode == "robust" and pb.peers:
                 sd = np.sqrt(e.variance()[eligible])
-                self._last[f"request_sd:{s}"] = float(np.median(sd))
+                if s == "norm":
+                    self._last[f"request_sd:{s}"] = float(np.median(sd))
+                # Per-request relative spread, for the evidence CUSUM (floored like the peer spread).
+                rel = float(np.median(sd / e.mean[eligible]))
+                self._last[f"request_rel_sd:{s}"] = max(rel, t.spread_floor)
         z_stack = np.vstack(z_rows) if n else np.zeros((len(SIGNALS), 0))
         score, which = _nan_max(z_stack)
         base_arr = np.array([base_d[s] for s in SIGNALS])
@@ -540,13 +565,18 @@ class GroupDetector:
         tail_bad &= ~has_dec | (dec_excess >= t.degrade_materiality)
         cross_bad &= ~has_dec | (dec_excess >= t.degrade_materiality)
 
-        # Z persistence: samples in a row at or above the quarantine line.
+        # Z persistence: samples at or above the quarantine line, as a leaky count rather than a run.
+        # A request already running at the onset completes only partly slowed and dips the EMA once;
+        # restarting the count for it would throw away the evidence before it. Each sample under the
+        # line takes one back, so a node that is over the line only half the time never gets there.
         over_q = np.isfinite(q_score) & (q_score >= t.quarantine_z) & (q_excess >= t.quarantine_materiality)
-        a["over_q"] = np.where(over_q, a["over_q"] + a["new_samples"], 0)
+        new = a["new_samples"]
+        a["over_q"] = np.where(over_q, a["over_q"] + new, np.maximum(a["over_q"] - new, 0))
         # ...and over enough evaluations: one tick can bring hundreds of samples of a busy node, and
         # the EMA at its end says nothing about how many of them were over the line (seed 000: 3).
-        a["over_q_evals"] = np.where(over_q & (a["new_samples"] > 0), a["over_q_evals"] + 1,
-                                     np.where(over_q, a["over_q_evals"], 0))
+        seen = new > 0
+        a["over_q_evals"] = np.where(seen & over_q, a["over_q_evals"] + 1,
+                                     np.where(seen, np.maximum(a["over_q_evals"] - 1, 0), a["over_q_evals"]))
         z_sustained = (a["over_q"] >= t.quarantine_persistence) & (
             a["over_q_evals"] >= t.quarantine_min_evaluations
         )
@@ -554,7 +584,14 @@ class GroupDetector:
         # A weight cut needs the line held for a few samples, unless the evidence is already of
         # quarantine strength: a one-tick spike (a CPU-starved host, a GC pause) moves an EMA too.
         a["over_d"] = np.where(over_d, a["over_d"] + a["new_samples"], 0)
-        degrade_now = over_d & ((a["over_d"] >= t.degrade_persistence) | over_q)
+        if t.baseline_mode == "robust":
+            # ...and, on top of the EMA, the node's sequential evidence of being over the materiality
+            # line: a steadily 12%-slower node whose EMA wanders over a 15% line does not get cut.
+            # The CUSUM's per-request cap makes degrade_persistence the fewest samples that reach it.
+            held = a["evidence"] >= t.degrade_evidence
+        else:
+            held = a["over_d"] >= t.degrade_persistence
+        degrade_now = over_d & (held | over_q)
         # Leaving DEGRADED needs a clear margin (hysteresis), or the node flaps at the line.
         still_d = np.isfinite(q_score) & (q_score >= t.degrade_z - t.degrade_hysteresis) & (
             q_excess >= 1.0 + (t.degrade_materiality - 1.0) / 2
@@ -641,6 +678,9 @@ class GroupDetector:
         move(due & (a["state"] == S.QUARANTINED), S.PROBING, Reason.PROBE_DUE)
         a["next_probe"][due] = now + t.canary_interval_s
         probes_due = [self.node_ids[i] for i in np.flatnonzero(due)]
+
+        # Evidence is about a node in service; out of it (or warming) it starts again from nothing.
+        a["evidence"][(a["state"] != S.HEALTHY) & (a["state"] != S.DEGRADED)] = 0.0
 
         weights = self._weights(score)
         fallback_reason = None
@@ -964,6 +1004,7 @@ _NODE_ARRAYS: dict[str, Any] = {
     "warm_samples": np.int64,
     "new_samples": np.int64,
     "over_q": np.int64,
+    "evidence": np.float64,
     "consec_err": np.int64,
     "int_requests": np.int64,
     "int_success": np.int64,
@@ -1007,6 +1048,9 @@ def _detail(reason: Reason, a: dict[str, np.ndarray], i: int, t: Thresholds) -> 
         return f"P50 above {t.cross_p50_ratio}x the peers' median P50"
     if reason is Reason.Z_QUARANTINE:
         return f"Z >= {t.quarantine_z} for {int(a['over_q'][i])} samples (limit {t.quarantine_persistence})"
+    if reason is Reason.Z_DEGRADE and t.baseline_mode == "robust":
+        return (f"evidence {float(a['evidence'][i]):.1f} sd over {t.degrade_materiality:g}x the baseline "
+                f"(cut at {t.degrade_evidence:g}, or at once at quarantine strength)")
     return ""
 
 

@@ -83,9 +83,16 @@ class Thresholds:
     """A degraded node returns to healthy once ``Z < degrade_z - degrade_hysteresis`` (no flapping)."""
     quarantine_z: float = _f(3.5, lo=0.5, hi=100.0)
     degrade_persistence: int = _f(3, lo=1, hi=100_000, integer=True)
-    """Samples in a row over the degrade line before a weight cut (immediate at quarantine strength)."""
+    """The fewest samples that can cut a node's weight (immediate at quarantine strength)."""
+    degrade_evidence: float = _f(8.0, lo=0.5, hi=10_000.0)
+    """Robust mode: a weight cut also needs the node's CUSUM of per-request excess over
+    ``degrade_materiality`` (in per-request sd) to reach this line (:mod:`detector.evidence`)."""
+    evidence_allowance: float = _f(0.5, lo=0.0, hi=100.0)
+    """Robust mode: per-request allowance ``k`` of that CUSUM (sd): a node must be this far above the
+    materiality line on average to accumulate evidence."""
     quarantine_persistence: int = _f(10, lo=1, hi=100_000, integer=True)
-    """Samples in a row (counted at each evaluation) with ``Z >= quarantine_z`` before quarantine."""
+    """Samples (counted at each evaluation) with ``Z >= quarantine_z`` before quarantine; a leaky
+    count: each sample under the line takes one back."""
     quarantine_min_evaluations: int = _f(3, lo=1, hi=10_000, integer=True)
     """...seen over the line at this many evaluations with new samples (seed 000: 3 evaluations)."""
     min_weight_fraction: float = _f(0.05, lo=0.0, hi=1.0, lo_open=True)

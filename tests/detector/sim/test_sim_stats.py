@@ -4,7 +4,13 @@ import numpy as np
 import pytest
 from sim_helpers import tiny
 
-from detector.sim.cusum import cusum_min_delay, oracle_cusum_alarm, siegmund_arl0, siegmund_arl1, threshold_for_arl0
+from detector.sim.cusum import (
+    cusum_min_delay,
+    oracle_cusum_alarm,
+    siegmund_arl0,
+    siegmund_arl1,
+    threshold_for_arl0,
+)
 from detector.sim.fastmode import SeedZScoreVec, run_fast
 from detector.sim.scenario import parse_scenario
 from detector.sim.traces import load_cusum_table, load_trace, splitwise_decode_curve, vm_noise_spread
