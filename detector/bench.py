@@ -12,7 +12,7 @@ Measures, on synthetic traffic with known costs:
 - ``speedup_vs_loop_10000``: a full tick (ingest one tick's samples + evaluate) against a
   straightforward per-node Python loop of seed 000's algorithm on the same samples, at 10,000 nodes;
 - ``speedup_vs_same_work_loop_10000``: the same tick against the core of *our* algorithm (three
-  signals, median/MAD baseline, materiality, persistence, degrade weight) written as a per-node Python
+  signals, evidence CUSUM, median/MAD baseline, materiality, persistence, degrade weight) as a per-node Python
   loop: the gain from vectorising rather than from doing less;
 - ``bytes_per_node``: the serialised state (``to_bytes``) divided by the number of nodes.
 """
@@ -94,11 +94,11 @@ def seed_loop_evaluate(nodes: dict[str, SeedLoopNode]) -> None:
 class LoopNode:
     """Our per-node statistics as a plain object: EMA and EW variance of three signals."""
 
-    __slots__ = ("count", "mean", "over_q", "sq", "state", "weight")
+    __slots__ = ("count", "evidence", "mean", "over_q", "sq", "state", "weight")
 
     def __init__(self) -> None:
         self.mean, self.sq, self.count = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0, 0, 0]
-        self.state, self.over_q, self.weight = 1, 0, 100.0
+        self.state, self.over_q, self.weight, self.evidence = 1, 0, 100.0, 0.0
 
     def record(self, values: tuple[float, float, float], alpha: float = 0.15) -> None:
         for s, x in enumerate(values):
@@ -112,16 +112,23 @@ class LoopNode:
             self.count[s] += 1
 
 
-def same_work_loop_tick(nodes: dict[str, LoopNode], batch: SampleBatch, coef: np.ndarray) -> None:
+def same_work_loop_tick(nodes: dict[str, LoopNode], batch: SampleBatch, coef: np.ndarray,
+                        decode_base: float = 14.0) -> None:
     """The core of our tick written the straightforward way, node by node in Python: three signals per
-    sample, then per signal the median/MAD peer baseline, Z with the relative floor, materiality, the
-    10-sample persistence and the degrade weight (no tail/error detectors, no explanations)."""
+    sample and the decode evidence CUSUM, then per signal the median/MAD peer baseline, Z with the
+    relative floor, materiality, the 10-sample persistence and the degrade weight (no tail/error
+    detectors, no explanations)."""
     a, b, c = (float(v) for v in coef)
+    line, sigma, k, cap = math.log(1.15), 0.08, 0.5, 8.0 / 3 + 0.5
     for node, p, comp, ttft, total in zip(
         batch.node, batch.prompt_tokens, batch.completion_tokens, batch.ttft_ms, batch.total_ms, strict=True
     ):
         decode = (total - ttft) / max(comp - 1, 1) if comp >= 2 else math.nan
-        nodes[node].record((total / (a * p + b * comp + c), ttft / max(p, 1), decode))
+        n = nodes[node]
+        n.record((total / (a * p + b * comp + c), ttft / max(p, 1), decode))
+        if decode > 0:
+            x = (math.log(decode / decode_base) - line) / sigma
+            n.evidence = max(0.0, n.evidence + min(max(x, -cap), cap) - k)
     for s in range(3):
         values = sorted(n.mean[s] for n in nodes.values() if n.count[s] > 5)
         if len(values) < 3:
@@ -137,7 +144,7 @@ def same_work_loop_tick(nodes: dict[str, LoopNode], batch: SampleBatch, coef: np
                 n.over_q += 1
                 if n.over_q >= 10:
                     n.state, n.weight = 3, 0.0
-            elif z >= 2.0 and excess >= 1.15:
+            elif z >= 2.0 and excess >= 1.15 and n.evidence >= 8.0:
                 n.state, n.weight = 2, max(100.0 * 2 ** -(z - 2.0), 5.0)
             elif n.state == 2:
                 n.state, n.weight, n.over_q = 1, 100.0, 0

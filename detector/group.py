@@ -568,7 +568,7 @@ class GroupDetector:
         # Z persistence: samples at or above the quarantine line, as a leaky count rather than a run.
         # A request already running at the onset completes only partly slowed and dips the EMA once;
         # restarting the count for it would throw away the evidence before it. Each sample under the
-        # line takes one back, so a node that is over the line only half the time never gets there.
+        # line takes one back, so a node that is over the line half the time or less never gets there.
         over_q = np.isfinite(q_score) & (q_score >= t.quarantine_z) & (q_excess >= t.quarantine_materiality)
         new = a["new_samples"]
         a["over_q"] = np.where(over_q, a["over_q"] + new, np.maximum(a["over_q"] - new, 0))
@@ -581,13 +581,14 @@ class GroupDetector:
             a["over_q_evals"] >= t.quarantine_min_evaluations
         )
         over_d = np.isfinite(q_score) & (q_score >= t.degrade_z) & (q_excess >= t.degrade_materiality)
-        # A weight cut needs the line held for a few samples, unless the evidence is already of
+        # A weight cut needs more than the EMA over the line, unless the evidence is already of
         # quarantine strength: a one-tick spike (a CPU-starved host, a GC pause) moves an EMA too.
+        # Robust mode asks the node's sequential evidence of being over the materiality line (a
+        # steadily 12%-slower node whose EMA wanders over a 15% line is not cut; the CUSUM's
+        # per-request cap makes degrade_persistence the fewest samples that reach it); seed mode,
+        # which has no materiality, asks for degrade_persistence samples in a row.
         a["over_d"] = np.where(over_d, a["over_d"] + a["new_samples"], 0)
         if t.baseline_mode == "robust":
-            # ...and, on top of the EMA, the node's sequential evidence of being over the materiality
-            # line: a steadily 12%-slower node whose EMA wanders over a 15% line does not get cut.
-            # The CUSUM's per-request cap makes degrade_persistence the fewest samples that reach it.
             held = a["evidence"] >= t.degrade_evidence
         else:
             held = a["over_d"] >= t.degrade_persistence
