@@ -138,6 +138,11 @@ class Evaluation:
     fallback_reason: str | None = None
     probes_due: list[str] = field(default_factory=list)
     peers: dict[str, int] = field(default_factory=dict)  # nodes in each signal's baseline
+    # Per node: the sequential evidence that gates a weight cut (robust mode; see detector.evidence),
+    # measured on ``decision_signal`` (decode once the gateway logs TTFT, else norm; None in seed mode,
+    # which judges the highest Z of any signal).
+    evidence: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    decision_signal: str | None = None
 
     def index(self, node: str) -> int:
         return self.nodes.index(node)
@@ -161,6 +166,8 @@ class Evaluation:
             "p50": num(self.p50[i]),
             "p99": num(self.p99[i]),
             "samples": int(self.counts[i]),
+            "evidence": num(self.evidence[i]) if len(self.evidence) else None,
+            "decision_signal": self.decision_signal,
         }
 
 
@@ -718,7 +725,8 @@ class GroupDetector:
             p50=a["p50"].copy(), p99=a["p99"].copy(), counts=self.ewma["norm"].count.copy(),
             transitions=transitions, safeguard=safeguard_reason is not None, safeguard_reason=safeguard_reason,
             fallback=fallback_reason is not None, fallback_reason=fallback_reason, probes_due=probes_due,
-            peers=peers_d,
+            peers=peers_d, evidence=a["evidence"].copy(),
+            decision_signal=None if t.baseline_mode == "seed" else SIGNALS[dec] if has_dec.any() else "norm",
         )
 
     def _weights(self, score: np.ndarray) -> np.ndarray:

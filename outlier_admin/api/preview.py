@@ -1,12 +1,14 @@
 """Threshold preview: which transitions new thresholds would have produced over recorded history.
 
-Replays the stored per-node history (signal ``norm``: EMA, Z, P50, P99, recorded state) of a group
+Replays the stored per-node history (the signal the detector decides on — ``decode`` once the gateway
+logs TTFT, else ``norm`` —: EMA, Z, evidence, recorded state; P50/P99 of the tail window) of a group
 against two :class:`detector.Thresholds` — the current ones and the proposed ones — and returns the
 simulated transitions of each, so an operator sees what a change *would have done* before saving it.
 
 Rules replayed (the detector's, on the history cadence of ``HISTORY_EVERY_S`` seconds):
 
-- degrade: ``Z >= degrade_z`` (robust mode also needs ``EMA >= degrade_materiality * baseline``);
+- degrade: ``Z >= degrade_z`` (robust mode also needs ``EMA >= degrade_materiality * baseline`` and
+  the recorded evidence ``>= degrade_evidence``, unless the row is of quarantine strength);
   back to healthy when ``Z < degrade_z - degrade_hysteresis``;
 - quarantine: ``Z >= quarantine_z`` (robust: ``EMA >= quarantine_materiality * baseline``) for
   ``quarantine_persistence`` rows in a row, or ``P99/P50 >= tail_ratio`` for ``tail_windows`` rows in
@@ -19,7 +21,9 @@ Rules replayed (the detector's, on the history cadence of ``HISTORY_EVERY_S`` se
 (history older than that table) it falls back to the median EMA of the nodes recorded
 healthy/degraded at that timestamp.
 
-Approximations, stated so nobody over-reads the preview: persistence is counted per history row (the
+Approximations, stated so nobody over-reads the preview: the evidence is replayed as recorded, i.e.
+as accumulated under the materiality and allowance in force then (a new ``degrade_evidence`` line is
+replayed exactly, a new ``degrade_materiality`` only through the EMA test); persistence is counted per history row (the
 detector counts per evaluation, i.e. per tick, so real quarantines come sooner); recovery needs canary
 probes, which are not replayed, so a simulated quarantine lasts to the end of the window; nodes the
 history shows warming, probing, recovering or forced by an operator are not judged at those rows.
@@ -37,13 +41,15 @@ import numpy as np
 from django.utils import timezone
 
 from detector.thresholds import Thresholds
+from outlier_admin.api.queries import decision_signal
 from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.fleet.models import ModelGroup
 
 #: Thresholds whose effect the replay can show (they act on stored figures).
 PREVIEW_FIELDS = (
     "degrade_z", "degrade_hysteresis", "quarantine_z", "quarantine_persistence", "degrade_materiality",
-    "quarantine_materiality", "tail_ratio", "cross_p50_ratio", "tail_windows", "max_quarantine_fraction",
+    "quarantine_materiality", "degrade_evidence", "tail_ratio", "cross_p50_ratio", "tail_windows",
+    "max_quarantine_fraction",
 )
 OUT_OF_SERVICE = frozenset({"quarantined", "probing", "forced_quarantine"})
 JUDGED = frozenset({"healthy", "degraded", "pending_approval"})
@@ -72,6 +78,7 @@ class Preview:
     end: datetime
     current: list[SimTransition] = field(default_factory=list)
     proposed: list[SimTransition] = field(default_factory=list)
+    signal: str = "norm"  # the history replayed: the signal the detector decides on
 
     @staticmethod
     def _keys(ts: list[SimTransition]) -> set[tuple[str, str, str]]:
@@ -90,13 +97,15 @@ class Preview:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "rows": self.rows, "nodes": self.nodes, "start": self.start.isoformat(), "end": self.end.isoformat(),
+            "rows": self.rows, "nodes": self.nodes, "signal": self.signal,
+            "start": self.start.isoformat(), "end": self.end.isoformat(),
             "current": [t.to_dict() for t in self.current], "proposed": [t.to_dict() for t in self.proposed],
             "added": [t.to_dict() for t in self.added], "removed": [t.to_dict() for t in self.removed],
         }
 
 
-Row = tuple[datetime, str, float | None, float | None, float | None, float | None, str]  # at,node,z,ema,p50,p99,state
+# at, node, z, ema, p50, p99, state, evidence
+Row = tuple[datetime, str, float | None, float | None, float | None, float | None, str, float | None]
 
 
 def replay(
@@ -127,7 +136,7 @@ def replay(
         if baseline is None:
             baseline = float(np.median(emas)) if emas else None
         median_p50 = float(np.median(p50s)) if p50s else None
-        for _, node, z, ema, p50, p99, recorded in batch:
+        for _, node, z, ema, p50, p99, recorded, evidence in batch:
             if node in held:
                 continue  # quarantined by the simulation: canaries are not replayed
             cur = state.get(node)
@@ -163,6 +172,8 @@ def replay(
                 continue
             zd = z is not None and z >= t.degrade_z and (
                 not robust or baseline is None or (ema is not None and ema >= t.degrade_materiality * baseline))
+            # Robust mode cuts only on evidence too (rows from before it was recorded have none).
+            zd = zd and (not robust or zq or evidence is None or evidence >= t.degrade_evidence)
             if cur == "healthy" and zd:
                 out.append(SimTransition(node, at, cur, "degraded", "z_degrade"))
                 state[node] = "degraded"
@@ -172,18 +183,25 @@ def replay(
     return out
 
 
-def history_rows(group: ModelGroup, start: datetime, end: datetime) -> list[Row]:
-    """The group's ``norm`` history rows in ``[start, end)`` as replay input, sorted by time."""
-    qs = (
-        NodeHistory.objects.filter(node__group=group, signal="norm", at__gte=start, at__lt=end)
-        .order_by("at", "node_id").values_list("at", "node__name", "z", "ema", "p50", "p99", "state")
-    )
-    return list(qs)
+def history_rows(group: ModelGroup, start: datetime, end: datetime, signal: str = "norm") -> list[Row]:
+    """The group's ``signal`` history rows in ``[start, end)`` as replay input, sorted by time. The
+    tail window's P50/P99 are recorded on the ``norm`` rows: other signals' rows take them from there."""
+    def rows(sig: str) -> list[Row]:
+        return list(
+            NodeHistory.objects.filter(node__group=group, signal=sig, at__gte=start, at__lt=end)
+            .order_by("at", "node_id").values_list("at", "node__name", "z", "ema", "p50", "p99", "state", "evidence")
+        )
+
+    out = rows(signal)
+    if signal != "norm":
+        tail = {(r[0], r[1]): (r[4], r[5]) for r in rows("norm")}
+        out = [(r[0], r[1], r[2], r[3], *tail.get((r[0], r[1]), (None, None)), r[6], r[7]) for r in out]
+    return out
 
 
-def stored_baselines(group: ModelGroup, start: datetime, end: datetime) -> dict[datetime, float]:
-    """``{at: baseline}`` of the detector's stored ``norm`` baselines of ``group`` in ``[start, end)``."""
-    return dict(GroupBaseline.objects.filter(group=group, signal="norm", at__gte=start, at__lt=end,
+def stored_baselines(group: ModelGroup, start: datetime, end: datetime, signal: str = "norm") -> dict[datetime, float]:
+    """``{at: baseline}`` of the detector's stored ``signal`` baselines of ``group`` in ``[start, end)``."""
+    return dict(GroupBaseline.objects.filter(group=group, signal=signal, at__gte=start, at__lt=end,
                                              baseline__isnull=False).values_list("at", "baseline"))
 
 
@@ -196,10 +214,11 @@ def preview_thresholds(
     proposed = current.replace(**changes)
     end = now or timezone.now()
     start = end - timedelta(seconds=window_s)
-    rows = history_rows(group, start, end)
+    signal = decision_signal(group)
+    rows = history_rows(group, start, end, signal)
     n = group.nodes.filter(retired=False).count()
-    baselines = stored_baselines(group, start, end)
+    baselines = stored_baselines(group, start, end, signal)
     return Preview(
         rows=len(rows), nodes=len({r[1] for r in rows}), start=start, end=end,
-        current=replay(rows, current, n, baselines), proposed=replay(rows, proposed, n, baselines),
+        current=replay(rows, current, n, baselines), proposed=replay(rows, proposed, n, baselines), signal=signal,
     )

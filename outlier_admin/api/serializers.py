@@ -172,6 +172,9 @@ class TimelinePointSerializer(serializers.Serializer):
     weight = serializers.FloatField()
     samples = serializers.IntegerField()
     state = serializers.CharField()
+    evidence = serializers.FloatField(
+        allow_null=True, help_text="The node's CUSUM of per-request excess over degrade_materiality (sd), "
+        "which gates a weight cut; recorded on the signal the detector decides on, null on the others.")
 
 
 class BaselinePointSerializer(serializers.Serializer):

@@ -1,12 +1,12 @@
-"""A node's timeline (EMA, Z, P50, P99, weight, state) over a time range, downsampled for charts.
+"""A node's timeline (EMA, Z, P50, P99, weight, state, evidence) over a time range, downsampled for charts.
 
 History rows arrive every ``HISTORY_EVERY_S`` seconds (10 s: 8,640 rows per signal a day), too many
 to draw. :func:`downsample` splits ``[start, end)`` into at most ``max_points`` equal buckets and
 keeps, per non-empty bucket:
 
 - ``at``: the bucket's last timestamp; ``state``: the last state (what the node ended the bucket in);
-- ``z``, ``p99``: the **maximum** (a spike must stay visible after downsampling: an operator looks
-  for the moment Z crossed the threshold);
+- ``z``, ``p99``, ``evidence``: the **maximum** (a spike must stay visible after downsampling: an
+  operator looks for the moment Z or the evidence crossed its line);
 - ``ema``, ``p50``: the mean; ``weight``: the **minimum** (a dip to 0 must stay visible);
 - ``samples``: the last value (a cumulative count).
 
@@ -37,7 +37,7 @@ from outlier_admin.fleet.models import Node
 MAX_POINTS = 2000
 #: Points of the baseline series on the node page's EMA chart (a line, not a spike detector).
 BASELINE_POINTS = 300
-FIELDS = ("at", "ema", "z", "p50", "p99", "weight", "samples", "state")
+FIELDS = ("at", "ema", "z", "p50", "p99", "weight", "samples", "state", "evidence")
 
 
 @dataclass(frozen=True)
@@ -50,11 +50,12 @@ class Point:
     weight: float
     samples: int
     state: str
+    evidence: float | None = None  # only on the signal the detector decides on
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "at": self.at.isoformat(), "ema": self.ema, "z": self.z, "p50": self.p50, "p99": self.p99,
-            "weight": self.weight, "samples": self.samples, "state": self.state,
+            "weight": self.weight, "samples": self.samples, "state": self.state, "evidence": self.evidence,
         }
 
 
@@ -119,25 +120,26 @@ def _sql_buckets(
 _HISTORY_AGGREGATES = (
     "avg(NULLIF(ema, 'NaN'))", "max(NULLIF(z, 'NaN'))", "avg(NULLIF(p50, 'NaN'))", "max(NULLIF(p99, 'NaN'))",
     "min(NULLIF(weight, 'NaN'))", "(array_agg(samples ORDER BY at DESC))[1]", "(array_agg(state ORDER BY at DESC))[1]",
+    "max(NULLIF(evidence, 'NaN'))",
 )
 _BASELINE_AGGREGATES = ("avg(NULLIF(baseline, 'NaN'))", "avg(NULLIF(spread, 'NaN'))", "min(peers)")
 
 
 def downsample(rows: list[tuple], start: datetime, end: datetime, max_points: int = MAX_POINTS) -> list[Point]:
-    """``rows``: ``(at, ema, z, p50, p99, weight, samples, state)`` sorted by ``at``. Returns at most
+    """``rows``: ``(at, ema, z, p50, p99, weight, samples, state, evidence)`` sorted by ``at``. Returns at most
     ``max_points`` points (rows are returned unchanged when they already fit). See module docstring."""
     if max_points < 1:
         raise ValueError(f"max_points must be >= 1, got {max_points}")
     if len(rows) <= max_points:
         return [Point(_when(r[0]), _clean(r[1]), _clean(r[2]), _clean(r[3]), _clean(r[4]), float(r[5]), int(r[6]),
-                      r[7]) for r in rows]
+                      r[7], _clean(r[8])) for r in rows]
     ts = _epochs(rows)
     bucket = _buckets(ts, start, end, max_points)
 
     def col(i: int) -> np.ndarray:
         return np.array([np.nan if r[i] is None else r[i] for r in rows], dtype=float)
 
-    ema, z, p50, p99, weight = col(1), col(2), col(3), col(4), col(5)
+    ema, z, p50, p99, weight, evidence = col(1), col(2), col(3), col(4), col(5), col(8)
     # Bucket boundaries in the sorted rows: starts of each run of equal bucket ids. Aggregates are
     # vectorised with ufunc.reduceat; fmax/fmin ignore NaN, the mean counts only non-NaN values.
     starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
@@ -155,13 +157,14 @@ def downsample(rows: list[tuple], start: datetime, end: datetime, max_points: in
 
     z_max = nan_to_none(np.fmax.reduceat(z, starts))
     p99_max = nan_to_none(np.fmax.reduceat(p99, starts))
+    evidence_max = nan_to_none(np.fmax.reduceat(evidence, starts))
     w_min = [0.0 if v is None else v for v in nan_to_none(np.fmin.reduceat(weight, starts))]
     ema_mean, p50_mean = mean(ema), mean(p50)
     out: list[Point] = []
     for k, last_i in enumerate(lasts.tolist()):
         last = rows[last_i]
         out.append(Point(_when(last[0]), ema_mean[k], z_max[k], p50_mean[k], p99_max[k], w_min[k], int(last[6]),
-                         last[7]))
+                         last[7], evidence_max[k]))
     return out
 
 
@@ -178,7 +181,7 @@ def node_timeline(
         buckets = _sql_buckets(NodeHistory, _HISTORY_AGGREGATES, start, end, max_points, **where)
         if sum(b[0] for b in buckets) > max_points:
             return [Point(_when(b[1]), _clean(b[2]), _clean(b[3]), _clean(b[4]), _clean(b[5]),
-                          0.0 if b[6] is None else float(b[6]), int(b[7]), b[8]) for b in buckets]
+                          0.0 if b[6] is None else float(b[6]), int(b[7]), b[8], _clean(b[9])) for b in buckets]
     rows = _read_rows(NodeHistory, FIELDS, start, end, **where)
     return downsample(rows, start, end, max_points)
 

@@ -148,8 +148,8 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     )
     @action(detail=True, methods=["get"], renderer_classes=[FastJSONRenderer, BrowsableAPIRenderer])
     def timeline(self, request: Request, pk: str | None = None) -> Response:
-        """EMA/Z/P50/P99/weight/state over a range, downsampled to at most 2,000 points (Z and P99 keep
-        each bucket's maximum, weight its minimum), with the transitions in the range and the
+        """EMA/Z/P50/P99/weight/state/evidence over a range, downsampled to at most 2,000 points (Z, P99
+        and evidence keep each bucket's maximum, weight its minimum), with the transitions in the range and the
         detector's peer baseline of the node's group on the same signal (at most 300 points)."""
         node = get_object_or_404(Node, pk=pk)
         try:

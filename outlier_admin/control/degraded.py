@@ -260,17 +260,7 @@ def rows_of_tick(ev: Any, group: ModelGroup, by_name: dict[str, Node], transitio
     ]
     moved = {tr.node for tr in transitions}
     at = datetime.fromtimestamp(now, tz=UTC)
-    history = []
-    for i, node_name in enumerate(ev.nodes):
-        if node_name not in by_name or not (write_all or node_name in moved):
-            continue
-        state_label = NodeState(int(ev.states[i])).label
-        for sig, ema in ev.ema.items():
-            history.append(NodeHistory(
-                node=by_name[node_name], signal=sig, at=at, ema=t._f(ema[i]), z=t._f(ev.z_by_signal[sig][i]),
-                p50=t._f(ev.p50[i]) if sig == "norm" else None, p99=t._f(ev.p99[i]) if sig == "norm" else None,
-                samples=int(ev.counts[i]), weight=float(ev.weights[i]), state=state_label,
-            ))
+    history = t.history_rows(ev, by_name, at, None if write_all else moved)
     rows.extend(history)
     if history:  # as the normal tick: the baseline of every history write
         rows.extend(t.baseline_rows(ev, group, at))

@@ -22,7 +22,9 @@ class NodeHistory(models.Model):
     """Per node and signal: one row per tick at a bounded cadence, and on every transition.
 
     Bulk-inserted by the tick; ``retention`` downsamples old rows. ``z``/``p50``/``p99``/``ema`` are
-    on the normalised scale of the signal (NaN from the detector is stored as NULL).
+    on the normalised scale of the signal (NaN from the detector is stored as NULL). ``evidence`` (the
+    node's CUSUM that gates a weight cut, :mod:`detector.evidence`) is on the row of the signal the
+    detector decides on, NULL on the others.
     """
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="history")
@@ -35,6 +37,7 @@ class NodeHistory(models.Model):
     samples = models.BigIntegerField(default=0)
     weight = models.FloatField(default=0)
     state = models.CharField(max_length=32)
+    evidence = models.FloatField(null=True)
     downsampled = models.BooleanField(default=False)
 
     class Meta:

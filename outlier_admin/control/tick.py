@@ -233,6 +233,25 @@ def published_view(ev: Any, group: ModelGroup, nodes_by_name: dict[str, Node]) -
     return out
 
 
+def history_rows(ev: Any, by_name: dict[str, Node], at: datetime, only: set[str] | None = None) -> list[NodeHistory]:
+    """One :class:`NodeHistory` row per node (of ``by_name``; of ``only`` too when given) and signal of
+    evaluation ``ev``. The tail window's P50/P99 go on the ``norm`` row, the evidence on the row of
+    the signal the detector decides on."""
+    rows = []
+    for i, name in enumerate(ev.nodes):
+        if name not in by_name or (only is not None and name not in only):
+            continue
+        state_label = NodeState(int(ev.states[i])).label
+        for sig, ema in ev.ema.items():
+            rows.append(NodeHistory(
+                node=by_name[name], signal=sig, at=at, ema=_f(ema[i]), z=_f(ev.z_by_signal[sig][i]),
+                p50=_f(ev.p50[i]) if sig == "norm" else None, p99=_f(ev.p99[i]) if sig == "norm" else None,
+                samples=int(ev.counts[i]), weight=float(ev.weights[i]), state=state_label,
+                evidence=_f(ev.evidence[i]) if sig == ev.decision_signal and len(ev.evidence) else None,
+            ))
+    return rows
+
+
 def baseline_rows(ev: Any, group: ModelGroup, at: datetime) -> list[GroupBaseline]:
     """One :class:`GroupBaseline` per signal of ``ev``: ``ev.baseline[s]``/``ev.spread[s]`` (NaN ->
     NULL). ``peers``: the detector's own count when the evaluation carries one (``ev.peers[s]``);
@@ -378,18 +397,8 @@ def _tick_locked(r: redis.Redis, group: ModelGroup, now: float | None, consumer:
         for t in transitions:
             if t.to_state == NodeState.PENDING_APPROVAL and not shadow:
                 _open_detector_proposal(by_name[t.node], t)
-        history = []
         at = _ts(now)
-        for i, name in enumerate(ev.nodes):
-            if name not in by_name or not (write_all or name in moved):
-                continue
-            state_label = NodeState(int(ev.states[i])).label
-            for sig, ema in ev.ema.items():
-                history.append(NodeHistory(
-                    node=by_name[name], signal=sig, at=at, ema=_f(ema[i]), z=_f(ev.z_by_signal[sig][i]),
-                    p50=_f(ev.p50[i]) if sig == "norm" else None, p99=_f(ev.p99[i]) if sig == "norm" else None,
-                    samples=int(ev.counts[i]), weight=float(ev.weights[i]), state=state_label,
-                ))
+        history = history_rows(ev, by_name, at, None if write_all else moved)
         NodeHistory.objects.bulk_create(history, batch_size=2000)
         if history:
             # The baseline every Z of this write was measured against, one row per signal.

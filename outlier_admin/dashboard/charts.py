@@ -17,9 +17,12 @@ MARKER_COLORS = {"quarantined": "#c62828", "degraded": "#b85c00", "healthy": "#2
 def node_charts(
     points: list[Point], baseline: list[BaselinePoint], transitions: list[Transition],
     thresholds: Thresholds, start: datetime, end: datetime, *, signal: str = "norm",
-    tail_points: list[Point] | None = None,
+    tail_points: list[Point] | None = None, evidence_points: list[Point] | None = None,
 ) -> dict[str, SafeString]:
-    """``{"z", "ema", "weight", "tail"}`` SVG charts for one node over ``[start, end]``.
+    """``{"z", "ema", "weight", "tail", "evidence"}`` SVG charts for one node over ``[start, end]``.
+
+    ``tail_points`` (the norm rows, which carry the tail window) and ``evidence_points`` (the rows of
+    the signal the detector decides on, which carry the evidence) default to ``points``.
 
     The EMA chart draws the group's stored detector baseline and the degrade bound
     ``baseline + degrade_z * spread`` (where the node's EMA crosses it, its Z crosses ``degrade_z``)."""
@@ -34,6 +37,7 @@ def node_charts(
         signal, "Normalised latency")
     tail_points = points if tail_points is None else tail_points
     tail_ats = [p.at for p in tail_points]
+    evidence_points = points if evidence_points is None else evidence_points
     degrade_bound = [(b.at, b.baseline + thresholds.degrade_z * b.spread if b.baseline is not None
                       and b.spread is not None else None) for b in baseline]
     return {
@@ -57,5 +61,11 @@ def node_charts(
             [Series("P99", list(zip(tail_ats, [p.p99 for p in tail_points], strict=True)), PALETTE[1]),
              Series("P50", list(zip(tail_ats, [p.p50 for p in tail_points], strict=True)))],
             title="P99 and P50 of the tail window (x the peers' baseline)", unit=ratio_unit, start=start, end=end, markers=markers,
+        ),
+        "evidence": time_chart(
+            [Series("evidence", [(p.at, p.evidence) for p in evidence_points], PALETTE[1])],
+            title=f"Evidence of being over {thresholds.degrade_materiality:g}x the baseline (CUSUM)", unit="σ",
+            start=start, end=end, markers=markers, height=160,
+            thresholds=[Threshold("weight cut", thresholds.degrade_evidence, "#b85c00")],
         ),
     }

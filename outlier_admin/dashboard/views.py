@@ -133,16 +133,21 @@ def node_page(request: HttpRequest, pk: int) -> HttpResponse:
     points = node_timeline(node, start, end, signal=signal)
     # P50/P99 come from the detector's tail window, recorded on the norm rows.
     tail_points = points if signal == "norm" else node_timeline(node, start, end)
+    # The evidence that gates a weight cut is recorded on the rows of the signal the detector decides on.
+    decision = queries.decision_signal(node.group)
+    evidence_points = (points if signal == decision else
+                       tail_points if decision == "norm" else node_timeline(node, start, end, signal=decision))
     transitions = list(Transition.objects.filter(node=node, at__gte=start, at__lt=end).order_by("at"))
     charts = node_charts(points, group_baseline(node.group_id, start, end, signal=signal), transitions,
-                         node.group.thresholds(), start, end, signal=signal, tail_points=tail_points)
+                         node.group.thresholds(), start, end, signal=signal, tail_points=tail_points,
+                         evidence_points=evidence_points)
     latest_gpu: dict[str, GpuReading] = {}
     for r in GpuReading.objects.filter(node=node).order_by("-at")[:64]:
         latest_gpu.setdefault(r.gpu, r)
     return render(request, "dashboard/node.html", _ctx(
         request, node=node, charts=charts, start=start, end=end, hours=request.GET.get("hours", "1"),
         signal=signal, signals=queries.SIGNALS, signal_label=queries.SIGNAL_LABELS[signal],
-        points=len(points), transitions=Transition.objects.filter(node=node)[:50],
+        decision_signal=decision, points=len(points), transitions=Transition.objects.filter(node=node)[:50],
         probes=CanaryProbe.objects.filter(node=node)[:50], overrides=Override.objects.filter(node=node)[:50],
         gpus=sorted(latest_gpu.values(), key=lambda r: r.gpu), override_form=OverrideForm(),
     ))

@@ -1,5 +1,5 @@
 """The database-side downsampling of long ranges (PostgreSQL) must give the same points as the
-reference :func:`downsample` over the same rows: same buckets, Z/P99 maxima, weight minima, mean EMA/P50,
+reference :func:`downsample` over the same rows: same buckets, Z/P99/evidence maxima, weight minima, mean EMA/P50,
 last samples/state; missing (NULL) and NaN figures ignored."""
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def test_sql_buckets_match_reference_downsample(seed, rows, max_points):
             z=float("nan") if rng.random() < 0.05 else float(rng.normal(0, 2)),
             p50=float(rng.uniform(0.5, 1.5)), p99=None if missing else float(rng.uniform(1.5, 4)),
             samples=i * 3, weight=float(rng.choice([0.0, 50.0, 100.0])), state=str(rng.choice(states)),
+            evidence=None if rng.random() < 0.3 else float(rng.exponential(4)),
         ))
     NodeHistory.objects.bulk_create(hist)
     start = ats[0] - timedelta(seconds=7.3)
@@ -52,7 +53,8 @@ def test_sql_buckets_match_reference_downsample(seed, rows, max_points):
     assert len(got) == len(want) <= max_points
     for g, w in zip(got, want, strict=True):
         assert abs((g.at - w.at).total_seconds()) < 1e-3
-        assert (g.z, g.p99, g.weight, g.samples, g.state) == (w.z, w.p99, w.weight, w.samples, w.state)
+        assert (g.z, g.p99, g.weight, g.samples, g.state, g.evidence) == (
+            w.z, w.p99, w.weight, w.samples, w.state, w.evidence)
         assert _close(g.ema, w.ema) and _close(g.p50, w.p50)
 
 

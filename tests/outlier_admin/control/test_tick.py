@@ -43,6 +43,10 @@ def test_slow_node_is_quarantined_and_release_restores_it(redis_client):
     quarantine = Transition.objects.get(node__name=SLOW, to_state="quarantined")
     assert quarantine.explanation["to_state"] == "quarantined" and quarantine.reason
     assert Node.objects.get(name=SLOW).state == "quarantined"
+    # The evidence that gated the weight cut is on the history rows of one signal, the deciding one.
+    with_evidence = NodeHistory.objects.filter(node__group__name="g1", evidence__isnull=False)
+    assert set(with_evidence.values_list("signal", flat=True)) == {"decode"}
+    assert max(with_evidence.filter(node__name=SLOW).values_list("evidence", flat=True)) > 0
 
     do_release(Node.objects.get(name=SLOW), actor="alice", reason="GPU swapped")
     res = run_tick("g1", now=t0 + 8.5)

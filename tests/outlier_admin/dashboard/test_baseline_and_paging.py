@@ -112,7 +112,7 @@ def test_pages_show_the_signal_the_detector_decides_on(fleet, users):
     write_history(node, start=now - timedelta(seconds=30), count=3, z=0.6, ema=1.03)  # norm rows
     NodeHistory.objects.bulk_create([
         NodeHistory(node=node, signal="decode", at=now - timedelta(seconds=30 - 10 * i), ema=31.0, z=9.25,
-                    samples=300 + i, weight=0.0, state="quarantined")
+                    samples=300 + i, weight=0.0, state="quarantined", evidence=11.5 + i)
         for i in range(3)
     ])
     GroupBaseline.objects.create(group=group, signal="decode", at=now, baseline=14.0, spread=0.7, peers=7)
@@ -125,6 +125,10 @@ def test_pages_show_the_signal_the_detector_decides_on(fleet, users):
     node_page = c.get(f"/nodes/{node.pk}/").content.decode()
     assert "Decode time per token: EMA vs peer baseline" in node_page
     assert "Z-score vs peers (decode)" in node_page
+    # The evidence chart reads the deciding signal's rows whichever signal is shown, with its cut line.
+    for shown in (node_page, c.get(f"/nodes/{node.pk}/?signal=norm").content.decode()):
+        assert "over 1.15x the baseline (CUSUM)" in shown
+        assert "Latest: evidence 13.5 σ. Thresholds: weight cut 8" in shown
 
 
 def test_a_young_node_page_starts_at_its_first_record(fleet, users):
@@ -142,3 +146,20 @@ def test_a_young_node_page_starts_at_its_first_record(fleet, users):
     hour = c.get(f"/nodes/{node.pk}/?hours=1").content.decode()
     after = timezone.now() - timedelta(hours=1)
     assert f"{before:%Y-%m-%d %H:%M} –" in hour or f"{after:%Y-%m-%d %H:%M} –" in hour  # asked for: an hour
+
+
+def test_preview_replays_the_deciding_signal_and_its_recorded_evidence(fleet):
+    """Once the group logs TTFT the preview replays the decode rows, and a weight cut needs the
+    evidence recorded on them: lowering ``degrade_evidence`` below it shows the cut that would follow."""
+    group, now = fleet["group"], fleet["now"]
+    node = fleet["nodes"][6]
+    ats = [now - timedelta(minutes=10) + timedelta(seconds=10 * i) for i in range(30)]
+    GroupBaseline.objects.bulk_create([GroupBaseline(group=group, signal="decode", at=at, baseline=14.0,
+                                                     spread=0.7, peers=7) for at in ats])
+    # Decode 1.3x the baseline (Z 2.6), evidence 3 sd: over the Z and materiality lines, under 8.
+    NodeHistory.objects.bulk_create([NodeHistory(node=node, signal="decode", at=at, ema=18.2, z=2.6, samples=100,
+                                                 weight=100.0, state="healthy", evidence=3.0) for at in ats])
+    p = preview_thresholds(group, {"degrade_evidence": 2.5}, now=now + timedelta(seconds=1))
+    assert p.signal == "decode" and p.to_dict()["signal"] == "decode"
+    assert [t.rule for t in p.current if t.node == node.name] == []
+    assert [(t.to_state, t.rule) for t in p.proposed if t.node == node.name] == [("degraded", "z_degrade")]
