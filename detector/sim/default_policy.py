@@ -46,6 +46,7 @@ class DefaultPolicy(Policy):
         self.buf: tuple[list, ...] = ([], [], [], [], [], [], [])
         self.probing: set[int] = set()
         self.last_eval: Any = None
+        self.logs_ttft = ctx.sim.scn.logs_ttft
 
     def add_node(self, node: int, now: float) -> None:
         self.gd.add_node(self.ctx.node_ids[node], base_weight=self.base, now=now + EPOCH)
@@ -65,7 +66,7 @@ class DefaultPolicy(Policy):
         b[1].append(now + EPOCH)
         b[2].append(prompt)
         b[3].append(completion)
-        b[4].append(ttft_ms)
+        b[4].append(ttft_ms if self.logs_ttft else math.nan)
         b[5].append(total_ms)
         b[6].append(status)
 
@@ -103,8 +104,9 @@ class DefaultPolicy(Policy):
 
         def done(now: float, ttft_ms: float, total_ms: float, ok: bool) -> None:
             self.probing.discard(i)
+            ttft = ttft_ms if self.logs_ttft and math.isfinite(ttft_ms) else None
             self.gd.record_probe(nid, now + EPOCH, scn.probe_prompt_tokens, scn.probe_completion_tokens,
-                                 None if not math.isfinite(ttft_ms) else ttft_ms, total_ms, ok)
+                                 ttft, total_ms, ok)
 
         return done
 

@@ -15,6 +15,8 @@ Fields this simulator adds to the schema (all optional, documented in ``scenario
 - ``client.retry_backoff_s`` (default 0): delay before a retry re-enters the gateway.
 - ``tick_s`` (default 0.2): detector evaluation period for tick-based policies.
 - ``probe``: ``{"prompt_tokens": 256, "completion_tokens": 32}`` the canary request.
+- ``gateway.logs_ttft`` (default true): false models a gateway whose access log has no TTFT (nginx's
+  default format): detector policies then see total latency only.
 - fault ``error_status`` (crash, default 503).
 """
 
@@ -119,6 +121,7 @@ class Scenario:
     tick_s: float = 0.2
     probe_prompt_tokens: int = 256
     probe_completion_tokens: int = 32
+    logs_ttft: bool = True
     source: str = ""
 
     def group(self, name: str) -> Group:
@@ -173,6 +176,13 @@ def _num(obj: dict[str, Any], key: str, path: str, *, default: Any = ..., lo: fl
     if hi is not None and v > hi:
         raise ScenarioError(where, f"must be <= {hi}, got {v!r}")
     return int(v) if integer else float(v)
+
+
+def _flag(obj: dict[str, Any], key: str, path: str, *, default: bool) -> bool:
+    v = obj.get(key, default)
+    if not isinstance(v, bool):
+        raise ScenarioError(f"{path}.{key}", f"must be true or false, got {v!r}")
+    return v
 
 
 def _one_of(value: Any, options: Any) -> bool:
@@ -341,6 +351,7 @@ def parse_scenario(data: Any, source: str = "") -> Scenario:
         tick_s=_num(d, "tick_s", "", default=0.2, lo=0.01, hi=60.0),
         probe_prompt_tokens=_num(probe, "prompt_tokens", "probe", default=256, lo=1, integer=True),
         probe_completion_tokens=_num(probe, "completion_tokens", "probe", default=32, lo=1, integer=True),
+        logs_ttft=_flag(_obj(d.get("gateway", {}), "gateway"), "logs_ttft", "gateway", default=True),
         source=source,
     )
 

@@ -180,3 +180,22 @@ def test_same_seed_same_report_and_different_seed_differs():
     d["seed"] = 2
     r3 = run_scenario(parse_scenario(d), pols)
     assert r3["policies"]["round_robin"]["p99_ms"] != r1["policies"]["round_robin"]["p99_ms"]
+
+
+def test_a_gateway_without_ttft_gives_the_detector_total_latency_only():
+    """``gateway.logs_ttft: false`` (nginx's default log): the default policy's detector gets no TTFT,
+    so it has no decode baseline and decides on the learned ``norm``; with TTFT it decides on decode."""
+    d = tiny(duration_s=60)
+    d["groups"][0]["nodes"] = 4  # a baseline needs 3 peers
+    d["workload"][0]["rate_rps"] = 10  # and the cost model 200 samples
+    with_ttft = run_scenario(parse_scenario(d), ["default"], keep_sims=True)
+    d["gateway"] = {"logs_ttft": False}
+    without = run_scenario(parse_scenario(d), ["default"], keep_sims=True)
+
+    def last_eval(report):
+        policy = report["_sims"]["default"].policies[0]
+        return policy.last_eval
+
+    assert last_eval(with_ttft).decision_signal == "decode"
+    ev = last_eval(without)
+    assert ev.decision_signal == "norm" and np.isnan(ev.ema["decode"]).all() and np.isfinite(ev.ema["norm"]).all()

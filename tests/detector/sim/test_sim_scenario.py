@@ -40,6 +40,7 @@ def test_at_least_the_shared_scenarios_are_shipped():
     (lambda d: d.update(faults=[{"group": "g", "node": 0, "kind": "surge", "slowdown": 2, "start_s": 10,
                                  "end_s": 5}]), "faults[0].end_s"),
     (lambda d: d.update(duration_s=-1), "duration_s"),
+    (lambda d: d.update(gateway={"logs_ttft": "no"}), "gateway.logs_ttft"),
 ])
 def test_bad_scenario_names_the_field(mutate, field):
     d = tiny()
