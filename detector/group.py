@@ -365,6 +365,13 @@ class GroupDetector:
         self.window.add(learn_node[ok], tail_x[ok].astype(np.float32))
         self._add_evidence(learn_node, signals)
         a["new_samples"] += np.bincount(learn_node, minlength=n)
+        # Requests dispatched once the node's weight had been cut for queue_drain_s (start = completion
+        # - latency): the only latency a queue-laden signal can quarantine on (see evaluate).
+        learned = lat.take(learn)
+        started = learned.ts - learned.total_ms / 1000.0
+        with np.errstate(invalid="ignore"):
+            drained = started >= a["cut_at"][learn_node] + self.thresholds.queue_drain_s
+        a["new_drained"] += np.bincount(learn_node[drained], minlength=n)
         accepted = int(keep.sum())
         self.accepted_total += accepted
         return IngestResult(accepted, rejected, unknown, ignored=int((~counted).sum()))
@@ -571,13 +578,25 @@ class GroupDetector:
         q_which = np.where(has_dec & np.isfinite(q_score), dec, np.where(has_dec, -1, which))
         tail_bad &= ~has_dec | (dec_excess >= t.degrade_materiality)
         cross_bad &= ~has_dec | (dec_excess >= t.degrade_materiality)
+        # Without TTFT the only latency is queue-laden, and near saturation a node's queue grows by
+        # chance: quarantining it pushes its load onto peers whose queues then grow (in the simulator's
+        # healthy 64-node hour at up to 1.4x load: 173 false quarantines). A slow GPU stays slow once
+        # its queue has drained; a queue does not. So a queue-laden signal quarantines only on requests
+        # dispatched queue_drain_s after the node's weight was cut, and the tail tests only on a node
+        # cut that long ago and still over the degrade line.
+        queue_laden = ~has_dec & (t.baseline_mode == "robust")
+        new = np.where(queue_laden, a["new_drained"], a["new_samples"])
+        cut_long = np.isfinite(a["cut_at"]) & (now - a["cut_at"] >= t.queue_drain_s)
+        drained_over = cut_long & np.isfinite(q_score) & (q_score >= t.degrade_z) & (
+            q_excess >= t.degrade_materiality)
+        tail_bad &= ~queue_laden | drained_over
+        cross_bad &= ~queue_laden | drained_over
 
         # Z persistence: samples at or above the quarantine line, as a leaky count rather than a run.
         # A request already running at the onset completes only partly slowed and dips the EMA once;
         # restarting the count for it would throw away the evidence before it. Each sample under the
         # line takes one back, so a node that is over the line half the time or less never gets there.
         over_q = np.isfinite(q_score) & (q_score >= t.quarantine_z) & (q_excess >= t.quarantine_materiality)
-        new = a["new_samples"]
         a["over_q"] = np.where(over_q, a["over_q"] + new, np.maximum(a["over_q"] - new, 0))
         # ...and over enough evaluations: one tick can bring hundreds of samples of a busy node, and
         # the EMA at its end says nothing about how many of them were over the line (seed 000: 3).
@@ -689,6 +708,9 @@ class GroupDetector:
 
         # Evidence is about a node in service; out of it (or warming) it starts again from nothing.
         a["evidence"][(a["state"] != S.HEALTHY) & (a["state"] != S.DEGRADED)] = 0.0
+        # When the node's weight was cut (degraded or held pending approval), for the drain rule.
+        cut = (a["state"] == S.DEGRADED) | (a["state"] == S.PENDING_APPROVAL)
+        a["cut_at"] = np.where(cut, np.where(np.isfinite(a["cut_at"]), a["cut_at"], now), np.nan)
 
         weights = self._weights(score)
         fallback_reason = None
@@ -701,6 +723,7 @@ class GroupDetector:
             )
         a["grace"] = np.maximum(a["grace"] - a["new_samples"], 0)
         a["new_samples"][:] = 0
+        a["new_drained"][:] = 0
         transitions = self._pending
         self._pending = []
         thr = {k: getattr(t, k) for k in _EXPLAINED}
@@ -1012,6 +1035,8 @@ _NODE_ARRAYS: dict[str, Any] = {
     "last_seen": np.float64,
     "warm_samples": np.int64,
     "new_samples": np.int64,
+    "new_drained": np.int64,
+    "cut_at": np.float64,
     "over_q": np.int64,
     "evidence": np.float64,
     "consec_err": np.int64,
@@ -1037,7 +1062,8 @@ _NODE_ARRAYS: dict[str, Any] = {
     "over_q_evals": np.int64,
 }
 _NAN_ARRAYS = frozenset(
-    {"last_seen", "p50", "p99", "next_probe", "step_started", "pending_since", "override_until", "pin", "pin_until"}
+    {"last_seen", "p50", "p99", "next_probe", "step_started", "pending_since", "override_until", "pin", "pin_until",
+     "cut_at"}
 )
 
 

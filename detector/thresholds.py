@@ -97,6 +97,9 @@ class Thresholds:
     quarantine_persistence: int = _f(10, lo=1, hi=100_000, integer=True)
     """Samples (counted at each evaluation) with ``Z >= quarantine_z`` before quarantine; a leaky
     count: each sample under the line takes one back."""
+    queue_drain_s: float = _f(10.0, lo=0.0, hi=3600.0)
+    """Robust mode, gateway logs no TTFT (the latency includes the queue): quarantine counts only
+    requests dispatched this long after the node's weight was cut, when its queue has drained."""
     quarantine_min_evaluations: int = _f(3, lo=1, hi=10_000, integer=True)
     """...seen over the line at this many evaluations with new samples (seed 000: 3 evaluations)."""
     min_weight_fraction: float = _f(0.05, lo=0.0, hi=1.0, lo_open=True)

@@ -31,6 +31,8 @@ class Fleet:
         self.jitter = jitter
         self.rate = rate
         self.slow: dict[int, float] = {}
+        self.wait_ms: dict[int, float] = {}  # queueing: added to a node's latency, not scaled by tokens
+        self.logs_ttft = True
         self.surge = 1.0
 
     def batch(self, t0: float, dt: float, *, status: dict[int, int] | None = None) -> SampleBatch:
@@ -43,12 +45,15 @@ class Fleet:
             f = np.where(node == i, f * factor, f)
         ttft = (p * self.prefill_ms + self.overhead_ms) * f
         total = ttft + c * self.decode_ms * f
+        for i, wait in self.wait_ms.items():
+            ttft = np.where(node == i, ttft + wait, ttft)
+            total = np.where(node == i, total + wait, total)
         st = np.full(k, 200)
         for i, code in (status or {}).items():
             st[node == i] = code
         return SampleBatch.from_columns(
             node=[self.nodes[i] for i in node], ts=t0 + np.sort(self.rng.uniform(0, dt, k)),
-            prompt_tokens=p, completion_tokens=c, ttft_ms=ttft, total_ms=total, status=st,
+            prompt_tokens=p, completion_tokens=c, ttft_ms=ttft if self.logs_ttft else None, total_ms=total, status=st,
         )
 
 

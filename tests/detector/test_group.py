@@ -309,3 +309,33 @@ def test_a_snapshot_without_newer_counters_still_restores():
     old = GroupDetector.from_bytes(buf.getvalue())
     assert (old.a["over_q_evals"] == 0).all()
     run(old, fleet, 5, 2)  # evaluates without a KeyError
+
+
+def test_without_ttft_a_queue_that_drains_is_not_quarantined_but_a_slow_gpu_is():
+    """Without TTFT the latency includes the queue. Node 5's requests wait 4 s in a queue until 8 s
+    after its weight is cut (its queue then has drained); node 9's GPU is 3x slower whatever its load.
+    Both get cut; only node 9 is quarantined, on requests dispatched queue_drain_s after the cut."""
+    fleet = Fleet(16, seed=4)
+    fleet.logs_ttft = False
+    t = Thresholds()
+    gd = GroupDetector(t, fleet.nodes)
+    run(gd, fleet, 0, 30)
+    fleet.wait_ms[5] = 4000.0
+    fleet.slow[9] = 3.0
+    evs, now, cut_5, cut_9 = [], 30.0, None, None
+    while now < 90:
+        gd.ingest(fleet.batch(now, 0.2))
+        now += 0.2
+        ev = gd.evaluate(now)
+        evs.append(ev)
+        if cut_5 is None and ev.weights[5] < 100:
+            cut_5 = now
+        if cut_9 is None and ev.weights[9] < 100:
+            cut_9 = now
+        if cut_5 is not None and now > cut_5 + 8.0:
+            fleet.wait_ms.pop(5, None)  # the cut has emptied its queue: requests dispatched since wait less
+    assert ev.decision_signal == "norm"
+    assert cut_5 is not None and cut_9 is not None
+    assert all(ev.states[5] not in OUT_OF_SERVICE for ev in evs)
+    q9 = _first(evs, 9, S.QUARANTINED)
+    assert q9 is not None and q9 - cut_9 >= t.queue_drain_s
