@@ -13,6 +13,8 @@ Rules replayed (the detector's, on the history cadence of ``HISTORY_EVERY_S`` se
 - quarantine: ``Z >= quarantine_z`` (robust: ``EMA >= quarantine_materiality * baseline``) for
   ``quarantine_persistence`` rows in a row, or ``P99/P50 >= tail_ratio`` for ``tail_windows`` rows in
   a row, or ``P50 >= cross_p50_ratio * median peer P50`` for ``tail_windows`` rows in a row;
+- without TTFT (``norm`` decides, its latency includes the queue): latency quarantines only a node
+  degraded for at least ``queue_drain_s``, counting its rows from then on;
 - safeguard: a quarantine is refused (``safeguard_blocked``) when it would put more than
   ``floor(max_quarantine_fraction * nodes)`` nodes out of service; the node stays degraded.
 
@@ -48,8 +50,8 @@ from outlier_admin.fleet.models import ModelGroup
 #: Thresholds whose effect the replay can show (they act on stored figures).
 PREVIEW_FIELDS = (
     "degrade_z", "degrade_hysteresis", "quarantine_z", "quarantine_persistence", "degrade_materiality",
-    "quarantine_materiality", "degrade_evidence", "tail_ratio", "cross_p50_ratio", "tail_windows",
-    "max_quarantine_fraction",
+    "quarantine_materiality", "degrade_evidence", "queue_drain_s", "tail_ratio", "cross_p50_ratio",
+    "tail_windows", "max_quarantine_fraction",
 )
 OUT_OF_SERVICE = frozenset({"quarantined", "probing", "forced_quarantine"})
 JUDGED = frozenset({"healthy", "degraded", "pending_approval"})
@@ -109,13 +111,19 @@ Row = tuple[datetime, str, float | None, float | None, float | None, float | Non
 
 
 def replay(
-    rows: list[Row], t: Thresholds, node_count: int, baselines: dict[datetime, float] | None = None
+    rows: list[Row], t: Thresholds, node_count: int, baselines: dict[datetime, float] | None = None, *,
+    queue_laden: bool = False,
 ) -> list[SimTransition]:
     """Simulated transitions of ``rows`` (sorted by ``at``) under thresholds ``t``. Pure function.
 
     ``node_count`` sizes the safeguard (the group's nodes, not only those with history);
-    ``baselines``: the detector's stored baseline per timestamp (missing: median-EMA estimate)."""
+    ``baselines``: the detector's stored baseline per timestamp (missing: median-EMA estimate);
+    ``queue_laden``: the rows are of ``norm`` in a group without TTFT, whose latency includes the
+    queue: as the detector does (robust mode), latency quarantines only a node cut (degraded) for at
+    least ``queue_drain_s``, counting its rows from then on."""
     baselines = baselines or {}
+    drain = queue_laden and t.baseline_mode == "robust"
+    cut_since: dict[str, datetime] = {}
     by_at: dict[datetime, list[Row]] = defaultdict(list)
     for r in rows:
         by_at[r[0]].append(r)
@@ -149,12 +157,18 @@ def replay(
                 continue
             if cur is None or cur not in JUDGED:
                 cur = state[node] = "degraded" if recorded == "pending_approval" else recorded
+            if cur == "degraded":
+                cut_since.setdefault(node, at)
+            else:
+                cut_since.pop(node, None)
+            drained = not drain or (node in cut_since and (at - cut_since[node]).total_seconds() >= t.queue_drain_s)
             zq = z is not None and z >= t.quarantine_z and (
                 not robust or baseline is None or (ema is not None and ema >= t.quarantine_materiality * baseline))
-            z_streak[node] = z_streak[node] + 1 if zq else 0
-            tail = p50 is not None and p99 is not None and p50 > 0 and p99 / p50 >= t.tail_ratio
+            z_streak[node] = z_streak[node] + 1 if zq and drained else 0
+            tail = drained and p50 is not None and p99 is not None and p50 > 0 and p99 / p50 >= t.tail_ratio
             tail_streak[node] = tail_streak[node] + 1 if tail else 0
-            slow50 = p50 is not None and median_p50 is not None and median_p50 > 0 and p50 >= t.cross_p50_ratio * median_p50
+            slow50 = drained and p50 is not None and median_p50 is not None and median_p50 > 0 and (
+                p50 >= t.cross_p50_ratio * median_p50)
             p50_streak[node] = p50_streak[node] + 1 if slow50 else 0
             rule = ("z_quarantine" if z_streak[node] >= t.quarantine_persistence
                     else "tail_ratio" if tail_streak[node] >= t.tail_windows
@@ -177,9 +191,11 @@ def replay(
             if cur == "healthy" and zd:
                 out.append(SimTransition(node, at, cur, "degraded", "z_degrade"))
                 state[node] = "degraded"
+                cut_since[node] = at
             elif cur == "degraded" and (z is None or z < t.degrade_z - t.degrade_hysteresis):
                 out.append(SimTransition(node, at, cur, "healthy", "z_recovered"))
                 state[node] = "healthy"
+                cut_since.pop(node, None)
     return out
 
 
@@ -220,5 +236,6 @@ def preview_thresholds(
     baselines = stored_baselines(group, start, end, signal)
     return Preview(
         rows=len(rows), nodes=len({r[1] for r in rows}), start=start, end=end,
-        current=replay(rows, current, n, baselines), proposed=replay(rows, proposed, n, baselines), signal=signal,
+        current=replay(rows, current, n, baselines, queue_laden=signal == "norm"),
+        proposed=replay(rows, proposed, n, baselines, queue_laden=signal == "norm"), signal=signal,
     )

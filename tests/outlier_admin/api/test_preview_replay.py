@@ -1,0 +1,36 @@
+"""The preview's replay (a pure function) follows the detector's drain rule for groups without TTFT."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from detector import Thresholds
+from outlier_admin.api.preview import replay
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def rows(count: int) -> list[tuple]:
+    # One slow node (Z 4, EMA 2x the baseline) among three, a row a second, recorded healthy.
+    out = []
+    for i in range(count):
+        at = T0 + timedelta(seconds=i)
+        out.append((at, "slow", 4.0, 2.0, None, None, "healthy", None))
+        out += [(at, f"peer{k}", 0.0, 1.0, None, None, "healthy", None) for k in range(2)]
+    return out
+
+
+def quarantined_at(transitions) -> float | None:
+    return next(((t.at - T0).total_seconds() for t in transitions if t.to_state == "quarantined"), None)
+
+
+def test_without_ttft_quarantine_waits_for_the_drained_rows():
+    t = Thresholds(queue_drain_s=10.0)
+    baselines = {T0 + timedelta(seconds=i): 1.0 for i in range(40)}
+    with_ttft = replay(rows(40), t, node_count=10, baselines=baselines)
+    without = replay(rows(40), t, node_count=10, baselines=baselines, queue_laden=True)
+    # Both cut the node at once; with TTFT the 10th row over the line quarantines it, without TTFT
+    # the 10th row from 10 s after the cut.
+    assert [x.to_state for x in with_ttft][:1] == ["degraded"] == [x.to_state for x in without][:1]
+    assert quarantined_at(with_ttft) == 9.0
+    assert quarantined_at(without) == 19.0
