@@ -1,6 +1,7 @@
 """The ingest record format and its validation (shared by HTTP push and log tailing).
 
-A record is one finished request as a gateway saw it::
+A record is one finished request as a gateway saw it, stamped (``ts``) with the moment it finished —
+when the gateway learned its latency; ``ts - total_ms`` is when it was dispatched::
 
     {"ts": <epoch seconds or RFC 3339>, "node": "<address or node id>", "group": "<optional>",
      "prompt_tokens": int, "completion_tokens": int, "ttft_ms": float (optional),

@@ -29,8 +29,10 @@ Mapping onto an ingest record
       capture response header X-TTFT-Ms len 10        # optional; overrides Tr as ttft_ms
 
   the last ``{...}`` block reads ``{12|16|41}`` and gives the counts. Otherwise both are ``None``.
-* ``ts``: the accept date as ISO-8601 UTC (HAProxy logs its host's local time without offset; run
-  gateways in UTC or ship ``%Ts`` with a custom format).
+* ``ts``: when the request finished, ``%tr + Ta`` (the date its first byte arrived plus the total
+  active time), as ISO-8601 UTC: every ingest format stamps a record with its end, the moment the
+  gateway learned its latency. HAProxy logs its host's local time without offset; run gateways in UTC
+  or ship ``%Ts`` with a custom format.
 * ``request_id``: ``"haproxy-"`` + 16 hex of SHA-1 over the log body: stable, so a re-shipped line is
   deduplicated, and distinct lines never collide in practice.
 
@@ -44,7 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 try:  # the ingest package's shared error type; the fallback keeps this module usable on its own
     from outlier_admin.ingest.logformats import ParseError
@@ -121,7 +123,7 @@ def parse_line(line: str, *, node_map: dict[str, str] | None = None) -> dict:
     node = node_map.get(f"{backend}/{server}") or node_map.get(server) or server
     body = text[match.start():]
     return {
-        "ts": accepted.isoformat(),
+        "ts": (accepted + timedelta(milliseconds=_ms(g["Ta"]))).isoformat(),
         "node": node,
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,

@@ -24,7 +24,8 @@ def test_section_8_2_3_example():
     assert rec["ttft_ms"] == 69.0  # Tr
     assert rec["total_ms"] == 109.0 - 10 - 0  # Ta - TR - Tw
     assert rec["prompt_tokens"] is None and rec["completion_tokens"] is None
-    assert datetime.fromisoformat(rec["ts"]) == datetime.fromisoformat("2009-02-06T12:14:14.655+00:00")
+    # Stamped with its end: accepted at 12:14:14.655, Ta 109 ms.
+    assert datetime.fromisoformat(rec["ts"]) == datetime.fromisoformat("2009-02-06T12:14:14.764+00:00")
     assert rec["request_id"].startswith("haproxy-") and len(rec["request_id"]) == 24
 
 
