@@ -294,19 +294,20 @@ def observable_floor(req_sig: tuple[np.ndarray, ...], bound: dict[str, Any], n_g
     records of node ``n_glob`` in one run (``req_sig`` from :func:`_request_signal` of that run)."""
     node, _, end_t, sig = req_sig
     delta, sd, arl0 = bound.get("delta_sd"), bound.get("pre_sd"), bound.get("arl0_samples")
-    if delta is None and sd == 0:
-        delta = math.inf
-    if delta is None or sd is None or not delta > 0:
+    if sd is None or (sd > 0 and (delta is None or not delta > 0)):
         return None
     seen = (node == n_glob) & (end_t >= onset)
     by_end = np.argsort(end_t[seen], kind="stable")
-    x = (sig[seen][by_end] - bound["pre_mean"]) / sd if sd > 0 else np.full(int(seen.sum()), math.inf)
+    ends = end_t[seen][by_end]
+    if sd == 0:  # noise-free: the first record above the healthy value is proof
+        over = np.flatnonzero(sig[seen][by_end] > bound["pre_mean"] + 1e-12)
+        return _r(float(ends[over[0]]) - onset) if len(over) else None
+    x = (sig[seen][by_end] - bound["pre_mean"]) / sd
     # Requests in flight at the onset carry only part of the shift: a CUSUM tuned for the full
     # shift ignores them, one tuned lower uses them. The oracle takes the best tuning.
-    ref = (delta / 2) * 0.5 ** np.arange(6) if math.isfinite(delta) else [math.inf]
-    alarms = [oracle_cusum_alarm(x, k, threshold_for_arl0(arl0, k)) for k in ref]
+    alarms = [oracle_cusum_alarm(x, k, threshold_for_arl0(arl0, k)) for k in (delta / 2) * 0.5 ** np.arange(6)]
     alarms = [i for i in alarms if i is not None]
-    return _r(float(end_t[seen][by_end][min(alarms)]) - onset) if alarms else None
+    return _r(float(ends[min(alarms)]) - onset) if alarms else None
 
 
 def add_floor_ratios(scn: Scenario, sim: Simulation, policy: dict[str, Any], bounds: list[dict[str, Any]]) -> None:

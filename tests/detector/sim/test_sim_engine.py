@@ -199,3 +199,17 @@ def test_a_gateway_without_ttft_gives_the_detector_total_latency_only():
     assert last_eval(with_ttft).decision_signal == "decode"
     ev = last_eval(without)
     assert ev.decision_signal == "norm" and np.isnan(ev.ema["decode"]).all() and np.isfinite(ev.ema["norm"]).all()
+
+
+def test_floor_of_a_noise_free_fleet_is_its_first_slowed_record():
+    d = tiny(duration_s=60, faults=[{"group": "g", "node": 0, "kind": "thermal_throttle", "slowdown": 3, "start_s": 30}])
+    d["groups"][0]["nodes"] = 4
+    d["workload"][0]["rate_rps"] = 10
+    d["expect"] = {"faulty": [{"group": "g", "node": 0}]}
+    report = run_scenario(parse_scenario(d), ["round_robin"], keep_sims=True)
+    a = report["_sims"]["round_robin"].attempts()
+    mine = (a["node"] == 0) & (a["end"] >= 30)
+    # The first record of node 0 to end after the onset was running at it: stretched, so slower.
+    first = float(np.min(a["end"][mine]))
+    assert report["cusum_bound"][0]["pre_sd"] == 0.0
+    assert report["cusum_bound"][0]["observable_delay_s"] == pytest.approx(first - 30, abs=1e-3)
