@@ -64,7 +64,9 @@ def test_haproxy_quarantine_and_restore(tmp_path, redis_client, group, addresses
         assert before.errors == 0 and before.total == N
         assert_even(before, addresses)  # ~25% each, the slow one included
         median = {k: sorted(v)[len(v) // 2] for k, v in before.latencies_ms.items()}
-        assert median["s3"] > 1.8 * max(median["s0"], median["s1"], median["s2"])  # it is the slow one
+        # It is the slow one (3x by design; a busy machine adds the same scheduling delay to all four,
+        # which shrinks the ratio, hence the margin).
+        assert median["s3"] > 1.5 * sorted([median["s0"], median["s1"], median["s2"]])[1]
 
         publish(redis_client, weights_document(group, 2, addresses, quarantined=("s3",)))
         wait_version(agent, 2)
