@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from django.db import connection
 
 from outlier_admin.control.redis_conn import stream_key
 from outlier_admin.ingest.pipeline import decode_entry, submit
@@ -36,6 +37,8 @@ def test_the_same_ids_from_four_threads_are_accepted_once(redis_client):
                 outcomes.append(submit(_records(order[chunk : chunk + 50]), source="test"))
         except Exception as exc:  # surfaced below; a thread's exception would otherwise vanish
             errors.append(exc)
+        finally:
+            connection.close()  # each thread has its own; left open it blocks dropping the test database
 
     threads = [threading.Thread(target=deliver, args=(ids[::-1] if k % 2 else ids,)) for k in range(4)]
     for t in threads:
