@@ -45,7 +45,16 @@ from detector import GroupDetector, NodeState
 from outlier_admin.control import publish
 from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.control.models import Transition as TransitionRow
-from outlier_admin.control.redis_conn import WEIGHTS_CHANNEL, probes_key, state_key, stream_key, weights_key
+from outlier_admin.control.redis_conn import (
+    WEIGHTS_CHANNEL,
+    degraded_key,
+    outbox_key,
+    probes_key,
+    snapshot_key,
+    state_key,
+    stream_key,
+    weights_key,
+)
 from outlier_admin.fleet.models import ModelGroup, Node, Policy
 
 log = logging.getLogger(__name__)
@@ -61,19 +70,6 @@ _NATURAL_KEYS = {
     "history": ("node_id", "signal", "at"),
     "baseline": ("group_id", "signal", "at"),
 }
-
-
-def snapshot_key(group: str) -> str:
-    return f"outlier:config:{group}"
-
-
-def outbox_key(group: str) -> str:
-    return f"outlier:outbox:{group}"
-
-
-def degraded_key(group: str) -> str:
-    """Set by a degraded tick to the version it published; cleared by :func:`drain`."""
-    return f"outlier:degraded:{group}"
 
 
 def group_snapshot(group: ModelGroup, nodes: list[Node]) -> bytes:

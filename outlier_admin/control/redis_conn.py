@@ -11,6 +11,9 @@ Key layout (all prefixed ``outlier:``; the gateway contract keys are fixed by th
 - ``outlier:dedup:<group>:<n>``    request_id sets per de-duplication window
 - ``outlier:probes:<group>``       hash node -> JSON of a canary probe due (written by the tick)
 - ``outlier:probe-inflight:<group>:<node>``  NX guard: one probe at a time per node
+- ``outlier:config:<group>``       the group's snapshot for ticks while PostgreSQL is down (degraded)
+- ``outlier:outbox:<group>``       list of a degraded tick's SQL rows, written when PostgreSQL returns
+- ``outlier:degraded:<group>``     the version a degraded tick published (cleared by the drain)
 """
 
 from __future__ import annotations
@@ -66,6 +69,19 @@ def probes_key(group: str) -> str:
     return f"outlier:probes:{group}"
 
 
+def snapshot_key(group: str) -> str:
+    return f"outlier:config:{group}"
+
+
+def outbox_key(group: str) -> str:
+    return f"outlier:outbox:{group}"
+
+
+def degraded_key(group: str) -> str:
+    """Set by a degraded tick to the version it published; cleared by ``degraded.drain``."""
+    return f"outlier:degraded:{group}"
+
+
 class GroupLock:
     """A per-group lease: ``SET key token NX PX ttl``; released only by its holder.
 
@@ -107,3 +123,4 @@ class GroupLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
