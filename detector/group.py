@@ -349,7 +349,8 @@ class GroupDetector:
         per_node = np.bincount(lat_node, minlength=n)
         a["warm_samples"] += np.where(a["state"] == S.WARMING, per_node, 0)
         learn = state != S.WARMING
-        signals = self._signals(lat.take(learn))
+        learned = lat.take(learn)
+        signals = self._signals(learned)
         learn_node = lat_node[learn]
         for s, x in signals.items():
             ok = np.isfinite(x)
@@ -367,7 +368,6 @@ class GroupDetector:
         a["new_samples"] += np.bincount(learn_node, minlength=n)
         # Requests dispatched once the node's weight had been cut for queue_drain_s (start = completion
         # - latency): the only latency a queue-laden signal can quarantine on (see evaluate).
-        learned = lat.take(learn)
         started = learned.ts - learned.total_ms / 1000.0
         with np.errstate(invalid="ignore"):
             drained = started >= a["cut_at"][learn_node] + self.thresholds.queue_drain_s
