@@ -150,23 +150,18 @@ class Evaluation:
     def row(self, node: str) -> dict[str, Any]:
         """JSON-able summary of one node (NaN -> None)."""
         i = self.index(node)
-
-        def num(v: float) -> float | None:
-            v = float(v)
-            return None if math.isnan(v) else v
-
         return {
             "node": node,
             "state": NodeState(int(self.states[i])).label,
             "weight": float(self.weights[i]),
             "base_weight": float(self.base_weights[i]),
-            "z": num(self.z[i]),
-            "z_by_signal": {s: num(v[i]) for s, v in self.z_by_signal.items()},
-            "ema": {s: num(v[i]) for s, v in self.ema.items()},
-            "p50": num(self.p50[i]),
-            "p99": num(self.p99[i]),
+            "z": _f(self.z[i]),
+            "z_by_signal": {s: _f(v[i]) for s, v in self.z_by_signal.items()},
+            "ema": {s: _f(v[i]) for s, v in self.ema.items()},
+            "p50": _f(self.p50[i]),
+            "p99": _f(self.p99[i]),
             "samples": int(self.counts[i]),
-            "evidence": num(self.evidence[i]) if len(self.evidence) else None,
+            "evidence": _f(self.evidence[i]) if len(self.evidence) else None,
             "decision_signal": self.decision_signal,
         }
 
