@@ -8,7 +8,7 @@ per-node weights for a gateway, with an explanation for every decision.
 Modules, one concept each:
 
 - :mod:`detector.thresholds` — the validated per-group configuration
-- :mod:`detector.samples` — request samples, validation, the seed's signal formulas
+- :mod:`detector.samples` — request samples and streamed decode progress, validation, the signal formulas
 - :mod:`detector.costmodel` — the learned per-group cost model used to normalise latency
 - :mod:`detector.ewma` — vectorised EW mean/variance per node
 - :mod:`detector.window` — per-node sliding windows and percentiles
@@ -23,7 +23,7 @@ Modules, one concept each:
 
 from detector.group import SIGNALS, Evaluation, GroupDetector, IngestResult
 from detector.picking import PowerOfTwoChoices, SmoothWeightedRoundRobin
-from detector.samples import RejectReason, SampleBatch
+from detector.samples import ProgressBatch, RejectReason, SampleBatch
 from detector.states import ALLOWED_EDGES, IllegalTransition, NodeState, Reason, Transition
 from detector.thresholds import ThresholdError, Thresholds
 
@@ -36,6 +36,7 @@ __all__ = [
     "IngestResult",
     "NodeState",
     "PowerOfTwoChoices",
+    "ProgressBatch",
     "Reason",
     "RejectReason",
     "SampleBatch",

@@ -20,6 +20,7 @@ non-negative (a negative per-token cost is never physical). The same routine fit
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +40,44 @@ class CostModel:
     def predict(self, features: np.ndarray) -> np.ndarray:
         """Predicted latency (ms) for rows of ``features`` (without the constant column)."""
         return features @ self.coef[:-1] + self.coef[-1]
+
+
+class Reservoir:
+    """A cost model's training data: the newest ``capacity`` rows of named float columns (a ring
+    buffer, so refitting on a busy group costs the same as on a quiet one)."""
+
+    def __init__(self, columns: Sequence[str], capacity: int) -> None:
+        self.columns = {c: np.zeros(capacity) for c in columns}
+        self.pos = 0
+        self.filled = 0
+
+    @property
+    def capacity(self) -> int:
+        return len(next(iter(self.columns.values())))
+
+    def add(self, **values: np.ndarray) -> None:
+        """Append rows (one array per column, equal lengths); the oldest rows make room."""
+        k = len(next(iter(values.values())))
+        if k == 0:
+            return
+        cap = self.capacity
+        skip = max(k - cap, 0)  # more rows than room: only the newest fit
+        slots = (self.pos + np.arange(k - skip)) % cap
+        for c, col in self.columns.items():
+            col[slots] = values[c][skip:]
+        self.pos = int((self.pos + k - skip) % cap)
+        self.filled = int(min(self.filled + k - skip, cap))
+
+    def rows(self) -> dict[str, np.ndarray]:
+        """The filled rows of every column (in slot order, not time order)."""
+        return {c: col[: self.filled] for c, col in self.columns.items()}
+
+    def resized(self, capacity: int) -> Reservoir:
+        """A copy with room for ``capacity`` rows, keeping the newest that fit."""
+        order = (self.pos - self.filled + np.arange(self.filled)) % self.capacity  # oldest -> newest
+        out = Reservoir(tuple(self.columns), capacity)
+        out.add(**{c: col[order] for c, col in self.columns.items()})
+        return out
 
 
 def _design(features: np.ndarray) -> np.ndarray:

@@ -6,20 +6,26 @@ this package:
 1. :meth:`GroupDetector.ingest` validates a :class:`~detector.samples.SampleBatch`, normalises each
    request (learned cost model, :mod:`detector.costmodel`), and applies it in one vectorised step to
    the per-node EW statistics (:mod:`detector.ewma`), the sliding windows (:mod:`detector.window`) and
-   the error counters (:mod:`detector.errors`).
+   the error counters (:mod:`detector.errors`). :meth:`GroupDetector.ingest_progress` applies
+   streamed decode progress (:class:`~detector.samples.ProgressBatch`: per node and interval, the
+   tokens its running requests streamed): the decode signal seconds before the requests complete.
 2. :meth:`GroupDetector.evaluate` (one tick) refits the cost model on healthy nodes, computes the peer
    baseline and Z of every signal (:mod:`detector.baseline`), runs the tail and error detectors, moves
    every node through the state machine (:mod:`detector.states`) under the group safeguard, and returns
    an :class:`Evaluation` with weights, explanations and the canary probes that are due.
 
 Decision rules (robust mode; ``score`` is the node's Z on the queue-free ``decode`` signal when the
-gateway logs TTFT, else its largest Z over ``norm`` and ``prefill``; ``excess`` is that signal's
-``EMA / baseline``):
+gateway logs TTFT or streams, else its largest Z over ``norm`` and ``prefill``; ``excess`` is that
+signal's ``EMA / baseline``):
 
-- degrade when ``score >= degrade_z`` and ``excess >= degrade_materiality``:
-  ``weight = base * 2^-(score - degrade_z)``, floored at ``min_weight_fraction * base``;
-- quarantine when ``score >= quarantine_z`` and ``excess >= quarantine_materiality`` for
-  ``quarantine_persistence`` consecutive samples — or the tail detector says *unhealthy*, the node's
+- degrade when ``score >= degrade_z`` and ``excess >= degrade_materiality`` and the node's evidence
+  (:mod:`detector.evidence`) reached ``degrade_evidence * 2^flaps`` (flap damping: ``flaps`` counts the
+  cuts it came back from since it was last healthy for ``backoff_cap_s``), or the EMA is of
+  quarantine strength: ``weight = base * 2^-(score - degrade_z)``, floored at
+  ``min_weight_fraction * base``;
+- quarantine when ``score >= quarantine_z`` and ``excess >= quarantine_materiality`` held for
+  ``quarantine_persistence`` samples (a leaky count; a streamed row of ``k`` streams counts ``k``) over
+  at least ``quarantine_min_evaluations`` evaluations — or the tail detector says *unhealthy*, the node's
   P50 is over ``cross_p50_ratio`` x its peers', or the error detector ejects it;
 - safeguard: at most ``floor(max_quarantine_fraction * nodes)`` nodes out of service (and pending);
   further candidates stay degraded at the floor weight and the group raises ``safeguard``;
@@ -42,11 +48,12 @@ from typing import Any
 import numpy as np
 
 from detector.baseline import PeerBaseline, robust_zscores, seed_zscores
-from detector.costmodel import CostModel, fit_cost_model
+from detector.costmodel import CostModel, Reservoir, fit_cost_model
 from detector.errors import consecutive_error_runs, success_rate_outliers
 from detector.evidence import cusum_update, excess_over_line
 from detector.ewma import EwmaArrays
 from detector.samples import (
+    ProgressBatch,
     RejectReason,
     SampleBatch,
     classify_status,
@@ -55,6 +62,7 @@ from detector.samples import (
     prefill_per_token,
     seed_norm,
     validate,
+    validate_progress,
 )
 from detector.states import (
     BASELINE_STATES,
@@ -71,6 +79,7 @@ from detector.window import SlidingWindows
 SIGNALS: tuple[str, ...] = ("norm", "prefill", "decode")
 DEFAULT_BASE_WEIGHT = 100.0
 STATE_FORMAT_VERSION = 1
+MAX_FLAP_DOUBLINGS = 5  # flap damping: at most 32x degrade_evidence
 
 S = NodeState
 
@@ -195,9 +204,7 @@ class GroupDetector:
         self._init_arrays(0)
         self._fit_norm: CostModel | None = None
         self._fit_prefill: CostModel | None = None
-        self._res = {k: np.zeros(self.thresholds.cost_model_reservoir) for k in ("p", "c", "t", "f")}
-        self._res_pos = 0
-        self._res_filled = 0
+        self._res = Reservoir(("p", "c", "t", "f"), self.thresholds.cost_model_reservoir)
         self._last_tail_at = now
         self._interval_started = now
         self._last: dict[str, float] = {}
@@ -223,6 +230,9 @@ class GroupDetector:
 
     def __len__(self) -> int:
         return len(self.node_ids)
+
+    def __contains__(self, node: object) -> bool:
+        return node in self._index
 
     def index_of(self, node: str) -> int:
         try:
@@ -282,16 +292,7 @@ class GroupDetector:
                     resized.add(np.full(k, i), newest)
             self.window = resized
         if thresholds.cost_model_reservoir != old.cost_model_reservoir:
-            cap_old, m = len(self._res["p"]), self._res_filled
-            order = (self._res_pos - m + np.arange(m)) % cap_old  # oldest -> newest
-            cap = thresholds.cost_model_reservoir
-            keep = order[-cap:]
-            new = {k: np.zeros(cap) for k in self._res}
-            for k in self._res:
-                new[k][: len(keep)] = self._res[k][keep]
-            self._res = new
-            self._res_filled = len(keep)
-            self._res_pos = len(keep) % cap
+            self._res = self._res.resized(thresholds.cost_model_reservoir)
 
     def state_of(self, node: str) -> NodeState:
         return NodeState(int(self.a["state"][self.index_of(node)]))
@@ -300,26 +301,10 @@ class GroupDetector:
     def ingest(self, batch: SampleBatch) -> IngestResult:
         """Validate and apply a batch. Invalid samples and samples of unknown nodes are reported, not
         applied; every sample is accounted for in the result."""
-        valid, rejected = validate(batch)
-        idx = np.fromiter(map(self._index.get, batch.node, repeat(-1)), dtype=np.int64, count=len(batch))
-        unknown_mask = valid & (idx < 0)
-        unknown = sorted({str(n) for n in batch.node[unknown_mask]})
-        rejected += [(int(i), RejectReason.UNKNOWN_NODE) for i in np.flatnonzero(unknown_mask)]
-        rejected.sort()
-        for _, reason in rejected:
-            if reason is not RejectReason.UNKNOWN_NODE:
-                self.rejected_total[reason.value] = self.rejected_total.get(reason.value, 0) + 1
-        keep = valid & (idx >= 0)
+        keep, idx, rejected, unknown = self._admit(batch.node, *validate(batch))
         if not keep.any():
             return IngestResult(0, rejected, unknown)
-        # Time order within each node, grouped by node once here for every update below; one copy,
-        # carrying node indices from here on (far cheaper to copy than names).
-        order = np.flatnonzero(keep)
-        order = order[np.argsort(batch.ts[order], kind="stable")]
-        by_node = node_order(idx[order])
-        if by_node is not None:
-            order = order[by_node]
-        b = replace(batch, node=idx).take(order)
+        b = replace(batch, node=idx).take(self._node_time_order(keep, idx, batch.ts))
         node = b.node
         is_latency, is_error = classify_status(b.status)
         counted = is_latency | is_error
@@ -329,15 +314,13 @@ class GroupDetector:
         a["consec_err"] = consecutive_error_runs(a["consec_err"], node[counted], is_error[counted])
         a["int_requests"] += np.bincount(node[counted], minlength=n)
         a["int_success"] += np.bincount(node[counted & ~is_error], minlength=n)
-        last = np.full(n, -np.inf)
-        np.maximum.at(last, node, b.ts)
-        a["last_seen"] = np.fmax(a["last_seen"], np.where(np.isfinite(last), last, np.nan))
+        self._touch(node, b.ts)
 
         lat = b.take(is_latency)
         lat_node = node[is_latency]
         state = a["state"][lat_node]
         self._reservoir_add(lat.take(state == S.HEALTHY))
-        if self._fit_norm is None and self._res_filled >= self.thresholds.cost_model_min_samples:
+        if self._fit_norm is None and self._res.filled >= self.thresholds.cost_model_min_samples:
             self._refit()
         # Warming nodes are counted (slow start), not learned from: their first requests are
         # 5-10x slower by design (CUDA init, weight loading) and must not be judged.
@@ -359,8 +342,11 @@ class GroupDetector:
             tail_x = np.where(np.isfinite(signals["decode"]), signals["decode"] / dec_base, tail_x)
         ok = np.isfinite(tail_x)
         self.window.add(learn_node[ok], tail_x[ok].astype(np.float32))
-        self._add_evidence(learn_node, signals)
+        s = self._evidence_signal()
+        if s is not None:
+            self._add_evidence(learn_node, signals[s], s)
         a["new_samples"] += np.bincount(learn_node, minlength=n)
+        a["new_requests"] += np.bincount(learn_node, minlength=n)
         # Requests dispatched once the node's weight had been cut for queue_drain_s (start = completion
         # - latency): the only latency a queue-laden signal can quarantine on (see evaluate).
         started = learned.ts - learned.total_ms / 1000.0
@@ -371,20 +357,101 @@ class GroupDetector:
         self.accepted_total += accepted
         return IngestResult(accepted, rejected, unknown, ignored=int((~counted).sum()))
 
-    def _add_evidence(self, node: np.ndarray, signals: dict[str, np.ndarray]) -> None:
-        """Feed each request's excess over the degrade materiality line into its node's CUSUM, on the
-        signal that decides (decode when the gateway logs TTFT), against the last tick's baseline."""
+    def ingest_progress(self, batch: ProgressBatch) -> IngestResult:
+        """Apply streamed decode progress (see :class:`~detector.samples.ProgressBatch`).
+
+        It reaches the decode signal as soon as tokens leave the node, where a completed request
+        reports seconds later and only partly slowed when a fault began while it ran. Completed
+        requests keep feeding the decode signal too: each is a whole request's measurement, and when
+        requests are short they are the more plentiful samples (one row per scrape, many requests).
+
+        A row is one sample of the EMA and of the sequential evidence, whatever the number of
+        streams in it: both ask for persistence in *time*, and what stalls one stream of a node for
+        a moment (a long prompt's prefill sharing the batch, a host hiccup) stalls all of them. A row
+        of a node with ``k = token_ms / (interval * 1000)`` requests decoding on average counts as
+        ``k`` samples toward ``quarantine_persistence`` (that many requests were over the line), so
+        with many streams ``quarantine_min_evaluations`` rows over the line are what quarantine takes.
+        Invalid rows and rows of unknown nodes are reported, not applied; rows with no tokens are
+        counted as ignored.
+        """
+        keep, idx, rejected, unknown = self._admit(batch.node, *validate_progress(batch))
+        empty = keep & (batch.tokens == 0)
+        keep &= ~empty
+        accepted = int(keep.sum())
+        self.accepted_total += accepted
+        if not accepted:
+            return IngestResult(0, rejected, unknown, ignored=int(empty.sum()))
+        b = replace(batch, node=idx).take(self._node_time_order(keep, idx, batch.ts))
+        a = self.a
+        n = len(self.node_ids)
+        self._touch(b.node, b.ts)
+        learn = a["state"][b.node] != S.WARMING
+        node, x, streams = b.node[learn], b.decode_ms()[learn], b.streams()[learn]
+        k = np.maximum(np.rint(streams), 1).astype(np.int64)
+        self.ewma["decode"].update(node, x)
+        if self._evidence_signal() == "decode":
+            # A row of few streams is as noisy as those few requests, and the same requests fill the
+            # next rows: one slow request on a quiet node must not read as a slow node. Its unit is
+            # the per-request spread (of the normalised latency) over sqrt(streams), or more.
+            per_request = self._last.get("request_rel_sd:norm", math.nan)
+            sigma = self._last.get("request_rel_sd:decode", math.nan)
+            if math.isfinite(per_request):
+                sigma = np.maximum(sigma, per_request / np.sqrt(np.maximum(streams, 1.0)))
+            self._add_evidence(node, x, "decode", sigma)
+        a["new_samples"] += np.bincount(node, weights=k, minlength=n).astype(np.int64)
+        return IngestResult(accepted, rejected, unknown, ignored=int(empty.sum()))
+
+    def _admit(self, names: np.ndarray, valid: np.ndarray, rejected: list[tuple[int, RejectReason]]
+               ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, RejectReason]], list[str]]:
+        """Node indices of a batch's rows, and which rows to apply: ``(keep, idx, rejected, unknown)``.
+        Rows of nodes not in the group are refused as ``unknown_node`` (the caller decides whether to
+        add them); other refusals are counted in ``rejected_total``."""
+        idx = np.fromiter(map(self._index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
+        unknown_mask = valid & (idx < 0)
+        unknown = sorted({str(n) for n in names[unknown_mask]})
+        rejected = sorted(rejected + [(int(i), RejectReason.UNKNOWN_NODE) for i in np.flatnonzero(unknown_mask)])
+        for _, reason in rejected:
+            if reason is not RejectReason.UNKNOWN_NODE:
+                self.rejected_total[reason.value] = self.rejected_total.get(reason.value, 0) + 1
+        return valid & (idx >= 0), idx, rejected, unknown
+
+    def _touch(self, node: np.ndarray, ts: np.ndarray) -> None:
+        """Advance each node's ``last_seen`` to its newest timestamp in a batch."""
+        last = np.full(len(self.node_ids), -np.inf)
+        np.maximum.at(last, node, ts)
+        self.a["last_seen"] = np.fmax(self.a["last_seen"], np.where(np.isfinite(last), last, np.nan))
+
+    @staticmethod
+    def _node_time_order(keep: np.ndarray, idx: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        """Positions of the kept rows grouped by node, in time order within each node: the order every
+        vectorised update expects, computed once per batch (then one copy carries node indices,
+        far cheaper to move than names)."""
+        order = np.flatnonzero(keep)
+        order = order[np.argsort(ts[order], kind="stable")]
+        by_node = node_order(idx[order])
+        return order if by_node is None else order[by_node]
+
+    def _evidence_signal(self) -> str | None:
+        """The signal the evidence CUSUM follows: decode once its baseline exists, else norm (robust
+        mode only; seed mode has no evidence)."""
+        if self.thresholds.baseline_mode != "robust":
+            return None
+        return "decode" if math.isfinite(self._last.get("baseline:decode", math.nan)) else "norm"
+
+    def _add_evidence(self, node: np.ndarray, v: np.ndarray, s: str, sigma: float | np.ndarray | None = None) -> None:
+        """Feed each sample's excess over the degrade materiality line into its node's CUSUM, on the
+        signal that decides (decode when the gateway logs TTFT or streams), against the last tick's
+        baseline, in units of ``sigma`` (default: the group's per-request spread of ``s``; per sample
+        when an array). ``node`` is grouped by node, time order within."""
         t = self.thresholds
-        if t.baseline_mode != "robust":
-            return
-        s = "decode" if math.isfinite(self._last.get("baseline:decode", math.nan)) else "norm"
         base = self._last.get(f"baseline:{s}", math.nan)
-        sigma = self._last.get(f"request_rel_sd:{s}", math.nan)
-        if not (math.isfinite(base) and base > 0 and math.isfinite(sigma) and sigma > 0):
+        if sigma is None:
+            sigma = self._last.get(f"request_rel_sd:{s}", math.nan)
+        sigma = np.broadcast_to(np.asarray(sigma, dtype=np.float64), v.shape)
+        if not (math.isfinite(base) and base > 0):
             return
-        v = signals[s]
-        ok = np.isfinite(v) & (v > 0)
-        x = excess_over_line(v[ok], base, t.degrade_materiality, sigma)
+        ok = np.isfinite(v) & (v > 0) & np.isfinite(sigma) & (sigma > 0)
+        x = excess_over_line(v[ok], base, t.degrade_materiality, sigma[ok])
         self.a["evidence"] = cusum_update(
             self.a["evidence"], node[ok], x, allowance=t.evidence_allowance,
             cap=t.degrade_evidence / t.degrade_persistence + t.evidence_allowance,
@@ -406,30 +473,17 @@ class GroupDetector:
         return {"norm": norm, "prefill": prefill, "decode": decode_per_token(b)}
 
     def _reservoir_add(self, b: SampleBatch) -> None:
-        cap = len(self._res["p"])
-        k = len(b)
-        if k == 0:
-            return
-        if k > cap:
-            b = b.take(np.arange(k - cap, k))
-            k = cap
-        slots = (self._res_pos + np.arange(k)) % cap
-        self._res["p"][slots] = b.prompt_tokens
-        self._res["c"][slots] = b.completion_tokens
-        self._res["t"][slots] = b.total_ms
-        self._res["f"][slots] = b.ttft_ms
-        self._res_pos = int((self._res_pos + k) % cap)
-        self._res_filled = int(min(self._res_filled + k, cap))
+        self._res.add(p=b.prompt_tokens, c=b.completion_tokens, t=b.total_ms, f=b.ttft_ms)
 
     def _refit(self, now: float | None = None) -> None:
-        if self._res_filled < self.thresholds.cost_model_min_samples:
+        if self._res.filled < self.thresholds.cost_model_min_samples:
             return
         if now is not None:
             if now - self._last.get("fit_at", -math.inf) < self.thresholds.cost_model_refit_s:
                 return
             self._last["fit_at"] = now
-        m = self._res_filled
-        p, c, t, f = (self._res[k][:m] for k in ("p", "c", "t", "f"))
+        r = self._res.rows()
+        p, c, t, f = r["p"], r["c"], r["t"], r["f"]
         fit = fit_cost_model(np.column_stack([p, c]), t, start=self._fit_norm)
         if fit is not None:
             self._fit_norm = fit
@@ -610,7 +664,13 @@ class GroupDetector:
         # which has no materiality, asks for degrade_persistence samples in a row.
         a["over_d"] = np.where(over_d, a["over_d"] + a["new_samples"], 0)
         if t.baseline_mode == "robust":
-            held = a["evidence"] >= t.degrade_evidence
+            # Flap damping (as BGP's, RFC 2439): each cut the node came back from since it was last
+            # healthy for backoff_cap_s doubles the evidence the next one needs. A node that sits on
+            # the line (14% slower hardware, its speed moving with its load) is otherwise cut and
+            # restored every few seconds; a real fault still climbs the doubled line in a few samples.
+            # (tolerance: p capped increments of h/p sum to a hair under h in floating point)
+            line = t.degrade_evidence * np.power(2.0, np.minimum(a["flaps"], MAX_FLAP_DOUBLINGS))
+            held = a["evidence"] >= line * (1 - 1e-9)
         else:
             held = a["over_d"] >= t.degrade_persistence
         degrade_now = over_d & (held | over_q)
@@ -667,6 +727,8 @@ class GroupDetector:
         to_deg = (state == S.HEALTHY) & degrade_now
         move(to_deg, S.DEGRADED, Reason.Z_DEGRADE)
         back = (state == S.DEGRADED) & ~still_d & ~blocked_mask & ~moved
+        a["flaps"][back] += 1
+        a["evidence"][back] = 0.0  # back under the line: a new cut needs new evidence
         a["healthy_since"][back] = now
         move(back, S.HEALTHY, Reason.Z_RECOVERED)
         cleared = (state == S.PENDING_APPROVAL) & ~over_d & (cause < 0)
@@ -694,6 +756,7 @@ class GroupDetector:
         # Ejection backoff decays after a long healthy stretch.
         long_ok = (a["state"] == S.HEALTHY) & (now - a["healthy_since"] >= t.backoff_cap_s)
         a["ejections"][long_ok] = 0
+        a["flaps"][long_ok] = 0
 
         # Canary probes due.
         due = _PROBED[a["state"]] & (a["next_probe"] <= now)
@@ -716,8 +779,11 @@ class GroupDetector:
                 f"every node is unavailable; sending traffic to the least slow node "
                 f"{self.node_ids[pick]!r} instead of nowhere"
             )
-        a["grace"] = np.maximum(a["grace"] - a["new_samples"], 0)
+        # Counted in completed requests: streamed rows of a node just out of warm-up come from the
+        # slow requests it was given during warm-up, and they stream for a while.
+        a["grace"] = np.maximum(a["grace"] - a["new_requests"], 0)
         a["new_samples"][:] = 0
+        a["new_requests"][:] = 0
         a["new_drained"][:] = 0
         transitions = self._pending
         self._pending = []
@@ -963,23 +1029,24 @@ class GroupDetector:
         for s, e in self.ewma.items():
             arrays[f"e.{s}.mean"], arrays[f"e.{s}.sq"], arrays[f"e.{s}.count"] = e.mean, e.sq, e.count
         arrays["w.values"], arrays["w.pos"], arrays["w.filled"] = self.window.values, self.window.pos, self.window.filled
-        for k, v in self._res.items():
+        for k, v in self._res.columns.items():
             arrays[f"r.{k}"] = v
-        for name, fit in (("norm", self._fit_norm), ("prefill", self._fit_prefill)):
+        fits = (("norm", self._fit_norm), ("prefill", self._fit_prefill))
+        for name, fit in fits:
             if fit is not None:
                 arrays[f"fit.{name}"] = fit.coef
         meta = {
             "version": STATE_FORMAT_VERSION,
             "thresholds": self.thresholds.to_dict(),
             "nodes": self.node_ids,
-            "res_pos": self._res_pos,
-            "res_filled": self._res_filled,
+            "res_pos": self._res.pos,
+            "res_filled": self._res.filled,
             "last_tail_at": self._last_tail_at,
             "interval_started": self._interval_started,
             "last": self._last,
             "fits": {
                 name: [fit.residual_sd, fit.n_samples]
-                for name, fit in (("norm", self._fit_norm), ("prefill", self._fit_prefill))
+                for name, fit in fits
                 if fit is not None
             },
             "pending": [tr.to_dict() for tr in self._pending],
@@ -1009,11 +1076,12 @@ class GroupDetector:
             gd.window.values, gd.window.pos, gd.window.filled = (
                 z["w.values"].copy(), z["w.pos"].copy(), z["w.filled"].copy()
             )
-            gd._res = {k: z[f"r.{k}"].copy() for k in ("p", "c", "t", "f")}
+            for k in gd._res.columns:
+                gd._res.columns[k] = z[f"r.{k}"].copy()
             for name, (sd, count) in meta["fits"].items():
                 fit = CostModel(coef=z[f"fit.{name}"].copy(), residual_sd=sd, n_samples=count)
                 setattr(gd, f"_fit_{name}", fit)
-        gd._res_pos, gd._res_filled = meta["res_pos"], meta["res_filled"]
+        gd._res.pos, gd._res.filled = meta["res_pos"], meta["res_filled"]
         gd._last_tail_at, gd._interval_started = meta["last_tail_at"], meta["interval_started"]
         gd._last = meta["last"]
         gd._pending = [_transition_from_dict(d) for d in meta["pending"]]
@@ -1030,6 +1098,7 @@ _NODE_ARRAYS: dict[str, Any] = {
     "last_seen": np.float64,
     "warm_samples": np.int64,
     "new_samples": np.int64,
+    "new_requests": np.int64,
     "new_drained": np.int64,
     "cut_at": np.float64,
     "over_q": np.int64,
@@ -1055,6 +1124,7 @@ _NODE_ARRAYS: dict[str, Any] = {
     "grace": np.int64,
     "over_d": np.int64,
     "over_q_evals": np.int64,
+    "flaps": np.int64,
 }
 _NAN_ARRAYS = frozenset(
     {"last_seen", "p50", "p99", "next_probe", "step_started", "pending_since", "override_until", "pin", "pin_until",

@@ -18,6 +18,15 @@ Signal formulas (seed 000 and the issue's definitions):
 - ``seed_norm  = total / (prompt * w + completion)``
 - ``prefill    = ttft / max(prompt, 1)``            (ms per prompt token)
 - ``decode     = (total - ttft) / max(completion - 1, 1)``  (ms per output token after the first)
+
+A completed request reports its decode time late: a request that is running when a GPU throttles
+completes seconds later and only partly slowed. A gateway that streams (server-sent events) sees
+every token as it leaves the node, and the model server counts them too (vLLM's
+``inter_token_latency_seconds`` histogram). :class:`ProgressBatch` carries that view: per node and
+interval, the output tokens its in-flight requests streamed and the inter-token time they took:
+
+- ``decode     = token_ms / tokens``                 (ms per output token, streamed)
+- ``streams    = token_ms / (interval_s * 1000)``    (mean number of requests decoding)
 """
 
 from __future__ import annotations
@@ -129,13 +138,6 @@ def validate(batch: SampleBatch) -> tuple[np.ndarray, list[tuple[int, RejectReas
     TTFT is known, ``total >= ttft``; a request with 0 prompt and 0 completion tokens carries no
     signal; the status must be 0 or a valid HTTP code (100..599). The first failing rule is reported.
     """
-    n = len(batch)
-    reason = np.full(n, -1, dtype=np.int8)
-    codes = list(RejectReason)
-
-    def mark(mask: np.ndarray, r: RejectReason) -> None:
-        reason[(reason < 0) & mask] = codes.index(r)
-
     with np.errstate(invalid="ignore"):
         finite = (
             np.isfinite(batch.ts)
@@ -144,18 +146,29 @@ def validate(batch: SampleBatch) -> tuple[np.ndarray, list[tuple[int, RejectReas
             & np.isfinite(batch.total_ms)
             & ~np.isinf(batch.ttft_ms)
         )
-        mark(~finite, RejectReason.NOT_FINITE)
         negative = (
             (batch.prompt_tokens < 0)
             | (batch.completion_tokens < 0)
             | (batch.total_ms < 0)
             | (batch.ttft_ms < 0)
         )
-        mark(negative, RejectReason.NEGATIVE)
-        mark(batch.total_ms < batch.ttft_ms, RejectReason.TOTAL_BELOW_TTFT)
-        mark((batch.prompt_tokens == 0) & (batch.completion_tokens == 0), RejectReason.NO_TOKENS)
         bad_status = (batch.status != 0) & ((batch.status < 100) | (batch.status > 599))
-        mark(bad_status, RejectReason.BAD_STATUS)
+        return _first_failing(len(batch), [
+            (~finite, RejectReason.NOT_FINITE),
+            (negative, RejectReason.NEGATIVE),
+            (batch.total_ms < batch.ttft_ms, RejectReason.TOTAL_BELOW_TTFT),
+            ((batch.prompt_tokens == 0) & (batch.completion_tokens == 0), RejectReason.NO_TOKENS),
+            (bad_status, RejectReason.BAD_STATUS),
+        ])
+
+
+def _first_failing(n: int, rules: list[tuple[np.ndarray, RejectReason]]
+                   ) -> tuple[np.ndarray, list[tuple[int, RejectReason]]]:
+    """``(valid mask, [(index, reason)])`` where each refused row carries the first rule it fails."""
+    reason = np.full(n, -1, dtype=np.int8)
+    codes = list(RejectReason)
+    for failed, r in rules:
+        reason[(reason < 0) & failed] = codes.index(r)
     bad = np.flatnonzero(reason >= 0)
     return reason < 0, [(int(i), codes[reason[i]]) for i in bad]
 
@@ -198,3 +211,65 @@ def node_order(node: np.ndarray) -> np.ndarray | None:
         return None
     key = node.astype(np.uint16) if int(node.max()) < 1 << 16 else node
     return np.argsort(key, kind="stable")
+
+
+@dataclass(frozen=True)
+class ProgressBatch:
+    """Columnar batch of streamed decode progress: one row per node and interval.
+
+    ``tokens`` is the number of output tokens the node's in-flight requests streamed during the
+    ``interval_s`` seconds that end at ``ts``; ``token_ms`` the sum of their inter-token gaps (ms),
+    i.e. the delta of a ``_sum`` and ``_count`` pair of an inter-token-latency histogram.
+    """
+
+    node: np.ndarray  # object (str)
+    ts: np.ndarray  # float64, epoch seconds (end of the interval)
+    interval_s: np.ndarray  # float64
+    tokens: np.ndarray  # float64 (integers)
+    token_ms: np.ndarray  # float64
+
+    @classmethod
+    def from_columns(
+        cls,
+        *,
+        node: Sequence[str] | np.ndarray,
+        ts: Sequence[float] | np.ndarray,
+        interval_s: Sequence[float] | np.ndarray,
+        tokens: Sequence[float] | np.ndarray,
+        token_ms: Sequence[float] | np.ndarray,
+    ) -> ProgressBatch:
+        batch = cls(
+            node=np.asarray(node, dtype=object),
+            ts=np.asarray(ts, dtype=np.float64),
+            interval_s=np.asarray(interval_s, dtype=np.float64),
+            tokens=np.asarray(tokens, dtype=np.float64),
+            token_ms=np.asarray(token_ms, dtype=np.float64),
+        )
+        if len({len(getattr(batch, f)) for f in cls.__dataclass_fields__}) != 1:
+            raise ValueError("ProgressBatch columns must all have the same length")
+        return batch
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def take(self, index: np.ndarray) -> ProgressBatch:
+        return ProgressBatch(**{f: getattr(self, f)[index] for f in self.__dataclass_fields__})
+
+    def decode_ms(self) -> np.ndarray:
+        """``token_ms / tokens``: the mean time per streamed output token, per row."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return self.token_ms / self.tokens
+
+    def streams(self) -> np.ndarray:
+        """``token_ms / (interval_s * 1000)``: how many requests were decoding, on average."""
+        return self.token_ms / (self.interval_s * 1000.0)
+
+
+def validate_progress(batch: ProgressBatch) -> tuple[np.ndarray, list[tuple[int, RejectReason]]]:
+    """Check every progress row, like :func:`validate`: all values finite, none negative, an interval
+    longer than 0. Rows with 0 tokens are valid (the node streamed nothing) and carry no signal."""
+    with np.errstate(invalid="ignore"):
+        finite = (np.isfinite(batch.ts) & np.isfinite(batch.interval_s) & np.isfinite(batch.tokens)
+                  & np.isfinite(batch.token_ms))
+        negative = (batch.interval_s <= 0) | (batch.tokens < 0) | (batch.token_ms < 0)
+        return _first_failing(len(batch), [(~finite, RejectReason.NOT_FINITE), (negative, RejectReason.NEGATIVE)])

@@ -150,12 +150,16 @@ CANARY_MAX_TOKENS = envint("CANARY_MAX_TOKENS", 32, minimum=1)
 CANARY_MODEL = envstr("CANARY_MODEL") or ""
 DCGM_SCRAPE_INTERVAL_S = envint("DCGM_SCRAPE_INTERVAL_S", 15, minimum=1)
 DCGM_TIMEOUT_S = envint("DCGM_TIMEOUT_S", 5, minimum=1)
+# Model-server /metrics scrapes (Node.metrics_url): the streamed decode signal, so scrape often.
+METRICS_SCRAPE_INTERVAL_MS = envint("METRICS_SCRAPE_INTERVAL_MS", 1000, minimum=100)
+METRICS_TIMEOUT_MS = envint("METRICS_TIMEOUT_MS", 800, minimum=50)
 LOG_TAIL_INTERVAL_S = envint("LOG_TAIL_INTERVAL_S", 2, minimum=1)
 
 CELERY_BEAT_SCHEDULE = {
     "tick-all-groups": {"task": "control.tick_all_groups", "schedule": TICK_INTERVAL_MS / 1000.0},
     "canary-probes": {"task": "control.run_due_canaries", "schedule": 1.0},
     "dcgm-scrape": {"task": "ingest.scrape_all_dcgm", "schedule": float(DCGM_SCRAPE_INTERVAL_S)},
+    "metrics-scrape": {"task": "ingest.scrape_all_metrics", "schedule": METRICS_SCRAPE_INTERVAL_MS / 1000.0},
     "tail-logs": {"task": "ingest.tail_all_logs", "schedule": float(LOG_TAIL_INTERVAL_S)},
     "retention": {"task": "control.retention", "schedule": 3600.0},
 }

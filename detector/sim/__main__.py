@@ -124,7 +124,7 @@ def cmd_fast(args: argparse.Namespace) -> int:
     from detector.sim.fastmode import run_fast
 
     res = run_fast(nodes=args.nodes, hours=args.hours, rate_per_node=args.rate, tick_s=args.tick, seed=args.seed,
-                   progress=None if args.quiet else stderr_progress)
+                   progress=None if args.quiet else stderr_progress, streams=not args.no_streams)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(res, indent=1))
@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--rate", type=float, default=3.0, help="requests/s per node")
     f.add_argument("--tick", type=float, default=1.0, help="detector evaluation period, s")
     f.add_argument("--seed", type=int, default=1)
+    f.add_argument("--no-streams", action="store_true", help="completed requests only (no streamed progress)")
     f.add_argument("--out")
     f.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)

@@ -6,7 +6,9 @@ timeout is status 0 with ``total = timeout``), ``ingest`` then ``evaluate(now)``
 smooth weighted round robin (the same nginx algorithm as :class:`detector.SmoothWeightedRoundRobin`,
 vectorised here because the simulator picks ~10^6 times per run). Each node in ``probes_due`` gets one
 canary request of the scenario's probe size through the simulated node, reported with
-``record_probe`` when it completes (at most one probe in flight per node).
+``record_probe`` when it completes (at most one probe in flight per node). When the gateway streams
+(``gateway.streams``), each tick first hands the detector every node's streamed decode progress as a
+:class:`detector.ProgressBatch` (``ingest_progress``).
 
 Simulated time is offset by ``EPOCH`` so the detector sees realistic epoch timestamps.
 """
@@ -27,13 +29,15 @@ EPOCH = 1_700_000_000.0
 class DefaultPolicy(Policy):
     name = "default"
     wants_records = True
+    wants_progress = True
 
     def __init__(self, ctx: GroupContext, thresholds: Any) -> None:
-        from detector import GroupDetector, NodeState, SampleBatch
+        from detector import GroupDetector, NodeState, ProgressBatch, SampleBatch
 
         super().__init__(ctx)
         self.tick_s = ctx.sim.scn.tick_s
         self._batch_cls = SampleBatch
+        self._progress_cls = ProgressBatch
         self._out_of_service = {int(NodeState.QUARANTINED), int(NodeState.PROBING),
                                 int(NodeState.FORCED_QUARANTINE)}
         members = [i for i in range(ctx.n) if ctx.members[i]]
@@ -69,6 +73,14 @@ class DefaultPolicy(Policy):
         b[4].append(ttft_ms if self.logs_ttft else math.nan)
         b[5].append(total_ms)
         b[6].append(status)
+
+    def on_progress(self, now: float, interval_s: float, tokens: list[float], token_ms: list[float]) -> None:
+        rows = [i for i, k in enumerate(tokens) if k > 0 and self.ctx.node_ids[i] in self.gd]
+        if rows:
+            self.gd.ingest_progress(self._progress_cls.from_columns(
+                node=[self.ctx.node_ids[i] for i in rows], ts=[now + EPOCH] * len(rows),
+                interval_s=[interval_s] * len(rows), tokens=[tokens[i] for i in rows],
+                token_ms=[token_ms[i] for i in rows]))
 
     def on_tick(self, now: float) -> None:
         ctx = self.ctx

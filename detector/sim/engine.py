@@ -20,6 +20,13 @@ Model (per node, ``scenarios/SCHEMA.md`` plus the calibrations below):
 - ``crash``: every request gets ``error_status`` after ``error_after_ms``; running and queued requests
   fail at the crash.
 
+Streaming (``gateway.streams``, default true): tokens leave a node as they are decoded, at the
+request's current per-token time (a fault edge changes it from the edge on; an ECC stall is spread
+over the request's tokens, as recurring replays are). A tick-based policy that ``wants_progress`` gets,
+per node and tick, the tokens streamed during the tick and the inter-token time they took, exactly
+(piecewise-constant rates integrated per attempt), like an inter-token-latency histogram's
+``_count``/``_sum`` deltas. A request the client abandoned streams no more.
+
 Gateway: each attempt is logged like an access-log line when it completes (``status`` 200 or the
 error), or at ``arrival + timeout_s`` with status 0 and ``total = timeout`` when the client gives up
 first. The node keeps working on an abandoned request (wasted capacity). A failed attempt is retried
@@ -116,6 +123,8 @@ class StateLog:
 
     changes: dict[tuple[int, int], list[tuple[float, float, bool]]] = field(default_factory=dict)
     series: dict[tuple[int, int], list[tuple[float, float, float]]] = field(default_factory=dict)
+    # Streamed progress of tracked (faulty) nodes per tick: ``(t, tokens, inter-token seconds)``.
+    progress: dict[tuple[int, int], list[tuple[float, float, float]]] = field(default_factory=dict)
 
 
 class GroupContext:
@@ -159,6 +168,7 @@ class Policy:
 
     name = "base"
     wants_records = False
+    wants_progress = False
     tick_s: float | None = None
 
     def __init__(self, ctx: GroupContext) -> None:
@@ -173,6 +183,10 @@ class Policy:
 
     def on_tick(self, now: float) -> None:
         """Periodic evaluation (every ``tick_s``)."""
+
+    def on_progress(self, now: float, interval_s: float, tokens: list[float], token_ms: list[float]) -> None:
+        """Streamed decode progress of every node of the group over the last ``interval_s`` (called
+        just before :meth:`on_tick` when the policy ``wants_progress`` and the gateway streams)."""
 
     def add_node(self, node: int, now: float) -> None:
         """A node joins the pool (scale-out / warm-up)."""
@@ -243,6 +257,11 @@ class Simulation:
         self.a_service: list[float] = []  # service time without queueing, ms (for signal quality)
         self.a_gw: list[int] = []  # status in the gateway's log line (0 = client timeout)
         self.a_gw_t: list[float] = []  # time of the gateway's log line
+        self.a_tok_ms: list[float] = []  # current ms per streamed output token (0: nothing streams)
+        self.a_acc: list[float] = []  # the attempt's stream is accounted up to this time
+        self.streaming = False  # set in run() when a policy wants streamed progress
+        self.prog_s = [0.0] * n_all  # per node: inter-token time streamed since the last tick (s)
+        self.prog_tok = [0.0] * n_all  # per node: tokens streamed since the last tick
         self.probe_cb: dict[int, Callable[[float, float, float, bool], None]] = {}
         # Client requests.
         req = pre.requests
@@ -326,6 +345,9 @@ class Simulation:
         self.a_end[att] = end
         self.a_service[att] = pre + dec + stall
         self.a_status[att] = STATUS_OK
+        if c >= 2:
+            self.a_tok_ms[att] = (end - ttft) * 1000.0 / (c - 1)
+            self.a_acc[att] = ttft
         self.push(end, EV_COMPLETE, att, self.a_ver[att])
 
     # prompt/completion of an attempt: client attempts read the request, probes the probe size.
@@ -354,7 +376,19 @@ class Simulation:
         self.a_service.append(math.nan)
         self.a_gw.append(-1)
         self.a_gw_t.append(math.nan)
+        self.a_tok_ms.append(0.0)
+        self.a_acc.append(math.inf)
         return att
+
+    def stream_to(self, att: int, upto: float) -> None:
+        """Account attempt ``att``'s streamed tokens up to ``upto`` to its node's progress."""
+        tm = self.a_tok_ms[att]
+        dt = upto - self.a_acc[att]
+        if tm > 0.0 and dt > 0.0:
+            n = self.a_node[att]
+            self.prog_s[n] += dt
+            self.prog_tok[n] += dt * 1000.0 / tm
+            self.a_acc[att] = upto
 
     def place(self, att: int, n: int, now: float) -> None:
         """Send an attempt to node ``n``: fast error, a free slot, or the queue."""
@@ -390,6 +424,8 @@ class Simulation:
 
     def gateway_record(self, att: int, now: float, status: int) -> None:
         """The attempt's access-log line: notify the policy and settle the client request."""
+        if self.streaming and not self.a_done[att]:
+            self.stream_to(att, now)  # what streamed before the end (or before the client gave up)
         self.a_done[att] = True
         self.a_gw[att] = status
         self.a_gw_t[att] = now
@@ -451,6 +487,9 @@ class Simulation:
                     self.queue[n].clear()
                     self.running[n] = 0
                     for att in doomed:
+                        if self.streaming and not self.a_done[att]:
+                            self.stream_to(att, now)
+                        self.a_tok_ms[att] = 0.0
                         self.a_ver[att] += 1
                         self.a_status[att] = int(f.param("error_status", 503))
                         self.push(now + f.param("error_after_ms", 5.0) / 1000.0, EV_COMPLETE, att, self.a_ver[att])
@@ -463,6 +502,8 @@ class Simulation:
                 continue
             rp, rd = np_ / op, nd / od
             for att in self.run_set[n]:
+                if self.streaming and not self.a_done[att]:
+                    self.stream_to(att, now)  # at the old rate up to the edge
                 ttft, end = self.a_ttft[att], self.a_end[att]
                 if now < ttft:
                     new_ttft = now + (ttft - now) * rp
@@ -473,8 +514,28 @@ class Simulation:
                 self.a_service[att] += (end - self.a_end[att]) * 1000.0  # service time includes the stretch
                 self.a_ttft[att] = ttft
                 self.a_end[att] = end
+                self.a_tok_ms[att] *= rd
+                self.a_acc[att] = max(self.a_acc[att], ttft)
                 self.a_ver[att] += 1
                 self.push(end, EV_COMPLETE, att, self.a_ver[att])
+
+    def deliver_progress(self, gi: int, now: float, pol: Policy) -> None:
+        """Hand group ``gi``'s streamed progress since the last tick to its policy, then reset it."""
+        lo = self.offset[gi]
+        hi = lo + self.scn.groups[gi].nodes
+        a_done = self.a_done
+        for n in range(lo, hi):
+            for att in self.run_set[n]:
+                if not a_done[att]:
+                    self.stream_to(att, now)
+        tokens = self.prog_tok[lo:hi]
+        token_ms = [x * 1000.0 for x in self.prog_s[lo:hi]]
+        for g, local in self.tracked:
+            if g == gi:
+                self.log.progress.setdefault((gi, local), []).append((now, tokens[local], self.prog_s[lo + local]))
+        self.prog_tok[lo:hi] = [0.0] * (hi - lo)
+        self.prog_s[lo:hi] = [0.0] * (hi - lo)
+        pol.on_progress(now, pol.tick_s or 0.0, tokens, token_ms)
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> Simulation:
@@ -484,6 +545,7 @@ class Simulation:
         for gi, pol in enumerate(self.policies):
             if pol.tick_s:
                 self.push(pol.tick_s, EV_TICK, gi)
+        self.streaming = scn.streams and any(p.wants_progress and p.tick_s for p in self.policies)
         for fi, f in enumerate(scn.faults):
             if f.kind == "warmup":
                 if f.start_s > 0:
@@ -530,6 +592,8 @@ class Simulation:
                     self.dispatch(a, t, self.retry_noise[k], self.retry_u[k])
                 elif kind == EV_TICK:
                     pol = self.policies[a]
+                    if self.streaming and pol.wants_progress:
+                        self.deliver_progress(a, t, pol)
                     pol.on_tick(t)
                     if t + pol.tick_s <= end_all:
                         self.push(t + pol.tick_s, EV_TICK, a)

@@ -11,6 +11,9 @@ drawn from the healthy cost model::
   and a queueing term ``1 + q * max(0, load(t) - 1)``: load swings move every node together.
 - ``load(t)``: a diurnal-like sinusoid (period 1 h, ±40 %) with a random step every 10 minutes.
 - tokens: resampled (prompt, completion) pairs of the Azure conv trace.
+- streamed progress (``streams=True``, as a streaming gateway): per node and tick,
+  ``Poisson(b_mean * load(t))`` requests decoding, each at ``decode_ms * g(b) * speed * noise`` per
+  token with its own noise, as a :class:`detector.ProgressBatch` row.
 
 Detectors fed: ``default`` (a :class:`detector.GroupDetector`; a quarantined node is probed with a
 healthy sample and may recover, as in production) and ``seed_zscore`` (seed 000 as written, vectorised:
@@ -79,11 +82,26 @@ class SeedZScoreVec:
         self.slow[judged & (z < 2.0)] = 0
 
 
+def _progress_rows(rng: np.random.Generator, ids: np.ndarray, now: float, tick_s: float, batch: float,
+                   cx: np.ndarray, cy: np.ndarray, node_ms: np.ndarray, sig: float) -> Any:
+    """One tick of streamed progress: per node ``Poisson(batch)`` streams, each with its own noise, at
+    the node's per-token cost times the decode curve at that node's batch."""
+    from detector import ProgressBatch
+
+    k = rng.poisson(batch, len(ids))
+    node = np.repeat(np.arange(len(ids)), k)
+    ms = node_ms[node] * np.interp(k[node], cx, cy) * np.exp(sig * rng.standard_normal(len(node)) - sig**2 / 2)
+    tokens = np.bincount(node, weights=tick_s * 1000.0 / ms, minlength=len(ids))
+    has = k > 0
+    return ProgressBatch.from_columns(node=ids[has], ts=np.full(int(has.sum()), now), interval_s=np.full(int(has.sum()), tick_s),
+                                      tokens=tokens[has], token_ms=(k * tick_s * 1000.0)[has])
+
+
 def run_fast(nodes: int = 64, hours: float = 1.0, rate_per_node: float = 3.0, tick_s: float = 1.0,
              seed: int = 1, policies: tuple[str, ...] = ("default", "seed_zscore"),
              prefill_ms: float = 0.12, decode_ms: float = 14.0, mean_batch: float = 16.0,
              jitter_cv: float = 0.08, progress: Callable[[str], None] | None = None,
-             thresholds: dict[str, Any] | None = None) -> dict[str, Any]:
+             thresholds: dict[str, Any] | None = None, streams: bool = True) -> dict[str, Any]:
     """Simulate ``hours`` of a healthy group of ``nodes`` and count (false) quarantines per policy."""
     rng = np.random.default_rng(seed)
     _, tp, tc = load_trace("azure_llm_2023_conv")
@@ -142,6 +160,9 @@ def run_fast(nodes: int = 64, hours: float = 1.0, rate_per_node: float = 3.0, ti
             gd.ingest(SampleBatch.from_columns(node=ids[node], ts=np.full(n, now), prompt_tokens=p,
                                                completion_tokens=c, ttft_ms=ttft, total_ms=total,
                                                status=np.full(n, 200)))
+            if streams:
+                gd.ingest_progress(_progress_rows(rng, ids, now, tick_s, mean_batch * load, cx, cy,
+                                                  decode_ms * (base_speed * np.exp(drift)), sig))
             ev = gd.evaluate(now)
             out = np.isin(ev.states, list(out_states))
             cut = (ev.weights < 0.999 * ev.base_weights) & ~out

@@ -14,7 +14,9 @@ Definitions (what an SRE reads in the report):
   seconds after the fault ends until the node is back at full weight (``null``: the fault does not end,
   the node was never cut, or it never came back within the run).
 - ``floor_s`` / ``delay_vs_floor``: the statistical floor on this policy's own records of the faulty
-  node (see :func:`cusum_bounds`) and ``first_degrade_s`` over it.
+  node (see :func:`cusum_bounds`) and ``first_degrade_s`` over it. For a policy that read the
+  streamed progress, also ``stream_floor_s`` / ``delay_vs_stream_floor``: the same oracle CUSUM on the
+  node's per-tick streamed decode time (:func:`stream_floor`), the floor of a streaming detector.
 - ``false_degrades`` / ``false_quarantines``: weight cuts / removals of nodes that are not in
   ``expect.faulty`` (events, not nodes). ``healthy_node_hours``: observation time of those nodes, the
   denominator of a false-alarm rate; ``healthy_out_of_service_node_hours``: how much of it they spent
@@ -324,3 +326,43 @@ def add_floor_ratios(scn: Scenario, sim: Simulation, policy: dict[str, Any], bou
         entry["floor_s"] = floor
         det = entry["first_degrade_s"]
         entry["delay_vs_floor"] = _r(det / floor) if det is not None and floor else None
+        ticks = sim.log.progress.get((gi, entry["node"]))
+        if ticks:
+            f = next(f for f in scn.faults if f.group == entry["group"] and f.node == entry["node"])
+            sfloor = stream_floor(ticks, entry["onset_s"], f.end_s)
+            entry["stream_floor_s"] = sfloor
+            entry["delay_vs_stream_floor"] = _r(det / sfloor) if det is not None and sfloor else None
+
+
+def stream_floor(ticks: list[tuple[float, float, float]], onset: float, end: float | None,
+                 false_alarm_node_hours: float = 10_000.0, window_s: float = 60.0) -> float | None:
+    """Seconds from ``onset`` to the first alarm of an oracle CUSUM on a node's streamed progress.
+
+    One sample per tick: ``log(inter-token seconds / tokens)``, the node's mean decode time per token
+    over the tick. The oracle knows the pre-change mean and sd (the node's ticks in the minute before
+    the onset) and the shift (its ticks in ``[onset, onset + window_s)``); ``h`` comes from one false
+    alarm per ``false_alarm_node_hours`` at one sample per tick, and the best of ``k = δ/2 .. δ/64``
+    is taken, as for :func:`observable_floor`. ``None`` when there is too little to tell.
+    """
+    arr = np.asarray([(t, s / k) for t, k, s in ticks if k > 0])
+    if len(arr) < 20:
+        return None
+    t, v = arr[:, 0], np.log(arr[:, 1])
+    before = v[(t <= onset) & (t > onset - 60.0)]
+    stop = min(end if end is not None else math.inf, onset + window_s)
+    after_mask = (t > onset) & (t <= stop)
+    if len(before) < 10 or after_mask.sum() < 3:
+        return None
+    mean, sd = float(before.mean()), float(before.std())
+    tick_s = float(np.median(np.diff(t)))
+    arl0 = false_alarm_node_hours * 3600.0 / tick_s
+    if sd == 0:
+        over = np.flatnonzero(v[after_mask] > mean + 1e-12)
+        return _r(float(t[after_mask][over[0]]) - onset) if len(over) else None
+    x = (v[after_mask] - mean) / sd
+    delta = float(x.mean())
+    if not delta > 0:
+        return None
+    alarms = [oracle_cusum_alarm(x, k, threshold_for_arl0(arl0, k)) for k in (delta / 2) * 0.5 ** np.arange(6)]
+    alarms = [i for i in alarms if i is not None]
+    return _r(float(t[after_mask][min(alarms)]) - onset) if alarms else None

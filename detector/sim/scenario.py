@@ -17,6 +17,8 @@ Fields this simulator adds to the schema (all optional, documented in ``scenario
 - ``probe``: ``{"prompt_tokens": 256, "completion_tokens": 32}`` the canary request.
 - ``gateway.logs_ttft`` (default true): false models a gateway whose access log has no TTFT (nginx's
   default format): detector policies then see total latency only.
+- ``gateway.streams`` (default true): the gateway sees tokens as they stream (server-sent events, or
+  the model server's inter-token-latency histogram); false: completed requests only.
 - fault ``error_status`` (crash, default 503).
 """
 
@@ -122,6 +124,7 @@ class Scenario:
     probe_prompt_tokens: int = 256
     probe_completion_tokens: int = 32
     logs_ttft: bool = True
+    streams: bool = True
     source: str = ""
 
     def group(self, name: str) -> Group:
@@ -352,6 +355,7 @@ def parse_scenario(data: Any, source: str = "") -> Scenario:
         probe_prompt_tokens=_num(probe, "prompt_tokens", "probe", default=256, lo=1, integer=True),
         probe_completion_tokens=_num(probe, "completion_tokens", "probe", default=32, lo=1, integer=True),
         logs_ttft=_flag(_obj(d.get("gateway", {}), "gateway"), "logs_ttft", "gateway", default=True),
+        streams=_flag(_obj(d.get("gateway", {}), "gateway"), "streams", "gateway", default=True),
         source=source,
     )
 

@@ -187,7 +187,7 @@ def replay(
             zd = z is not None and z >= t.degrade_z and (
                 not robust or baseline is None or (ema is not None and ema >= t.degrade_materiality * baseline))
             # Robust mode cuts only on evidence too (rows from before it was recorded have none).
-            zd = zd and (not robust or zq or evidence is None or evidence >= t.degrade_evidence)
+            zd = zd and (not robust or zq or evidence is None or evidence >= t.degrade_evidence * (1 - 1e-9))
             if cur == "healthy" and zd:
                 out.append(SimTransition(node, at, cur, "degraded", "z_degrade"))
                 state[node] = "degraded"

@@ -52,7 +52,7 @@ class NodeSerializer(serializers.ModelSerializer):
         model = Node
         fields = [
             "id", "name", "address", "group", "state", "weight", "base_weight", "last_seen", "ema", "z",
-            "p50", "p99", "samples", "labels", "gpu_evidence", "dcgm_url", "retired", "registered_at",
+            "p50", "p99", "samples", "labels", "gpu_evidence", "dcgm_url", "metrics_url", "retired", "registered_at",
         ]
 
 

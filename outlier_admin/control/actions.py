@@ -331,6 +331,7 @@ def do_register_node(
     base_weight: int = 100,
     labels: dict[str, Any] | None = None,
     dcgm_url: str = "",
+    metrics_url: str = "",
     registered_via: str = RegisteredVia.MANUAL,
     reason: str = "registered",
 ) -> Node:
@@ -343,7 +344,8 @@ def do_register_node(
     with transaction.atomic():
         node = Node.objects.create(
             group=group, name=name or address, address=address, base_weight=base_weight,
-            labels=labels or {}, dcgm_url=dcgm_url, registered_via=registered_via,
+            labels=labels or {}, dcgm_url=dcgm_url, metrics_url=metrics_url,
+            registered_via=registered_via,
         )
         audit("node.register", actor, node=node, reason=reason,
               detail={"address": address, "base_weight": base_weight, "via": registered_via})

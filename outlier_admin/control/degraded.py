@@ -345,6 +345,8 @@ def run_degraded_tick(r: redis.Redis, name: str, *, now: float | None, consumer:
         # Samples of nodes registered after the snapshot are not in the detector: counted as
         # unknown by it (the node joins at the first normal tick).
         result.samples = gd.ingest(t._batch(rows)).accepted
+    result.progress = t.apply_progress(gd, entries)
+    if entries:
         last_id = max((eid for eid, _ in entries), key=t._id_tuple)
 
     ev = gd.evaluate(now)

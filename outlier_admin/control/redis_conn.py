@@ -57,6 +57,11 @@ def stream_key(group: str) -> str:
     return f"outlier:stream:{group}"
 
 
+def itl_key(group: str) -> str:
+    """Hash node -> the last model-server scrape's inter-token histogram ``[ts, sum_s, count]``."""
+    return f"outlier:itl:{group}"
+
+
 def state_key(group: str) -> str:
     return f"outlier:state:{group}"
 

@@ -31,7 +31,7 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from detector import GroupDetector, NodeState, SampleBatch, Thresholds, Transition
+from detector import GroupDetector, NodeState, ProgressBatch, SampleBatch, Thresholds, Transition
 from outlier_admin.control import degraded, publish
 from outlier_admin.control.models import (
     CanaryProbe,
@@ -46,7 +46,7 @@ from outlier_admin.control.models import (
 from outlier_admin.control.models import Transition as TransitionRow
 from outlier_admin.control.redis_conn import GroupLock, get_redis, lock_key, probes_key, state_key, stream_key
 from outlier_admin.fleet.models import ModelGroup, Node, Policy
-from outlier_admin.ingest.pipeline import decode_entry
+from outlier_admin.ingest.pipeline import decode_entry, decode_progress
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ class TickResult:
     group: str
     at: float
     samples: int = 0
+    progress: int = 0  # streamed-progress rows applied (model-server scrapes)
     entries: int = 0
     transitions: int = 0
     version: int | None = None
@@ -313,6 +314,16 @@ def run_tick(group: ModelGroup | str, *, now: float | None = None, consumer: str
         lock.release()
 
 
+def apply_progress(gd: GroupDetector, entries: list[tuple[bytes, dict]]) -> int:
+    """Hand the entries' streamed-progress rows to the detector; returns how many it applied."""
+    rows = [row for _eid, fields in entries for row in decode_progress(fields)]
+    if not rows:
+        return 0
+    node, ts, interval, tokens, token_ms = zip(*rows, strict=True)
+    return gd.ingest_progress(ProgressBatch.from_columns(
+        node=node, ts=ts, interval_s=interval, tokens=tokens, token_ms=token_ms)).accepted
+
+
 def _tick_locked(r: redis.Redis, group: ModelGroup, now: float | None, consumer: str, started: float) -> TickResult:
     group.refresh_from_db()
     now = time.time() if now is None else now
@@ -347,6 +358,8 @@ def _tick_locked(r: redis.Redis, group: ModelGroup, now: float | None, consumer:
         for name, ts in zip(batch.node.tolist(), batch.ts.tolist(), strict=True):
             if ts > last_seen.get(name, 0.0):
                 last_seen[name] = ts
+    result.progress = apply_progress(gd, entries)
+    if entries:
         last_id = max((eid for eid, _ in entries), key=_id_tuple)
 
     overrides, decided, probes = _apply_operator_inputs(gd, group, now)

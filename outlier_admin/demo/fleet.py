@@ -13,7 +13,10 @@ What this module adds is the wall clock:
   returns the access-log records of the requests that have *completed*:
   ``total = prefill + decode`` with ``b`` = requests running on the node when it started.
 * :class:`CanaryServer` answers ``POST /v1/completions`` for one node with the same model, so canary
-  probes see the node as slow while its fault lasts and as healthy after it heals.
+  probes see the node as slow while its fault lasts and as healthy after it heals, and ``GET
+  /metrics`` with vLLM's inter-token-latency histogram (:meth:`SimulatedFleet.itl`): the tokens its
+  requests have streamed so far, which the control plane scrapes (``Node.metrics_url``) for the
+  streamed decode signal.
 """
 
 from __future__ import annotations
@@ -84,6 +87,10 @@ class SimulatedFleet:
         self.started = time.time()
         self.in_flight: list[list[float]] = [[] for _ in range(len(self.model.speed))]  # heaps of end times
         self.pending: list[tuple[float, int, dict[str, Any]]] = []  # completion time, seq, record
+        # Per node: requests streaming (first token at, end at, seconds per token, tokens after the
+        # first) and the inter-token histogram of the finished ones ([sum_s, count]).
+        self.streams: list[list[tuple[float, float, float, int]]] = [[] for _ in range(len(self.model.speed))]
+        self.itl_done = [[0.0, 0] for _ in range(len(self.model.speed))]
         self.seq = 0
         self._lock = threading.Lock()
 
@@ -108,6 +115,28 @@ class SimulatedFleet:
         pre = self.model.pre_ms[n] * prompt * k * f_pre
         dec = self.model.dec_ms[n] * self.model.curve[gi][b] * completion * k * f_dec
         return pre + dec / max(completion, 1), pre + dec
+
+    def itl(self, gi: int, local: int, t_rel: float | None = None) -> tuple[float, int]:
+        """``(sum_s, count)`` of the node's inter-token gaps streamed up to ``t_rel`` (now), as vLLM's
+        ``inter_token_latency_seconds`` histogram counts them."""
+        t_rel = self.rel() if t_rel is None else t_rel
+        n = self.model.offset[gi] + local
+        with self._lock:
+            done = self.itl_done[n]
+            running = []
+            for first, end, per_token, tokens in self.streams[n]:
+                if end <= t_rel:
+                    done[0] += per_token * tokens
+                    done[1] += tokens
+                else:
+                    running.append((first, end, per_token, tokens))
+            self.streams[n] = running
+            total_s, count = done
+            for first, _end, per_token, tokens in running:
+                streamed = min(max(int((t_rel - first) / per_token), 0), tokens)
+                total_s += streamed * per_token
+                count += streamed
+        return total_s, count
 
     def _pick(self, gi: int) -> int:
         weights = self.pick_weights(gi)
@@ -137,7 +166,11 @@ class SimulatedFleet:
             ttft, total = self.service_ms(gi, local, prompt, completion, t, float(self.pre.noise[i]))
             end = t + total / 1000.0
             with self._lock:
-                heapq.heappush(self.in_flight[self.model.offset[gi] + local], end)
+                n = self.model.offset[gi] + local
+                heapq.heappush(self.in_flight[n], end)
+                if completion >= 2:
+                    self.streams[n].append((t + ttft / 1000.0, end, (total - ttft) / 1000.0 / (completion - 1),
+                                            completion - 1))
             record = {"ts": round(self.started + end, 3), "group": self.groups[gi], "node": self.nodes[gi][local],
                       "prompt_tokens": prompt, "completion_tokens": completion,
                       "ttft_ms": round(ttft, 2), "total_ms": round(total, 2), "status": 200}
@@ -151,7 +184,7 @@ class SimulatedFleet:
 
 
 class CanaryServer:
-    """``POST /v1/completions`` of one simulated node on 127.0.0.1:<ephemeral port>.
+    """``POST /v1/completions`` and ``GET /metrics`` of one simulated node on 127.0.0.1:<ephemeral port>.
 
     Sleeps the model's service time for the probe (prompt ~10 tokens, ``max_tokens`` completion
     tokens) and answers OpenAI-style with ``usage``, so the canary sees the node's current speed.
@@ -182,6 +215,22 @@ class CanaryServer:
                 data = json.dumps(doc).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404)
+                    return
+                total_s, count = outer.fleet.itl(outer.gi, outer.local)
+                name, model = "vllm:inter_token_latency_seconds", outer.fleet.groups[outer.gi]
+                data = (f"# HELP {name} Histogram of inter-token latency in seconds.\n# TYPE {name} histogram\n"
+                        f'{name}_bucket{{le="+Inf",model_name="{model}"}} {count}\n'
+                        f'{name}_count{{model_name="{model}"}} {count}\n'
+                        f'{name}_sum{{model_name="{model}"}} {total_s!r}\n').encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

@@ -109,8 +109,10 @@ def seed(cfg: Any, addresses: dict[tuple[int, int], str], password: str) -> list
             created_via="demo")
         for i in range(n):
             nm, address = node_name(gi, i), addresses[(gi, i)]
-            if not Node.objects.filter(group=group, name=nm).update(address=address, retired=False):
-                do_register_node(group, address, actor=ACTOR, name=nm, reason="demo fleet")
+            metrics_url = f"http://{address}/metrics"
+            if not Node.objects.filter(group=group, name=nm).update(address=address, retired=False,
+                                                                    metrics_url=metrics_url):
+                do_register_node(group, address, actor=ACTOR, name=nm, reason="demo fleet", metrics_url=metrics_url)
         groups.append(group)
     user, _ = User.objects.get_or_create(username="demo", defaults={"is_staff": True})
     user.is_staff = True
@@ -203,6 +205,7 @@ def run(cfg: Any, client: Any) -> int:
         node_name,
     )
     from outlier_admin.gateway_client import GatewayClient
+    from outlier_admin.ingest.modelserver import scrape_all as scrape_model_servers
     from outlier_admin.ingest.pipeline import directory, submit
     from outlier_admin.observability.events import scan_events
     from outlier_admin.observability.hooks import observe_ingest, observe_tick
@@ -242,7 +245,7 @@ def run(cfg: Any, client: Any) -> int:
         _loop(stop, 2.0, _print_alerts(scan_events), "events"),
     ]
     last_seen = Transition.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
-    counts = {"records": 0, "ticks": 0}
+    counts = {"records": 0, "scrapes": 0, "ticks": 0}
     deadline = fleet.started + cfg.seconds if cfg.seconds else float("inf")
     try:
         while not stop.is_set() and time.time() < deadline:
@@ -251,6 +254,7 @@ def run(cfg: Any, client: Any) -> int:
                 outcome = submit([(i + 1, rec, None) for i, rec in enumerate(records)], source=f"demo-gateway:{group}")
                 observe_ingest(outcome, source=f"demo-gateway:{group}")
                 counts["records"] += outcome.accepted
+            counts["scrapes"] += scrape_model_servers()  # each node's /metrics: its streamed tokens
             for group in groups:
                 observe_tick(run_tick(group.name, consumer="demo"))
                 counts["ticks"] += 1
@@ -302,7 +306,8 @@ def _summary(counts: dict[str, int]) -> str:
 
     states = dict(Node.objects.values_list("state").annotate(n=Count("id")).values_list("state", "n"))
     moved = Transition.objects.exclude(reason="warmed_up").count()
-    return (f"demo finished: {counts['records']} records ingested, {counts['ticks']} ticks, "
+    return (f"demo finished: {counts['records']} records ingested, {counts['scrapes']} model-server scrapes, "
+            f"{counts['ticks']} ticks, "
             f"{moved} transitions; nodes by state: {states}")
 
 

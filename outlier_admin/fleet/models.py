@@ -120,6 +120,9 @@ class Node(models.Model):
     registered_at = models.DateTimeField(default=timezone.now)
     # dcgm-exporter endpoint (http://host:9400/metrics); empty: not scraped.
     dcgm_url = models.CharField(max_length=300, blank=True, default="")
+    # Model server metrics endpoint (vLLM / SGLang, http://host:8000/metrics); empty: not scraped.
+    # Its inter-token-latency histogram streams the node's decode time between completions.
+    metrics_url = models.CharField(max_length=300, blank=True, default="")
     # Latest GPU evidence summary (per GPU), written by the DCGM scrape; see ingest.GpuReading.
     gpu_evidence = models.JSONField(default=dict, blank=True)
     retired = models.BooleanField(default=False)

@@ -289,5 +289,13 @@ def submit(
 
 
 def decode_entry(fields: dict[bytes, bytes]) -> list[list[Any]]:
-    """The rows of one stream entry (see module docstring)."""
-    return orjson.loads(fields[b"rows"])
+    """The request rows of one stream entry (see module docstring); none for a progress entry."""
+    raw = fields.get(b"rows")
+    return orjson.loads(raw) if raw is not None else []
+
+
+def decode_progress(fields: dict[bytes, bytes]) -> list[list[Any]]:
+    """The streamed-progress rows ``[node, ts, interval_s, tokens, token_ms]`` of one stream entry
+    (written by :mod:`outlier_admin.ingest.modelserver`); none for a request entry."""
+    raw = fields.get(b"progress")
+    return orjson.loads(raw) if raw is not None else []

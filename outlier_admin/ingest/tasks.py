@@ -12,6 +12,13 @@ def scrape_all_dcgm() -> int:
     return scrape_all()
 
 
+@shared_task(name="ingest.scrape_all_metrics", ignore_result=True, expires=5)
+def scrape_all_metrics() -> int:
+    from outlier_admin.ingest.modelserver import scrape_all
+
+    return scrape_all()
+
+
 @shared_task(name="ingest.tail_all_logs", ignore_result=True)
 def tail_all_logs() -> dict[str, int]:
     from outlier_admin.ingest.tailer import tail_all

@@ -1,6 +1,6 @@
 import numpy as np
 
-from detector.costmodel import fit_cost_model
+from detector.costmodel import Reservoir, fit_cost_model
 
 
 def _requests(rng, k):
@@ -44,3 +44,17 @@ def test_learned_signal_spread_is_close_to_injected_noise_and_far_below_fixed_w(
 
 def test_too_few_samples_gives_no_model():
     assert fit_cost_model(np.array([[1.0, 2.0]] * 4), np.array([1.0, 2.0, 3.0, 4.0])) is None
+
+
+def test_reservoir_keeps_the_newest_rows_and_a_resize_keeps_the_newest_that_fit():
+    r = Reservoir(("x", "y"), 5)
+    r.add(x=np.arange(3.0), y=-np.arange(3.0))
+    assert r.filled == 3 and sorted(r.rows()["x"]) == [0, 1, 2]
+    r.add(x=np.arange(3.0, 10.0), y=-np.arange(3.0, 10.0))  # more than the room left, and than the capacity
+    assert r.filled == 5 and sorted(r.rows()["x"]) == [5, 6, 7, 8, 9]
+    assert all(r.rows()["y"] == -r.rows()["x"])  # rows stay whole
+    small = r.resized(2)
+    assert sorted(small.rows()["x"]) == [8, 9]
+    big = r.resized(8)
+    big.add(x=np.array([10.0]), y=np.array([-10.0]))
+    assert big.filled == 6 and sorted(big.rows()["x"]) == [5, 6, 7, 8, 9, 10]

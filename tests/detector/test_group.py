@@ -289,7 +289,7 @@ def test_set_thresholds_keeps_learned_state_and_resizes_windows():
     gd.set_thresholds(Thresholds(window_size=200, cost_model_reservoir=1000, quarantine_z=5.0, ema_alpha=0.2))
     assert gd.window.size == 200 and (gd.window.filled == np.minimum(200, gd.window.filled)).all()
     np.testing.assert_array_equal(gd.ewma["norm"].mean, ema)
-    assert gd.ewma["norm"].alpha == 0.2 and gd._res_filled == 1000
+    assert gd.ewma["norm"].alpha == 0.2 and gd._res.filled == 1000
     after = gd.window.percentiles()
     np.testing.assert_allclose(after[0], before[0], rtol=0.1)  # the newest samples carry over
     ev = gd.evaluate(10.2)

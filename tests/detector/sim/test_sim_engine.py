@@ -183,14 +183,18 @@ def test_same_seed_same_report_and_different_seed_differs():
 
 
 def test_a_gateway_without_ttft_gives_the_detector_total_latency_only():
-    """``gateway.logs_ttft: false`` (nginx's default log): the default policy's detector gets no TTFT,
-    so it has no decode baseline and decides on the learned ``norm``; with TTFT it decides on decode."""
+    """``gateway.logs_ttft: false`` (nginx's default log) and no streaming: the default policy's
+    detector gets no TTFT, so it has no decode baseline and decides on the learned ``norm``; with TTFT
+    it decides on decode, and so it does without TTFT when the gateway streams."""
     d = tiny(duration_s=60)
     d["groups"][0]["nodes"] = 4  # a baseline needs 3 peers
     d["workload"][0]["rate_rps"] = 10  # and the cost model 200 samples
+    d["gateway"] = {"streams": False}
     with_ttft = run_scenario(parse_scenario(d), ["default"], keep_sims=True)
-    d["gateway"] = {"logs_ttft": False}
+    d["gateway"] = {"logs_ttft": False, "streams": False}
     without = run_scenario(parse_scenario(d), ["default"], keep_sims=True)
+    d["gateway"] = {"logs_ttft": False}
+    streamed = run_scenario(parse_scenario(d), ["default"], keep_sims=True)
 
     def last_eval(report):
         policy = report["_sims"]["default"].policies[0]
@@ -199,6 +203,8 @@ def test_a_gateway_without_ttft_gives_the_detector_total_latency_only():
     assert last_eval(with_ttft).decision_signal == "decode"
     ev = last_eval(without)
     assert ev.decision_signal == "norm" and np.isnan(ev.ema["decode"]).all() and np.isfinite(ev.ema["norm"]).all()
+    ev = last_eval(streamed)
+    assert ev.decision_signal == "decode" and np.isfinite(ev.ema["decode"]).all()
 
 
 def test_floor_of_a_noise_free_fleet_is_its_first_slowed_record():

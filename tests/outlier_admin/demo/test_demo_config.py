@@ -50,3 +50,27 @@ def test_unreachable_redis_falls_back_to_the_in_process_stand_in():
     assert "fakeredis" in desc
     client.set("k", "v")
     assert client.get("k") == b"v"
+
+
+def test_a_node_metrics_count_the_tokens_streamed_so_far():
+    from outlier_admin.demo.fleet import CanaryServer, SimulatedFleet
+    from outlier_admin.ingest.modelserver import parse_itl
+
+    fleet = SimulatedFleet(DemoConfig.from_env({}), lambda gi: None)
+    fleet.started -= 30.0  # 30 s of traffic to dispatch
+    fleet.advance()
+    per_node = [fleet.itl(0, i, 10.0) for i in range(32)]
+    later = [fleet.itl(0, i, 30.0) for i in range(32)]
+    assert all(b[1] >= a[1] and b[0] >= a[0] for a, b in zip(per_node, later, strict=True))
+    total_s, count = map(sum, zip(*later, strict=True))
+    # The group's healthy per-token time (14 ms at a full batch; less on lighter ones).
+    assert count > 10_000 and 0.005 < total_s / count < 0.016
+    server = CanaryServer(fleet, 0, 3).start()
+    try:
+        import httpx
+
+        text = httpx.get(f"http://{server.address}/metrics", timeout=5).text
+    finally:
+        server.stop()
+    s, c = parse_itl(text)
+    assert c >= later[3][1] and s == pytest.approx(fleet.itl(0, 3)[0], rel=0.5)

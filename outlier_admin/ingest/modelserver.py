@@ -1,0 +1,116 @@
+"""Model-server scrapes (vLLM, SGLang ``/metrics``) -> streamed decode progress for the detector.
+
+An access-log line arrives when a request ends: a request running when a GPU throttles reports its
+decode time seconds later and only partly slowed. The model server itself records every inter-token
+gap as it happens, in a Prometheus histogram; the delta of its ``_sum`` and ``_count`` between two
+scrapes is exactly a :class:`detector.ProgressBatch` row (``tokens = Δcount``,
+``token_ms = 1000 * Δsum``, ``interval_s`` = time between the scrapes). Histograms read, first found:
+
+- ``vllm:inter_token_latency_seconds`` (vLLM V1), ``vllm:time_per_output_token_seconds`` (V0),
+- ``sglang:inter_token_latency_seconds``.
+
+All label sets (one per served model) are summed. The previous cumulative values live in Redis
+(``outlier:itl:<group>``, one field per node); a counter that went down (server restart) re-bases
+without a row. Rows go into the group's ingest stream next to the access-log records, and the tick
+hands them to :meth:`detector.GroupDetector.ingest_progress`. Parsing uses
+``prometheus_client.parser``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import orjson
+import redis
+from django.conf import settings
+from prometheus_client.parser import text_string_to_metric_families
+
+from outlier_admin.control.redis_conn import get_redis, itl_key, stream_key
+from outlier_admin.fleet.models import Node
+from outlier_admin.ingest.models import RejectedInput
+from outlier_admin.ingest.pipeline import STREAM_MAXLEN
+
+ITL_HISTOGRAMS = (
+    "vllm:inter_token_latency_seconds",
+    "vllm:time_per_output_token_seconds",
+    "sglang:inter_token_latency_seconds",
+)
+
+
+def parse_itl(text: str) -> tuple[float, float] | None:
+    """``(sum_seconds, count)`` of the first :data:`ITL_HISTOGRAMS` family present, over all its
+    label sets; ``None`` when the text has none of them. Raises ``ValueError`` on unparsable text."""
+    found: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in ITL_HISTOGRAMS:
+            continue
+        acc = found.setdefault(family.name, [0.0, 0.0, 0])
+        for sample in family.samples:
+            if sample.name.endswith("_sum"):
+                acc[0] += float(sample.value)
+                acc[2] += 1
+            elif sample.name.endswith("_count"):
+                acc[1] += float(sample.value)
+    for name in ITL_HISTOGRAMS:
+        if name in found and found[name][2]:  # a family without _sum (trimmed capture) says nothing
+            return found[name][0], found[name][1]
+    return None
+
+
+def progress_row(node: str, prev: tuple[float, float, float] | None,
+                 cur: tuple[float, float, float]) -> list[Any] | None:
+    """The progress row ``[node, ts, interval_s, tokens, token_ms]`` between two scrapes
+    ``(ts, sum_seconds, count)``, or ``None``: first scrape, no time passed, or a counter reset."""
+    if prev is None:
+        return None
+    interval = cur[0] - prev[0]
+    d_sum, d_count = cur[1] - prev[1], cur[2] - prev[2]
+    if not interval > 0 or d_sum < 0 or d_count < 0:
+        return None
+    return [node, cur[0], interval, d_count, d_sum * 1000.0]
+
+
+def record_scrape(r: redis.Redis, node: Node, text: str, now: float) -> list[Any] | None:
+    """Turn one scrape of ``node`` into a progress row in its group's stream; returns the row.
+
+    Raises ``ValueError`` when the text is not Prometheus exposition or has no inter-token histogram.
+    """
+    itl = parse_itl(text)
+    if itl is None:
+        raise ValueError(f"no inter-token latency histogram ({', '.join(ITL_HISTOGRAMS)})")
+    cur = (now, itl[0], itl[1])
+    key = itl_key(node.group.name)
+    raw = r.hget(key, node.name)
+    prev = tuple(orjson.loads(raw)) if raw else None
+    row = progress_row(node.name, prev, cur)
+    pipe = r.pipeline(transaction=True)
+    pipe.hset(key, node.name, orjson.dumps(cur))
+    if row is not None and row[3] > 0:
+        pipe.xadd(stream_key(node.group.name), {"progress": orjson.dumps([row])},
+                  maxlen=STREAM_MAXLEN, approximate=True)
+    pipe.execute()
+    return row
+
+
+def scrape_node(node: Node, *, client: httpx.Client, r: redis.Redis) -> list[Any] | None:
+    """GET the node's ``metrics_url`` and record it; a failed scrape is kept as rejected input."""
+    try:
+        resp = client.get(node.metrics_url)
+        resp.raise_for_status()
+        return record_scrape(r, node, resp.text, time.time())
+    except (httpx.HTTPError, ValueError) as exc:
+        RejectedInput.objects.create(source=f"metrics:{node}", reason="scrape_failed", detail=str(exc)[:2000],
+                                     raw=node.metrics_url)
+        return None
+
+
+def scrape_all() -> int:
+    """Scrape every node with a ``metrics_url``; returns the number of progress rows queued."""
+    n = 0
+    r = get_redis()
+    with httpx.Client(timeout=settings.METRICS_TIMEOUT_MS / 1000.0) as client:
+        for node in Node.objects.filter(retired=False).exclude(metrics_url="").select_related("group"):
+            n += scrape_node(node, client=client, r=r) is not None
+    return n

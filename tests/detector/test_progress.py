@@ -1,0 +1,109 @@
+"""Streamed decode progress (``GroupDetector.ingest_progress``): validation, the decode signal it feeds,
+how fast it sees a fault that completed requests report seconds late, and what it does not react to."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from detector import GroupDetector, NodeState, ProgressBatch, RejectReason, Thresholds
+from tests.detector.helpers import Fleet
+
+TICK = 0.2
+
+
+def drive(gd: GroupDetector, fleet: Fleet, t0: float, seconds: float, *, stall=None, records: bool = True, **kw):
+    """Per tick: the completed requests (access log), the streamed progress, then one evaluation."""
+    evs = []
+    t = t0
+    for _ in range(round(seconds / TICK)):
+        if records:
+            gd.ingest(fleet.batch(t, TICK))
+        t += TICK
+        gd.ingest_progress(fleet.progress(t, TICK, stall=stall(t) if stall else None, **kw))
+        evs.append(gd.evaluate(t))
+    return evs
+
+
+def first(evs, i: int, states) -> float | None:
+    return next((ev.at for ev in evs if ev.states[i] in states), None)
+
+
+def test_bad_rows_are_refused_with_a_reason_and_empty_ones_ignored():
+    gd = GroupDetector(Thresholds(), ["a", "b"])
+    res = gd.ingest_progress(ProgressBatch.from_columns(
+        node=["a", "a", "b", "b", "zz", "a"], ts=[1, np.nan, 1, 1, 1, 1], interval_s=[1, 1, 0, 1, 1, 1],
+        tokens=[50, 50, 50, -3, 50, 0], token_ms=[700, 700, 700, 700, 700, 0]))
+    assert res.accepted == 1
+    assert res.rejected == [(1, RejectReason.NOT_FINITE), (2, RejectReason.NEGATIVE), (3, RejectReason.NEGATIVE),
+                            (4, RejectReason.UNKNOWN_NODE)]
+    assert res.unknown_nodes == ["zz"]
+    assert res.ignored == 1
+    assert gd.rejected_total == {"not_finite": 1, "negative": 2}
+    assert gd.ewma["decode"].count.tolist() == [1, 0]
+    assert gd.ewma["decode"].mean[0] == pytest.approx(14.0)  # 700 ms of gaps over 50 tokens
+
+
+def test_streaming_sees_a_throttled_node_within_a_second_and_quarantines_it_within_two():
+    fleet = Fleet(32, seed=3)
+    gd = GroupDetector(Thresholds(), fleet.nodes)
+    healthy = drive(gd, fleet, 0, 60)
+    fleet.slow[5] = 2.0  # every token of node 5 now takes twice as long, its running requests included
+    # The stream alone (multi-second requests: none that completes in the first seconds is fully slowed).
+    evs = drive(gd, fleet, 60, 30, records=False)
+    assert all(ev.transitions == [] for ev in healthy)
+    degraded = first(evs, 5, {NodeState.DEGRADED, NodeState.QUARANTINED}) - 60
+    quarantined = first(evs, 5, {NodeState.QUARANTINED, NodeState.PROBING}) - 60
+    assert degraded <= 1.0 and quarantined <= 2.0
+    # ...not in one tick: the evidence and the quarantine count ask for persistence in time.
+    assert degraded >= 3 * TICK - 1e-9 and quarantined >= degraded
+    assert {t.node for ev in evs for t in ev.transitions} == {fleet.nodes[5]}
+
+
+def test_a_short_stall_of_every_stream_cuts_nobody():
+    # A long prompt's prefill or a host hiccup stalls every stream of a node at once, for a moment.
+    fleet = Fleet(32, seed=4)
+    gd = GroupDetector(Thresholds(), fleet.nodes)
+    drive(gd, fleet, 0, 60)
+    evs = drive(gd, fleet, 60, 30, stall=lambda t: {7: 2.5} if 60 < t <= 60.4 + 1e-9 else None)
+    assert all(ev.transitions == [] for ev in evs)
+    assert max(float(ev.evidence[7]) for ev in evs) > 0  # it was seen, and not enough
+
+
+def test_stream_rows_and_completed_requests_both_feed_the_decode_signal():
+    fleet = Fleet(8, seed=5)
+    gd = GroupDetector(Thresholds(), fleet.nodes)
+    drive(gd, fleet, 0, 10, records=False)
+    # One sample per node and row, whatever the number of streams in it.
+    assert gd.ewma["decode"].count.tolist() == [10 / TICK] * 8
+    before = gd.ewma["decode"].count.copy()
+    batch = fleet.batch(10, 1.0)
+    gd.ingest(batch)
+    # ...and one per completed request (a whole request's measurement).
+    per_node = np.bincount([fleet.nodes.index(n) for n in batch.node[batch.completion_tokens >= 2]], minlength=8)
+    assert (gd.ewma["decode"].count - before).tolist() == per_node.tolist()
+
+
+def test_without_ttft_in_the_log_the_stream_gives_a_queue_free_decision_signal():
+    fleet = Fleet(16, seed=6)
+    fleet.logs_ttft = False
+    gd = GroupDetector(Thresholds(), fleet.nodes)
+    drive(gd, fleet, 0, 60)
+    fleet.slow[2] = 2.0
+    evs = drive(gd, fleet, 60, 30)
+    assert evs[-1].decision_signal == "decode"
+    # No wait for the queue to drain (queue_drain_s): the stream is measured after the queue.
+    assert first(evs, 2, {NodeState.QUARANTINED, NodeState.PROBING}) - 60 <= 2.0
+
+
+def test_progress_state_survives_a_snapshot():
+    fleet = Fleet(8, seed=7)
+    gd = GroupDetector(Thresholds(), fleet.nodes)
+    drive(gd, fleet, 0, 5)
+    copy = GroupDetector.from_bytes(gd.to_bytes())
+    rows = fleet.progress(5.2, TICK)
+    for d in (gd, copy):
+        d.ingest_progress(rows)
+    np.testing.assert_array_equal(copy.ewma["decode"].mean, gd.ewma["decode"].mean)
+    np.testing.assert_array_equal(copy.a["evidence"], gd.a["evidence"])
+    np.testing.assert_array_equal(copy.a["new_samples"], gd.a["new_samples"])

@@ -1,0 +1,117 @@
+"""Model-server /metrics scrapes -> streamed decode progress -> the tick's detector (real Redis and
+PostgreSQL, a real local HTTP server standing in for vLLM)."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from outlier_admin.ingest.modelserver import parse_itl, progress_row, record_scrape, scrape_all
+from tests.conftest import FIXTURES
+
+VLLM = (FIXTURES / "vllm" / "datadog-vllm_metrics.txt").read_text()
+SGLANG = (FIXTURES / "vllm" / "datadog-sglang_metrics.txt").read_text()
+
+
+def itl_text(sum_s: float, count: float, name: str = "vllm:inter_token_latency_seconds") -> str:
+    return (f"# TYPE {name} histogram\n"
+            f'{name}_bucket{{le="+Inf",model_name="m"}} {count}\n'
+            f'{name}_count{{model_name="m"}} {count}\n'
+            f'{name}_sum{{model_name="m"}} {sum_s}\n')
+
+
+def test_parses_the_v1_histogram_of_a_real_vllm_capture_before_the_v0_one():
+    # The capture holds both (V0's time_per_output_token: 6 over 0.19 s; V1's inter_token_latency).
+    assert parse_itl(VLLM) == (0.6237391703762114, 144.0)
+    assert parse_itl(SGLANG) == (0.05, 31.0)
+    assert parse_itl("# TYPE up gauge\nup 1\n") is None
+    with pytest.raises(ValueError):
+        parse_itl("this is { not prometheus")
+
+
+def test_label_sets_are_summed():
+    text = itl_text(1.0, 50) + 'vllm:inter_token_latency_seconds_count{model_name="other"} 50\n' \
+        'vllm:inter_token_latency_seconds_sum{model_name="other"} 3.0\n'
+    assert parse_itl(text) == (4.0, 100.0)
+
+
+def test_progress_row_is_the_delta_between_scrapes():
+    assert progress_row("n", None, (10.0, 1.0, 50)) is None  # first scrape: nothing to compare
+    assert progress_row("n", (10.0, 1.0, 50), (11.0, 2.4, 150)) == ["n", 11.0, 1.0, 100, pytest.approx(1400.0)]
+    assert progress_row("n", (10.0, 9.0, 900), (11.0, 0.2, 10)) is None  # the server restarted
+    assert progress_row("n", (10.0, 1.0, 50), (10.0, 1.0, 50)) is None
+
+
+class Metrics(BaseHTTPRequestHandler):
+    text = ""
+
+    def do_GET(self):
+        body = Metrics.text.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def metrics_server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.mark.django_db
+def test_scrapes_reach_the_detector_as_decode_samples(metrics_server, redis_client):
+    from outlier_admin.control.actions import do_create_group, do_register_node
+    from outlier_admin.control.tick import _load_detector, run_tick
+    from outlier_admin.fleet.models import ModelGroup
+
+    group = do_create_group("g", actor="t")
+    do_register_node(group, "10.0.0.1:8000", actor="t", metrics_url=metrics_server)
+    do_register_node(group, "10.0.0.2:8000", actor="t")  # no metrics_url: not scraped
+    Metrics.text = itl_text(10.0, 1000)
+    assert scrape_all() == 0  # the first scrape only sets the base
+    Metrics.text = itl_text(10.7, 1050)  # 50 tokens at 14 ms
+    assert scrape_all() == 1
+    res = run_tick("g")
+    assert res.progress == 1
+    gd, _, _ = _load_detector(redis_client, ModelGroup.objects.get(name="g"), res.at)
+    i = gd.index_of("10.0.0.1:8000")
+    assert gd.ewma["decode"].count[i] == 1 and gd.ewma["decode"].mean[i] == pytest.approx(14.0)
+
+
+@pytest.mark.django_db
+def test_a_bad_scrape_is_kept_with_its_reason(metrics_server, redis_client):
+    from outlier_admin.control.actions import do_create_group, do_register_node
+    from outlier_admin.ingest.models import RejectedInput
+
+    group = do_create_group("g", actor="t")
+    node = do_register_node(group, "10.0.0.1:8000", actor="t", metrics_url=metrics_server)
+    Metrics.text = "# TYPE up gauge\nup 1\n"  # a /metrics without the histogram (not a model server?)
+    assert scrape_all() == 0
+    bad = RejectedInput.objects.get()
+    assert bad.reason == "scrape_failed" and "inter-token" in bad.detail and bad.source == f"metrics:{node}"
+    node.metrics_url = "http://127.0.0.1:9/metrics"  # nothing listens there
+    node.save()
+    assert scrape_all() == 0 and RejectedInput.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_record_scrape_rebases_after_a_restart(redis_client):
+    from outlier_admin.control.actions import do_create_group, do_register_node
+
+    node = do_register_node(do_create_group("g", actor="t"), "10.0.0.1:8000", actor="t")
+    assert record_scrape(redis_client, node, itl_text(50.0, 5000), 100.0) is None
+    assert record_scrape(redis_client, node, itl_text(0.1, 10), 101.0) is None  # restarted
+    row = record_scrape(redis_client, node, itl_text(0.8, 60), 102.0)
+    assert row == ["10.0.0.1:8000", 102.0, 1.0, 50, pytest.approx(700.0)]
+    assert redis_client.xlen("outlier:stream:g") == 1
