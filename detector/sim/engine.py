@@ -523,11 +523,18 @@ class Simulation:
         """Hand group ``gi``'s streamed progress since the last tick to its policy, then reset it."""
         lo = self.offset[gi]
         hi = lo + self.scn.groups[gi].nodes
-        a_done = self.a_done
-        for n in range(lo, hi):
+        a_done, a_tok_ms, a_acc = self.a_done, self.a_tok_ms, self.a_acc
+        for n in range(lo, hi):  # stream_to inlined: this loop visits every running request each tick
+            secs = tokens = 0.0
             for att in self.run_set[n]:
-                if not a_done[att]:
-                    self.stream_to(att, now)
+                tm = a_tok_ms[att]
+                dt = now - a_acc[att]
+                if tm > 0.0 and dt > 0.0 and not a_done[att]:
+                    secs += dt
+                    tokens += dt * 1000.0 / tm
+                    a_acc[att] = now
+            self.prog_s[n] += secs
+            self.prog_tok[n] += tokens
         tokens = self.prog_tok[lo:hi]
         token_ms = [x * 1000.0 for x in self.prog_s[lo:hi]]
         for g, local in self.tracked:
