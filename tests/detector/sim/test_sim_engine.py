@@ -219,3 +219,61 @@ def test_floor_of_a_noise_free_fleet_is_its_first_slowed_record():
     first = float(np.min(a["end"][mine]))
     assert report["cusum_bound"][0]["pre_sd"] == 0.0
     assert report["cusum_bound"][0]["observable_delay_s"] == pytest.approx(first - 30, abs=1e-3)
+
+
+class StreamRecorder:
+    """A round-robin policy that asks for the streamed progress and keeps every row."""
+
+    def __init__(self, ctx):
+        from detector.sim.policies import policy_factory
+
+        self.inner = policy_factory("round_robin")(ctx)
+        self.ctx, self.tick_s, self.rows = ctx, 0.2, []
+
+    wants_records, wants_progress = False, True
+
+    def pick(self, now):
+        return self.inner.pick(now)
+
+    def on_record(self, *args):
+        pass
+
+    def on_tick(self, now):
+        pass
+
+    def add_node(self, node, now):
+        pass
+
+    def on_progress(self, now, interval_s, tokens, token_ms):
+        self.rows.append((now, list(tokens), list(token_ms)))
+
+
+def test_streamed_progress_counts_every_token_at_its_current_rate():
+    from detector.sim.engine import Precomputed, Simulation
+    from detector.sim.workload import build_requests
+
+    doc = tiny(duration_s=20, faults=[{"group": "g", "node": 0, "kind": "thermal_throttle", "slowdown": 2,
+                                       "start_s": 10.1}])
+    scn = parse_scenario(doc)
+    holder = {}
+
+    def factory(ctx):
+        holder["p"] = StreamRecorder(ctx)
+        return holder["p"]
+
+    sim = Simulation(scn, Precomputed.build(scn, build_requests(scn)), factory).run()
+    rows = holder["p"].rows
+    a = sim.attempts()
+    done = a["gw_status"] == 200
+    # Every output token after the first was streamed once: 49 per completed request (50 tokens).
+    streamed = sum(sum(tok) for _, tok, _ in rows)
+    assert streamed == pytest.approx(49 * done.sum(), rel=1e-6)
+    # Per-token time as streamed: 10 ms on the healthy node throughout, 10 then 20 ms on node 0.
+    for now, tok, ms in rows:
+        if tok[1] > 0:
+            assert ms[1] / tok[1] == pytest.approx(10.0)
+        if tok[0] > 0 and not 10.1 < now < 10.3:
+            assert ms[0] / tok[0] == pytest.approx(10.0 if now < 10.1 else 20.0)
+    # The tick that straddles the onset (10.0 -> 10.2) holds both rates, each for its share of the time.
+    straddle = next((tok[0], ms[0]) for now, tok, ms in rows if 10.1 < now < 10.3)
+    assert 11.0 < straddle[1] / straddle[0] < 19.0
