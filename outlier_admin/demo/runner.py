@@ -306,7 +306,7 @@ def _summary(counts: dict[str, int]) -> str:
 
     states = dict(Node.objects.values_list("state").annotate(n=Count("id")).values_list("state", "n"))
     moved = Transition.objects.exclude(reason="warmed_up").count()
-    return (f"demo finished: {counts['records']} records ingested, {counts['scrapes']} model-server scrapes, "
+    return (f"demo finished: {counts['records']} records ingested, {counts['scrapes']} streamed-progress rows, "
             f"{counts['ticks']} ticks, "
             f"{moved} transitions; nodes by state: {states}")
 

@@ -107,10 +107,12 @@ def scrape_node(node: Node, *, client: httpx.Client, r: redis.Redis) -> list[Any
 
 
 def scrape_all() -> int:
-    """Scrape every node with a ``metrics_url``; returns the number of progress rows queued."""
+    """Scrape every node with a ``metrics_url``; returns the number of progress rows queued (a node
+    that streamed no token since its last scrape queues none)."""
     n = 0
     r = get_redis()
     with httpx.Client(timeout=settings.METRICS_TIMEOUT_MS / 1000.0) as client:
         for node in Node.objects.filter(retired=False).exclude(metrics_url="").select_related("group"):
-            n += scrape_node(node, client=client, r=r) is not None
+            row = scrape_node(node, client=client, r=r)
+            n += row is not None and row[3] > 0
     return n

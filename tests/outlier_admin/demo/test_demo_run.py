@@ -78,5 +78,5 @@ def test_demo_degrades_and_quarantines_the_throttled_node(tmp_path, settings, re
     assert "h100-05" in hit, out  # the thermally throttled node
     assert records > 0
     assert "demo finished" in out
-    scrapes = re.search(r"(\d+) model-server scrapes", out)
+    scrapes = re.search(r"(\d+) streamed-progress rows", out)
     assert scrapes and int(scrapes.group(1)) > 0, out  # every node's /metrics fed the streamed signal

@@ -115,3 +115,14 @@ def test_record_scrape_rebases_after_a_restart(redis_client):
     row = record_scrape(redis_client, node, itl_text(0.8, 60), 102.0)
     assert row == ["10.0.0.1:8000", 102.0, 1.0, 50, pytest.approx(700.0)]
     assert redis_client.xlen("outlier:stream:g") == 1
+
+
+@pytest.mark.django_db
+def test_a_node_that_streamed_nothing_queues_no_row(metrics_server, redis_client):
+    from outlier_admin.control.actions import do_create_group, do_register_node
+
+    do_register_node(do_create_group("g", actor="t"), "10.0.0.1:8000", actor="t", metrics_url=metrics_server)
+    Metrics.text = itl_text(10.0, 1000)
+    scrape_all()
+    assert scrape_all() == 0  # same counters: an idle node
+    assert redis_client.xlen("outlier:stream:g") == 0
