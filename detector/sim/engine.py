@@ -515,7 +515,8 @@ class Simulation:
                 self.a_ttft[att] = ttft
                 self.a_end[att] = end
                 self.a_tok_ms[att] *= rd
-                self.a_acc[att] = max(self.a_acc[att], ttft)
+                if self.a_acc[att] > now:  # not streaming yet: it starts at the (moved) first token
+                    self.a_acc[att] = ttft
                 self.a_ver[att] += 1
                 self.push(end, EV_COMPLETE, att, self.a_ver[att])
 

@@ -253,7 +253,8 @@ def test_streamed_progress_counts_every_token_at_its_current_rate():
     from detector.sim.workload import build_requests
 
     doc = tiny(duration_s=20, faults=[{"group": "g", "node": 0, "kind": "thermal_throttle", "slowdown": 2,
-                                       "start_s": 10.1}])
+                                       "start_s": 10.1, "end_s": 15.05}])
+    doc["groups"][0]["prefill_ms_per_token"] = 1.0  # a 1 s prefill: some run across the fault's edges
     scn = parse_scenario(doc)
     holder = {}
 
@@ -265,15 +266,16 @@ def test_streamed_progress_counts_every_token_at_its_current_rate():
     rows = holder["p"].rows
     a = sim.attempts()
     done = a["gw_status"] == 200
-    # Every output token after the first was streamed once: 49 per completed request (50 tokens).
+    # Every output token after the first was streamed once: 49 per completed request (50 tokens),
+    # including requests whose prefill the fault's end shortened.
     streamed = sum(sum(tok) for _, tok, _ in rows)
     assert streamed == pytest.approx(49 * done.sum(), rel=1e-6)
     # Per-token time as streamed: 10 ms on the healthy node throughout, 10 then 20 ms on node 0.
     for now, tok, ms in rows:
         if tok[1] > 0:
             assert ms[1] / tok[1] == pytest.approx(10.0)
-        if tok[0] > 0 and not 10.1 < now < 10.3:
-            assert ms[0] / tok[0] == pytest.approx(10.0 if now < 10.1 else 20.0)
+        if tok[0] > 0 and not 10.1 < now < 10.3 and not 15.05 < now < 15.25:
+            assert ms[0] / tok[0] == pytest.approx(20.0 if 10.1 < now < 15.05 else 10.0)
     # The tick that straddles the onset (10.0 -> 10.2) holds both rates, each for its share of the time.
     straddle = next((tok[0], ms[0]) for now, tok, ms in rows if 10.1 < now < 10.3)
     assert 11.0 < straddle[1] / straddle[0] < 19.0
