@@ -340,7 +340,7 @@ def stream_floor(ticks: list[tuple[float, float, float]], onset: float, end: flo
 
     One sample per tick: ``log(inter-token seconds / tokens)``, the node's mean decode time per token
     over the tick. The oracle knows the pre-change mean and sd (the node's ticks in the minute before
-    the onset) and the shift (its ticks in ``[onset, onset + window_s)``); ``h`` comes from one false
+    the onset) and the shift (its ticks in ``(onset, onset + window_s]``); ``h`` comes from one false
     alarm per ``false_alarm_node_hours`` at one sample per tick, and the best of ``k = δ/2 .. δ/64``
     is taken, as for :func:`observable_floor`. ``None`` when there is too little to tell.
     """

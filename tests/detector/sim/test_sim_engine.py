@@ -279,3 +279,18 @@ def test_streamed_progress_counts_every_token_at_its_current_rate():
     # The tick that straddles the onset (10.0 -> 10.2) holds both rates, each for its share of the time.
     straddle = next((tok[0], ms[0]) for now, tok, ms in rows if 10.1 < now < 10.3)
     assert 11.0 < straddle[1] / straddle[0] < 19.0
+
+
+def test_stream_floor_is_the_first_tick_that_proves_the_shift():
+    from detector.sim.report import stream_floor
+
+    rng = np.random.default_rng(3)
+    t = np.round(np.arange(1, 601) * 0.2, 6)  # 120 s of 200 ms ticks, onset at 60 s
+    per_token = 0.014 * np.exp(0.02 * rng.standard_normal(len(t)))
+    slow = per_token * np.where(t > 60.0, 2.0, 1.0)
+    ticks = [(ti, 100.0, 100.0 * p) for ti, p in zip(t, slow, strict=True)]
+    assert stream_floor(ticks, 60.0, None) == pytest.approx(0.2)  # a 35-sd step: one tick proves it
+    small = per_token * np.where(t > 60.0, 1.01, 1.0)  # half an sd: many ticks
+    assert stream_floor([(ti, 100.0, 100.0 * p) for ti, p in zip(t, small, strict=True)], 60.0, None) > 2.0
+    flat = [(ti, 100.0, 100.0 * p) for ti, p in zip(t, per_token, strict=True)]
+    assert stream_floor(flat, 60.0, None) is None  # no shift, no floor
