@@ -669,8 +669,7 @@ class GroupDetector:
             # the line (14% slower hardware, its speed moving with its load) is otherwise cut and
             # restored every few seconds; a real fault still climbs the doubled line in a few samples.
             # (tolerance: p capped increments of h/p sum to a hair under h in floating point)
-            line = t.degrade_evidence * np.power(2.0, np.minimum(a["flaps"], MAX_FLAP_DOUBLINGS))
-            held = a["evidence"] >= line * (1 - 1e-9)
+            held = a["evidence"] >= _evidence_line(t, a["flaps"]) * (1 - 1e-9)
         else:
             held = a["over_d"] >= t.degrade_persistence
         degrade_now = over_d & (held | over_q)
@@ -1150,8 +1149,13 @@ def _detail(reason: Reason, a: dict[str, np.ndarray], i: int, t: Thresholds) -> 
         return f"Z >= {t.quarantine_z} for {int(a['over_q'][i])} samples (limit {t.quarantine_persistence})"
     if reason is Reason.Z_DEGRADE and t.baseline_mode == "robust":
         return (f"evidence {float(a['evidence'][i]):.1f} sd over {t.degrade_materiality:g}x the baseline "
-                f"(cut at {t.degrade_evidence:g}, or at once at quarantine strength)")
+                f"(cut at {float(_evidence_line(t, a['flaps'][i])):g}, or at once at quarantine strength)")
     return ""
+
+
+def _evidence_line(t: Thresholds, flaps: np.ndarray | np.integer) -> np.ndarray:
+    """The evidence a weight cut needs: ``degrade_evidence * 2^flaps`` (flap damping, capped)."""
+    return t.degrade_evidence * np.power(2.0, np.minimum(flaps, MAX_FLAP_DOUBLINGS))
 
 
 def _transition_from_dict(d: dict[str, Any]) -> Transition:

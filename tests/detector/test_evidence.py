@@ -6,6 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import detector.group as group_module
 from detector import GroupDetector, NodeState, Thresholds
 from detector.evidence import cusum_update, excess_over_line
 
@@ -73,3 +74,26 @@ def test_a_steadily_slightly_slower_node_is_not_cut_but_a_throttled_one_is():
     assert max(float(ev.z[4]) for ev in evs) >= 2.0  # its EMA did wander over the Z line
     first_9 = next(ev.at for ev in evs if ev.states[9] != NodeState.HEALTHY)
     assert first_9 - 30 <= 1.5
+
+
+def _cuts_of_a_flapping_node(seconds: float) -> list:
+    """Node 3 is 35% slower at full weight and at par once cut (a smaller batch decodes faster)."""
+    fleet = Fleet(16, seed=12)
+    gd = GroupDetector(Thresholds(), fleet.nodes)
+    run(gd, fleet, 0, 30)
+    cuts, t = [], 30.0
+    for _ in range(round(seconds / 0.2)):
+        fleet.slow[3] = 1.0 if gd.state_of(fleet.nodes[3]) == NodeState.DEGRADED else 1.35
+        gd.ingest(fleet.batch(t, 0.2))
+        t += 0.2
+        ev = gd.evaluate(t)
+        cuts += [tr for tr in ev.transitions if tr.node == fleet.nodes[3] and tr.to_state == NodeState.DEGRADED]
+    return cuts
+
+
+def test_flap_damping_doubles_the_evidence_each_new_cut_needs(monkeypatch):
+    damped = _cuts_of_a_flapping_node(300)
+    assert [c.detail.split("cut at ")[1].split(",")[0] for c in damped[:4]] == ["8", "16", "32", "64"]
+    monkeypatch.setattr(group_module, "MAX_FLAP_DOUBLINGS", 0)  # no damping: the line stays at 8
+    undamped = _cuts_of_a_flapping_node(300)
+    assert len(undamped) > 4 * len(damped) > 0
