@@ -34,7 +34,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -53,8 +53,28 @@ class RejectReason(enum.StrEnum):
 TIMEOUT_STATUSES = (0, 408, 504)
 
 
+class _Columns:
+    """What the columnar batches share: one numpy array per dataclass field, all of one length."""
+
+    ts: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def take(self, index: np.ndarray) -> Self:
+        """The sub-batch at ``index`` (a boolean mask or integer indices)."""
+        if index.dtype == bool and len(index) == len(self) and index.all():
+            return self
+        return type(self)(**{f: getattr(self, f)[index] for f in self.__dataclass_fields__})  # type: ignore[attr-defined]
+
+    def _checked(self) -> Self:
+        if len({len(getattr(self, f)) for f in self.__dataclass_fields__}) != 1:  # type: ignore[attr-defined]
+            raise ValueError(f"{type(self).__name__} columns must all have the same length")
+        return self
+
+
 @dataclass(frozen=True)
-class SampleBatch:
+class SampleBatch(_Columns):
     """Columnar batch of request samples. ``node`` holds node ids (str); the rest are numeric."""
 
     node: np.ndarray  # object (str)
@@ -80,7 +100,7 @@ class SampleBatch:
         n = len(node)
         ttft = np.full(n, np.nan) if ttft_ms is None else np.asarray(ttft_ms, dtype=np.float64)
         st = np.full(n, 200, dtype=np.int64) if status is None else np.asarray(status, dtype=np.int64)
-        batch = cls(
+        return cls(
             node=np.asarray(node, dtype=object),
             ts=np.asarray(ts, dtype=np.float64),
             prompt_tokens=np.asarray(prompt_tokens, dtype=np.float64),
@@ -88,11 +108,7 @@ class SampleBatch:
             ttft_ms=ttft,
             total_ms=np.asarray(total_ms, dtype=np.float64),
             status=st,
-        )
-        lengths = {len(getattr(batch, f)) for f in cls.__dataclass_fields__}
-        if len(lengths) != 1:
-            raise ValueError("SampleBatch columns must all have the same length")
-        return batch
+        )._checked()
 
     @classmethod
     def from_records(cls, records: Iterable[Mapping[str, Any]]) -> SampleBatch:
@@ -120,15 +136,6 @@ class SampleBatch:
     @classmethod
     def empty(cls) -> SampleBatch:
         return cls.from_columns(node=[], ts=[], prompt_tokens=[], completion_tokens=[], total_ms=[])
-
-    def __len__(self) -> int:
-        return len(self.ts)
-
-    def take(self, index: np.ndarray) -> SampleBatch:
-        """The sub-batch at ``index`` (a boolean mask or integer indices)."""
-        if index.dtype == bool and len(index) == len(self) and index.all():
-            return self
-        return SampleBatch(**{f: getattr(self, f)[index] for f in self.__dataclass_fields__})
 
 
 def validate(batch: SampleBatch) -> tuple[np.ndarray, list[tuple[int, RejectReason]]]:
@@ -214,7 +221,7 @@ def node_order(node: np.ndarray) -> np.ndarray | None:
 
 
 @dataclass(frozen=True)
-class ProgressBatch:
+class ProgressBatch(_Columns):
     """Columnar batch of streamed decode progress: one row per node and interval.
 
     ``tokens`` is the number of output tokens the node's in-flight requests streamed during the
@@ -238,22 +245,13 @@ class ProgressBatch:
         tokens: Sequence[float] | np.ndarray,
         token_ms: Sequence[float] | np.ndarray,
     ) -> ProgressBatch:
-        batch = cls(
+        return cls(
             node=np.asarray(node, dtype=object),
             ts=np.asarray(ts, dtype=np.float64),
             interval_s=np.asarray(interval_s, dtype=np.float64),
             tokens=np.asarray(tokens, dtype=np.float64),
             token_ms=np.asarray(token_ms, dtype=np.float64),
-        )
-        if len({len(getattr(batch, f)) for f in cls.__dataclass_fields__}) != 1:
-            raise ValueError("ProgressBatch columns must all have the same length")
-        return batch
-
-    def __len__(self) -> int:
-        return len(self.ts)
-
-    def take(self, index: np.ndarray) -> ProgressBatch:
-        return ProgressBatch(**{f: getattr(self, f)[index] for f in self.__dataclass_fields__})
+        )._checked()
 
     def decode_ms(self) -> np.ndarray:
         """``token_ms / tokens``: the mean time per streamed output token, per row."""
