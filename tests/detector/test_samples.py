@@ -44,3 +44,18 @@ def test_status_semantics():
     latency, error = classify_status(np.array([200, 302, 0, 504, 408, 503, 500, 429, 404]))
     assert latency.tolist() == [True, True, True, True, True, False, False, False, False]
     assert error.tolist() == [False, False, True, True, True, True, True, False, False]
+
+
+def test_columns_of_unequal_length_are_refused_naming_the_batch():
+    import pytest
+
+    from detector import ProgressBatch
+
+    with pytest.raises(ValueError, match="SampleBatch columns must all have the same length"):
+        SampleBatch.from_columns(node=["a", "b"], ts=[1.0], prompt_tokens=[1, 2], completion_tokens=[1, 2],
+                                 total_ms=[5.0, 6.0])
+    with pytest.raises(ValueError, match="ProgressBatch columns must all have the same length"):
+        ProgressBatch.from_columns(node=["a"], ts=[1.0], interval_s=[1.0, 1.0], tokens=[5], token_ms=[70.0])
+    rows = ProgressBatch.from_columns(node=["a", "b"], ts=[1.0, 2.0], interval_s=[1.0, 1.0], tokens=[5, 6],
+                                      token_ms=[70.0, 84.0])
+    assert rows.take(np.array([False, True])).node.tolist() == ["b"] and len(rows) == 2
