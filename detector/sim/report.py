@@ -300,16 +300,23 @@ def observable_floor(req_sig: tuple[np.ndarray, ...], bound: dict[str, Any], n_g
         return None
     seen = (node == n_glob) & (end_t >= onset)
     by_end = np.argsort(end_t[seen], kind="stable")
-    ends = end_t[seen][by_end]
-    if sd == 0:  # noise-free: the first record above the healthy value is proof
-        over = np.flatnonzero(sig[seen][by_end] > bound["pre_mean"] + 1e-12)
-        return _r(float(ends[over[0]]) - onset) if len(over) else None
-    x = (sig[seen][by_end] - bound["pre_mean"]) / sd
+    return _oracle_delay(end_t[seen][by_end], sig[seen][by_end], bound["pre_mean"], sd, delta, arl0, onset)
+
+
+def _oracle_delay(times: np.ndarray, values: np.ndarray, mean: float, sd: float, delta: float | None,
+                  arl0: float, onset: float) -> float | None:
+    """Seconds from ``onset`` to the first alarm over ``values`` (seen at ``times``, in that order) of
+    the best of the oracle CUSUMs ``k = δ/2, δ/4 .. δ/64`` told ``mean`` and ``sd``, with ``h`` from
+    ``arl0``; noise-free (``sd == 0``), the first value above ``mean`` is proof. ``None``: no alarm."""
+    if sd == 0:
+        over = np.flatnonzero(values > mean + 1e-12)
+        return _r(float(times[over[0]]) - onset) if len(over) else None
+    x = (values - mean) / sd
     # Requests in flight at the onset carry only part of the shift: a CUSUM tuned for the full
     # shift ignores them, one tuned lower uses them. The oracle takes the best tuning.
     alarms = [oracle_cusum_alarm(x, k, threshold_for_arl0(arl0, k)) for k in (delta / 2) * 0.5 ** np.arange(6)]
     alarms = [i for i in alarms if i is not None]
-    return _r(float(ends[min(alarms)]) - onset) if alarms else None
+    return _r(float(times[min(alarms)]) - onset) if alarms else None
 
 
 def add_floor_ratios(scn: Scenario, sim: Simulation, policy: dict[str, Any], bounds: list[dict[str, Any]]) -> None:
@@ -354,15 +361,8 @@ def stream_floor(ticks: list[tuple[float, float, float]], onset: float, end: flo
     if len(before) < 10 or after_mask.sum() < 3:
         return None
     mean, sd = float(before.mean()), float(before.std())
-    tick_s = float(np.median(np.diff(t)))
-    arl0 = false_alarm_node_hours * 3600.0 / tick_s
-    if sd == 0:
-        over = np.flatnonzero(v[after_mask] > mean + 1e-12)
-        return _r(float(t[after_mask][over[0]]) - onset) if len(over) else None
-    x = (v[after_mask] - mean) / sd
-    delta = float(x.mean())
-    if not delta > 0:
+    arl0 = false_alarm_node_hours * 3600.0 / float(np.median(np.diff(t)))
+    delta = float((v[after_mask].mean() - mean) / sd) if sd > 0 else None
+    if delta is not None and not delta > 0:
         return None
-    alarms = [oracle_cusum_alarm(x, k, threshold_for_arl0(arl0, k)) for k in (delta / 2) * 0.5 ** np.arange(6)]
-    alarms = [i for i in alarms if i is not None]
-    return _r(float(t[after_mask][min(alarms)]) - onset) if alarms else None
+    return _oracle_delay(t[after_mask], v[after_mask], mean, sd, delta, arl0, onset)
