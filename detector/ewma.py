@@ -16,6 +16,12 @@ term. Keeping ``q`` instead of ``S`` is what makes the batch update closed-form:
 so a tick's samples for all nodes are applied with one sort and two ``bincount`` calls, with no Python
 loop per sample, and give the same result as one-by-one updates (to float rounding). Signals are
 ratios near 1 or per-token times of a few ms, so ``q - m²`` loses no meaningful precision.
+
+Ingest data is untrusted, so each sample may be clipped to ``[lo, hi]`` before it enters (winsorised:
+``x_j -> min(max(x_j, lo), hi)``). The bounds are fixed for the whole batch (the caller derives them
+from the group's last peer baseline), so the update above stays closed-form and one batch still equals
+the same samples one by one under the same bounds. One sample then moves the mean by at most
+``alpha * (hi - m)``, however large it was (``1e308`` made ``q`` overflow and the variance NaN).
 """
 
 from __future__ import annotations
@@ -40,10 +46,13 @@ class EwmaArrays:
     def variance(self) -> np.ndarray:
         return np.maximum(self.sq - self.mean**2, 0.0)
 
-    def update(self, node: np.ndarray, x: np.ndarray) -> None:
-        """Apply samples ``x`` of nodes ``node`` (indices). Within a node, array order is time order."""
+    def update(self, node: np.ndarray, x: np.ndarray, clip: tuple[float, float] | None = None) -> None:
+        """Apply samples ``x`` of nodes ``node`` (indices). Within a node, array order is time order.
+        ``clip``: ``(lo, hi)`` every sample is clipped to first (see the module docstring)."""
         if len(x) == 0:
             return
+        if clip is not None:
+            x = np.clip(x, clip[0], clip[1])
         n = len(self.mean)
         order = node_order(node)
         if order is not None:

@@ -332,7 +332,7 @@ class GroupDetector:
         learn_node = lat_node[learn]
         for s, x in signals.items():
             ok = np.isfinite(x)
-            self.ewma[s].update(learn_node[ok], x[ok])
+            self.ewma[s].update(learn_node[ok], x[ok], self._ema_clip(s))
         # The tail window holds one unitless value per request: the queue-free decode time over the
         # group's decode baseline when the gateway logs TTFT, else the normalised total latency.
         # (Near saturation the total's P99/P50 widens on any node by queueing alone.)
@@ -388,7 +388,7 @@ class GroupDetector:
         learn = a["state"][b.node] != S.WARMING
         node, x, streams = b.node[learn], b.decode_ms()[learn], b.streams()[learn]
         k = np.maximum(np.rint(streams), 1).astype(np.int64)
-        self.ewma["decode"].update(node, x)
+        self.ewma["decode"].update(node, x, self._ema_clip("decode"))
         if self._evidence_signal() == "decode":
             # A row of few streams is as noisy as those few requests, and the same requests fill the
             # next rows: one slow request on a quiet node must not read as a slow node. Its unit is
@@ -430,6 +430,16 @@ class GroupDetector:
         order = order[np.argsort(ts[order], kind="stable")]
         by_node = node_order(idx[order])
         return order if by_node is None else order[by_node]
+
+    def _ema_clip(self, s: str) -> tuple[float, float] | None:
+        """The bounds a sample of signal ``s`` is clipped to before it enters a node's EMA:
+        ``baseline / ema_clip .. baseline * ema_clip`` of the last evaluation; none before the group
+        has a baseline (ingest's own bounds on every number still hold then)."""
+        base = self._last.get(f"baseline:{s}", math.nan)
+        if not (math.isfinite(base) and base > 0):
+            return None
+        c = self.thresholds.ema_clip
+        return base / c, base * c
 
     def _evidence_signal(self) -> str | None:
         """The signal the evidence CUSUM follows: decode once its baseline exists, else norm (robust

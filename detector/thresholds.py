@@ -7,6 +7,7 @@ types ``quarantine_z=1`` into a form learns why it was refused instead of quaran
 Defaults and where they come from:
 
 - ``ema_alpha = 0.15`` (seed 000: "0.15-0.2 filters single hiccups but notices 5-8 slow requests").
+- ``ema_clip = 4`` is ours: the per-sample clip of the EMA input (no single record moves a node far).
 - ``degrade_z = 2.0``, ``quarantine_z = 3.5``, ``quarantine_persistence = 10`` samples (seed 000).
 - ``window_size = 1000``, ``tail_min_samples = 100``, ``tail_ratio = 3.0``, ``tail_windows = 3`` of
   ``tail_window_s = 30`` s, ``cross_p50_ratio = 2.0`` (seed 001).
@@ -67,6 +68,11 @@ class Thresholds:
 
     # --- per-node statistics ---------------------------------------------------------------------
     ema_alpha: float = _f(0.15, lo=0.0, hi=1.0, lo_open=True)
+    ema_clip: float = _f(4.0, lo=1.5, hi=1000.0)
+    """A sample enters a node's EMA clipped to ``[baseline / c, baseline * c]`` of its signal (the
+    group's last peer baseline): one record, however extreme, moves the EMA by at most
+    ``alpha * (c - 1)`` baselines (0.45 at the defaults, under the 1.5x quarantine line), while a node
+    4x slower than its peers is already as far out as any decision needs."""
     min_samples: int = _f(5, lo=1, hi=100_000, integer=True)
     """A node is judged once it has more than this many samples of a signal (seed: > 5)."""
     window_size: int = _f(1000, lo=100, hi=100_000, integer=True)

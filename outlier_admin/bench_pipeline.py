@@ -45,7 +45,7 @@ def main() -> None:
     import httpx
     import orjson
 
-    from outlier_admin.control.actions import do_create_token
+    from outlier_admin.control.actions import do_create_group, do_create_token
     from outlier_admin.control.tick import run_tick
     from tests.outlier_admin.helpers import make_records
 
@@ -68,6 +68,7 @@ def main() -> None:
                 time.sleep(0.1)
         rng = np.random.default_rng(0)
         group = f"bench-{int(time.time())}"
+        do_create_group(group, actor="bench", reason="pipeline benchmark")
         per_node = args.batch_size // 8
         bodies = [orjson.dumps(make_records(time.time(), group=group, per_node=per_node, rng=rng))
                   for _ in range(args.batches)]

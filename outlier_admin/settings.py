@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import sys
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 from outlier_admin.env import envbool, envint, envlist, envstr
+from outlier_admin.fleet.names import NameError_, validate_allow_entry
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -49,10 +52,54 @@ SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 # Health probes (load balancers, kubelet) speak plain HTTP to the pod: never redirect them.
 SECURE_REDIRECT_EXEMPT = [r"^healthz", r"^readyz", r"^metrics"]
-# Login throttling (outlier_admin.fleet.login_throttle): failures per username+IP within a window.
+# Login throttling: django-axes with the rule in outlier_admin.fleet.login_throttle's docstring.
+# LOGIN_MAX_FAILURES failures within LOGIN_LOCKOUT_S lock a client address (any username), and lock a
+# username for the addresses that failed themselves: an address with no failures (the on-call's) still
+# has its password checked, so nobody can lock the on-call out from elsewhere.
 LOGIN_MAX_FAILURES = envint("LOGIN_MAX_FAILURES", 5, minimum=1)
 LOGIN_LOCKOUT_S = envint("LOGIN_LOCKOUT_S", 900, minimum=1)
-AUTHENTICATION_BACKENDS = ["outlier_admin.fleet.login_throttle.ThrottledModelBackend"]
+# Peers (addresses or CIDRs) whose X-Forwarded-For names the client; empty: the header is never read.
+TRUSTED_PROXIES = envlist("TRUSTED_PROXIES", [])
+for _entry in TRUSTED_PROXIES:
+    try:
+        ipaddress.ip_network(_entry, strict=False)
+    except ValueError as _exc:
+        raise ImproperlyConfigured(f"TRUSTED_PROXIES entry {_entry!r} is not an IP address or CIDR") from _exc
+# Behind a proxy every client would have the proxy's address: anyone's failures would lock everyone out.
+if envbool("SECURE_PROXY_SSL_HEADER", False) and not TRUSTED_PROXIES and not RELAXED:
+    raise ImproperlyConfigured("SECURE_PROXY_SSL_HEADER=1 (behind a proxy) needs TRUSTED_PROXIES: the proxy's "
+                               "address(es), so that login throttling sees each client's own address")
+AUTHENTICATION_BACKENDS = [
+    "outlier_admin.fleet.login_throttle.LoginThrottleBackend",  # refuses locked-out attempts, counts
+    "django.contrib.auth.backends.ModelBackend",  # checks the password
+]
+AXES_HANDLER = "outlier_admin.fleet.login_throttle.LoginThrottleHandler"
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # two separate keys, not their combination
+AXES_FAILURE_LIMIT = "outlier_admin.fleet.login_throttle.failure_limit"  # LOGIN_MAX_FAILURES
+AXES_COOLOFF_TIME = "outlier_admin.fleet.login_throttle.lockout_window"  # LOGIN_LOCKOUT_S
+AXES_CLIENT_IP_CALLABLE = "outlier_admin.fleet.login_throttle.client_ip"  # TRUSTED_PROXIES
+AXES_USERNAME_CALLABLE = "outlier_admin.fleet.login_throttle.username_of"
+AXES_LOCKOUT_CALLABLE = "outlier_admin.fleet.login_throttle.lockout_response"  # 429 + Retry-After
+# A success clears only that address's failures for that username (the handler): axes' own reset would
+# also wipe an attacker's count for the username. Refused attempts are not counted (no lock extension,
+# no database writes from a locked-out flood).
+AXES_RESET_ON_SUCCESS = False
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+# Content-Security-Policy (django-csp). No inline script or style anywhere; the nonce is added to the
+# header only on a page that uses it (the Swagger UI's init script: templates/drf_spectacular/).
+# img-src data: for the icons Swagger UI's stylesheet embeds as data: URIs.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -61,6 +108,8 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",
+    "csp",
     "rest_framework",
     "outlier_admin.fleet",
     "outlier_admin.ingest",
@@ -75,12 +124,14 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as axes asks: turns a lockout into lockout_response
 ]
 
 ROOT_URLCONF = "outlier_admin.urls"
@@ -126,17 +177,35 @@ CELERY_TIMEZONE = "UTC"
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 
 # --- Control-plane tunables (see README "Configuration") -------------------------------------------------
-# Records for an unknown node register it (off: rejected with reason "unknown_node").
-AUTO_REGISTER_NODES = envbool("AUTO_REGISTER_NODES", True)
+# Records for an unknown node register it (off: rejected with reason "unknown_node"). Off in
+# production by default; when on, only ids that are host:port inside the group's auto_register_allow
+# (CIDRs / DNS suffixes), or AUTO_REGISTER_DEFAULT_ALLOW for groups without their own list, and only up
+# to MAX_NODES_PER_GROUP live nodes. Groups are never created by ingest, except names matching one of
+# the operator's AUTO_CREATE_GROUPS glob patterns (at most MAX_GROUPS groups in all).
+AUTO_REGISTER_NODES = envbool("AUTO_REGISTER_NODES", RELAXED)
+AUTO_REGISTER_DEFAULT_ALLOW = envlist("AUTO_REGISTER_DEFAULT_ALLOW", ["127.0.0.0/8"] if RELAXED else [])
+try:
+    AUTO_REGISTER_DEFAULT_ALLOW = [validate_allow_entry(e) for e in AUTO_REGISTER_DEFAULT_ALLOW]
+except NameError_ as exc:
+    raise ImproperlyConfigured(f"AUTO_REGISTER_DEFAULT_ALLOW: {exc}") from None
+MAX_NODES_PER_GROUP = envint("MAX_NODES_PER_GROUP", 1000, minimum=1)
+AUTO_CREATE_GROUPS = envlist("AUTO_CREATE_GROUPS", [])
+MAX_GROUPS = envint("MAX_GROUPS", 500, minimum=1)
+# Bounds of a record's numbers (a record outside them is rejected, never clipped into range).
+INGEST_MAX_LATENCY_MS = envint("INGEST_MAX_LATENCY_MS", 3_600_000, minimum=1000)
+INGEST_MAX_PROMPT_TOKENS = envint("INGEST_MAX_PROMPT_TOKENS", 10_000_000, minimum=1)
+INGEST_MAX_COMPLETION_TOKENS = envint("INGEST_MAX_COMPLETION_TOKENS", 1_000_000, minimum=1)
 INGEST_MAX_BODY_BYTES = envint("INGEST_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
 # Records with a timestamp further in the future / older than this are rejected records.
 INGEST_MAX_FUTURE_S = envint("INGEST_MAX_FUTURE_S", 300, minimum=0)
 INGEST_RETENTION_S = envint("INGEST_RETENTION_S", 3600, minimum=60)
 # request_id de-duplication window (seconds).
 INGEST_DEDUP_WINDOW_S = envint("INGEST_DEDUP_WINDOW_S", 900, minimum=60)
-# Detector tick period (ms) and the per-group lock lease (ms).
+# Detector tick period (ms) and the per-group lock lease (ms). A tick takes ~100 ms and its lease is
+# renewed while it runs; a dead worker's lease must lapse well before gateways ignore its groups'
+# documents: TICK_LOCK_TTL_MS + 2 x TICK_INTERVAL_MS <= WEIGHTS_STALE_AFTER_S / 2 (control.checks).
 TICK_INTERVAL_MS = envint("TICK_INTERVAL_MS", 1000, minimum=100)
-TICK_LOCK_TTL_MS = envint("TICK_LOCK_TTL_MS", 30_000, minimum=1000)
+TICK_LOCK_TTL_MS = envint("TICK_LOCK_TTL_MS", 5_000, minimum=1000)
 # Max stream entries (each holds a batch of records) read per tick.
 TICK_MAX_ENTRIES = envint("TICK_MAX_ENTRIES", 500, minimum=1)
 # History rows: written on every transition and otherwise at most once per node/signal per this period.
@@ -189,6 +258,12 @@ SPECTACULAR_SETTINGS = {
     # Swagger UI assets are served from our own static files (no CDN at run time).
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    # The enum hook is drf-spectacular's default; ours documents every operation's errors and adds the
+    # ingest endpoint (a plain Django view the generator cannot see), its bounds read from the settings.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "outlier_admin.api.schema.postprocess_schema",
+    ],
 }
 LOGIN_URL = "dashboard:login"
 LOGIN_REDIRECT_URL = "dashboard:overview"
@@ -208,6 +283,18 @@ ALERTMANAGER_URLS = envlist("ALERTMANAGER_URLS", [])
 ALERTMANAGER_WEBHOOK_URLS = envlist("ALERTMANAGER_WEBHOOK_URLS", [])
 ALERT_WEBHOOK_URLS = envlist("ALERT_WEBHOOK_URLS", [])
 METRICS_TOKEN = envstr("METRICS_TOKEN") or ""  # when set, /metrics requires this bearer token
+# The Celery worker's own /metrics (observability.worker_metrics; port 0 = off). Loopback unless a
+# scraper outside the host needs it; METRICS_TOKEN applies there too.
+WORKER_METRICS_PORT = envint("WORKER_METRICS_PORT", 9808, minimum=0)
+WORKER_METRICS_BIND = envstr("WORKER_METRICS_BIND") or "127.0.0.1"
+# PostgreSQL unreachable: API and dashboard answer 503 + Retry-After (not 500); /metrics keeps serving.
+# (Only process_exception matters, so any place works: after clickjacking, leaving axes' last.)
+MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.clickjacking.XFrameOptionsMiddleware") + 1,
+                  "outlier_admin.observability.outage.DatabaseOutageMiddleware")
+# Threshold preview bounds (api.preview): over one, the preview is a 400 naming it.
+PREVIEW_MAX_WINDOW_S = envint("PREVIEW_MAX_WINDOW_S", 3600, minimum=60)
+PREVIEW_MAX_NODES = envint("PREVIEW_MAX_NODES", 1000, minimum=1)
+PREVIEW_MAX_ROWS = envint("PREVIEW_MAX_ROWS", 400_000, minimum=1)
 ALERT_TIMEOUT_S = envint("ALERT_TIMEOUT_S", 5, minimum=1)
 ALERT_RETRIES = envint("ALERT_RETRIES", 2, minimum=0)
 # Base URL of the dashboard, for links in alerts (generatorURL).

@@ -119,6 +119,8 @@ def main() -> None:
         "SECRET_KEY": secrets.token_urlsafe(50), "ALLOWED_HOSTS": "127.0.0.1,localhost",
         "SECURE_SSL_REDIRECT": "0", "LOG_LEVEL": "WARNING", "LOG_JSON": "0", "TICK_INTERVAL_MS": "1000",
         "WORKER_METRICS_PORT": "0",
+        # The simulated gateways name loopback nodes the first time they send: let them register.
+        "AUTO_REGISTER_NODES": "1",
     })
     os.environ.update(env)
     _prepare_database(db_url)
@@ -129,12 +131,11 @@ def main() -> None:
 
     django.setup()
     import redis as redis_lib
-    from django.conf import settings
     from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
     from django.contrib.auth.models import Group, User
     from django.contrib.sessions.backends.db import SessionStore
 
-    from outlier_admin.control.actions import do_create_token
+    from outlier_admin.control.actions import do_create_group, do_create_token
     from tests.outlier_admin.helpers import make_records
 
     r = redis_lib.Redis.from_url(redis_url)
@@ -144,11 +145,13 @@ def main() -> None:
     user.groups.add(Group.objects.get(name="viewer"))
     session = SessionStore()
     session[SESSION_KEY] = str(user.pk)
-    session[BACKEND_SESSION_KEY] = settings.AUTHENTICATION_BACKENDS[0]
+    session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"  # the password backend
     session[HASH_SESSION_KEY] = user.get_session_auth_hash()
     session.create()
     run_tag = int(time.time())
     groups = [f"load{run_tag}-{i}" for i in range(args.groups)]
+    for g in groups:  # operators create groups; ingest only registers loopback nodes into them
+        do_create_group(g, actor="load-test", reason="load test", auto_register_allow=["127.0.0.0/8"])
 
     port = _free_port()
     base = f"http://127.0.0.1:{port}"

@@ -33,3 +33,16 @@ def ingest_token(db):
 
     _, plaintext = do_create_token(name="gw-test", scope="ingest", actor="test")
     return plaintext
+
+
+@pytest.fixture
+def make_group(db):
+    """``make_group(name, **kw)``: an operator-created group (ingest never creates groups), reused
+    when it already exists."""
+    from outlier_admin.control.actions import do_create_group
+    from outlier_admin.fleet.models import ModelGroup
+
+    def make(name: str = "g1", **kw):
+        return ModelGroup.objects.filter(name=name).first() or do_create_group(name, actor="test", **kw)
+
+    return make

@@ -9,23 +9,27 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from django.db.models import QuerySet
-from django.shortcuts import get_object_or_404
+from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
+from rest_framework.generics import get_object_or_404  # a malformed id is a 404 too (Django's: a 500)
 from rest_framework.renderers import BrowsableAPIRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from detector.thresholds import Thresholds
 from outlier_admin.api import filters, queries
+from outlier_admin.api.errors import error_body
 from outlier_admin.api import serializers as s
-from outlier_admin.api.permissions import capability_permission
-from outlier_admin.api.preview import preview_thresholds
+from outlier_admin.api.permissions import CanRead, capability_permission
+from outlier_admin.api.preview import may_preview, preview_roles, preview_thresholds
 from outlier_admin.api.renderers import FastJSONRenderer
 from outlier_admin.api.timeline import MAX_POINTS, RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.control import actions
@@ -36,6 +40,20 @@ from outlier_admin.ingest.models import GpuReading
 CanTune = capability_permission("tune")
 CanDecide = capability_permission("decide")
 CanOverride = capability_permission("override")
+
+
+class CanPreview(CanRead):
+    """The threshold preview: roles of :func:`outlier_admin.api.preview.may_preview` (operator, oncall).
+    It reads and replays a whole group's history, so not every reader may start one."""
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        if not super().has_permission(request, view):  # a login, an api-scope token
+            return False
+        if may_preview(request.user):
+            return True
+        self.message = (f"Your account may not preview thresholds: it needs the role {' or '.join(preview_roles())}. "
+                        "Ask an administrator to add you to that group.")
+        return False
 
 
 def actor_of(request: Request) -> Any:
@@ -97,9 +115,11 @@ class GroupViewSet(viewsets.ReadOnlyModelViewSet):
         return self.get_paginated_response(s.ThresholdChangeSerializer(page, many=True).data)
 
     @extend_schema(request=s.ThresholdPreviewSerializer, responses=OpenApiTypes.OBJECT)
-    @action(detail=True, methods=["post"], url_path="thresholds/preview")
+    @action(detail=True, methods=["post"], url_path="thresholds/preview", permission_classes=[CanPreview])
     def threshold_preview(self, request: Request, name: str | None = None) -> Response:
-        """Replay recorded history under the proposed values (changes nothing; any role)."""
+        """Replay recorded history under the proposed values (changes nothing; role ``operator`` or
+        ``oncall``). Bounded: over ``PREVIEW_MAX_WINDOW_S``, ``PREVIEW_MAX_NODES`` or ``PREVIEW_MAX_ROWS``
+        it is a 400 naming the bound (see :mod:`outlier_admin.api.preview`)."""
         group = self.get_object()
         data = _valid(s.ThresholdPreviewSerializer, request)
         if not data["changes"]:
@@ -296,3 +316,12 @@ class AuditViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     serializer_class = s.AuditEventSerializer
     filterset_class = filters.AuditFilter
     ordering_fields = ["at"]
+
+
+@csrf_exempt  # it changes nothing; without this a POST would get the CSRF failure page instead
+def api_not_found(request: HttpRequest, unmatched: str = "") -> HttpResponse:
+    """A URL under ``/api/`` that no endpoint matches (an id or group name of the wrong shape,
+    ``/api/v1/groups/a%2Fb/``): the API's JSON 404, not Django's HTML page, so a client can read the
+    error like any other (see :mod:`outlier_admin.api.urls`)."""
+    body = error_body(f"No API endpoint at {request.path!r}: check the path, the id and the group name.")
+    return HttpResponse(orjson.dumps(body), status=404, content_type="application/json")

@@ -17,9 +17,11 @@ the next tick as well.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
@@ -34,6 +36,16 @@ from outlier_admin.control.models import (
     QuarantineProposal,
 )
 from outlier_admin.fleet.models import ApiToken, ModelGroup, Node, Policy, RegisteredVia, ThresholdChange
+from outlier_admin.fleet.names import (
+    Address,
+    NameError_,
+    host_allowed,
+    parse_address,
+    validate_allow_entry,
+    validate_group_name,
+    validate_node_id,
+    validate_scrape_url,
+)
 
 Actor = AbstractBaseUser | str
 
@@ -48,10 +60,12 @@ __all__ = [
     "do_propose_quarantine",
     "do_quarantine",
     "do_register_node",
+    "do_register_nodes_from_ingest",
     "do_reject_proposal",
     "do_release",
     "do_retire_node",
     "do_revoke_token",
+    "do_set_auto_register",
     "do_set_group_policy",
     "do_unpin_weight",
     "do_update_thresholds",
@@ -235,11 +249,18 @@ def do_create_group(
     hardware_class: str = "",
     tensor_parallel_size: int = 1,
     created_via: str = "manual",
+    auto_register_allow: list[str] | None = None,
 ) -> ModelGroup:
-    """Create a model group with default thresholds (version 1)."""
+    """Create a model group with default thresholds (version 1). ``auto_register_allow``: CIDRs and
+    DNS suffixes from which nodes that first appear in ingest data may be registered (see
+    :mod:`outlier_admin.fleet.names`)."""
     if policy not in Policy.values:
         raise ActionError(f"policy must be one of {Policy.values}, got {policy!r}")
+    _checked(validate_group_name, name)
+    allow = _allow_list(auto_register_allow or [])
     with transaction.atomic():
+        if ModelGroup.objects.filter(name=name).exists():
+            raise ActionError(f"group {name!r} already exists")
         group = ModelGroup.objects.create(
             name=name,
             policy=policy,
@@ -247,9 +268,39 @@ def do_create_group(
             hardware_class=hardware_class,
             tensor_parallel_size=tensor_parallel_size,
             created_via=created_via,
+            auto_register_allow=allow,
         )
-        audit("group.create", actor, group=group, reason=reason, detail={"policy": policy})
+        audit("group.create", actor, group=group, reason=reason,
+              detail={"policy": policy, "auto_register_allow": allow})
     return group
+
+
+def do_set_auto_register(group: ModelGroup, allow: list[str], *, actor: Actor, reason: str) -> ModelGroup:
+    """Set the CIDRs and DNS suffixes from which ingest may register new nodes of ``group``
+    (``[]``: the deployment's ``AUTO_REGISTER_DEFAULT_ALLOW``)."""
+    reason = _reason(reason)
+    normalised = _allow_list(allow)
+    with transaction.atomic():
+        locked = ModelGroup.objects.select_for_update().get(pk=group.pk)
+        old = locked.auto_register_allow
+        locked.auto_register_allow = normalised
+        locked.save(update_fields=["auto_register_allow"])
+        audit("group.auto_register", actor, group=locked, reason=reason, detail={"old": old, "new": normalised})
+    group.refresh_from_db()
+    return group
+
+
+def _checked(rule: Callable[[Any], Any], value: Any) -> Any:
+    try:
+        return rule(value)
+    except NameError_ as exc:
+        raise ActionError(exc.detail) from None
+
+
+def _allow_list(allow: list[str]) -> list[str]:
+    if not isinstance(allow, list):
+        raise ActionError("auto_register_allow must be a list of CIDRs and DNS suffixes")
+    return list(dict.fromkeys(_checked(validate_allow_entry, e) for e in allow))
 
 
 def do_update_thresholds(
@@ -335,21 +386,85 @@ def do_register_node(
     registered_via: str = RegisteredVia.MANUAL,
     reason: str = "registered",
 ) -> Node:
-    """Add a node to ``group``. ``name`` (the detector's node id) defaults to ``address``. The node
-    joins the detector at the next tick, in warm-up (slow start)."""
-    if not address or not address.strip():
+    """Add a node to ``group``. ``address`` is ``host:port`` or ``http(s)://host:port`` (validated:
+    the canary builds its URL from it); ``name`` (the detector's node id) defaults to ``address``.
+    Refused when the group already has ``MAX_NODES_PER_GROUP`` live nodes. The node joins the
+    detector at the next tick, in warm-up (slow start)."""
+    if not isinstance(address, str) or not address.strip():
         raise ActionError("address is required")
+    address = address.strip()
+    _checked(parse_address, address)
+    node_id = _checked(validate_node_id, name or address)
+    _checked(validate_scrape_url, dcgm_url)
+    _checked(validate_scrape_url, metrics_url)
     if not 1 <= base_weight <= 1_000_000:
         raise ActionError(f"base_weight must be in [1, 1000000], got {base_weight}")
     with transaction.atomic():
+        # The group row lock orders registrations of one group, so the cap holds under concurrency.
+        ModelGroup.objects.select_for_update().filter(pk=group.pk).exists()
+        live = Node.objects.filter(group=group, retired=False).count()
+        if live >= settings.MAX_NODES_PER_GROUP:
+            raise ActionError(f"group {group.name} already has {live} live nodes (MAX_NODES_PER_GROUP)")
+        if Node.objects.filter(group=group, name=node_id).exists():
+            raise ActionError(f"group {group.name} already has a node {node_id!r}")
         node = Node.objects.create(
-            group=group, name=name or address, address=address, base_weight=base_weight,
+            group=group, name=node_id, address=address, base_weight=base_weight,
             labels=labels or {}, dcgm_url=dcgm_url, metrics_url=metrics_url,
             registered_via=registered_via,
         )
         audit("node.register", actor, node=node, reason=reason,
               detail={"address": address, "base_weight": base_weight, "via": registered_via})
     return node
+
+
+def do_register_nodes_from_ingest(
+    group: ModelGroup, node_ids: list[str], *, actor: Actor, registered_via: str = RegisteredVia.INGEST
+) -> dict[str, str | None]:
+    """Register nodes that first appeared in ingest data, in one transaction: ``{node_id: None}`` when
+    registered (or already there), ``{node_id: reason}`` when refused.
+
+    A node id is registered only when it is an address (``host:port``) whose host lies inside the
+    group's ``auto_register_allow`` (or ``AUTO_REGISTER_DEFAULT_ALLOW``): reason ``bad_address`` /
+    ``forbidden_address`` / ``node_not_allowed`` otherwise; ``group_full`` past
+    ``MAX_NODES_PER_GROUP`` live nodes. One audit event per registered node."""
+    allow = group.auto_register_allow or settings.AUTO_REGISTER_DEFAULT_ALLOW
+    outcome: dict[str, str | None] = {}
+    wanted: list[tuple[str, Address]] = []
+    for node_id in dict.fromkeys(node_ids):
+        try:
+            addr = parse_address(node_id)
+        except NameError_ as exc:
+            outcome[node_id] = exc.reason
+            continue
+        if not host_allowed(addr, allow):
+            outcome[node_id] = "node_not_allowed"
+            continue
+        wanted.append((node_id, addr))
+    if not wanted:
+        return outcome
+    with transaction.atomic():
+        ModelGroup.objects.select_for_update().filter(pk=group.pk).exists()
+        existing = set(Node.objects.filter(group=group, name__in=[n for n, _ in wanted]).values_list("name", flat=True))
+        room = settings.MAX_NODES_PER_GROUP - Node.objects.filter(group=group, retired=False).count()
+        rows = []
+        for node_id, addr in wanted:
+            if node_id in existing:
+                outcome[node_id] = None
+            elif room > 0:
+                rows.append(Node(group=group, name=node_id, address=addr.hostport, registered_via=registered_via))
+                outcome[node_id] = None
+                room -= 1
+            else:
+                outcome[node_id] = "group_full"
+        created = Node.objects.bulk_create(rows)
+        actor_name, user = _actor(actor)
+        AuditEvent.objects.bulk_create([
+            AuditEvent(actor=actor_name, user=user, action="node.register", group=group, node=node,
+                       reason="first record from this node",
+                       detail={"address": node.address, "base_weight": node.base_weight, "via": registered_via})
+            for node in created
+        ])
+    return outcome
 
 
 def do_retire_node(node: Node, *, actor: Actor, reason: str) -> Node:

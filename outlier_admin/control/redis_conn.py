@@ -7,7 +7,9 @@ Key layout (all prefixed ``outlier:``; the gateway contract keys are fixed by th
 - ``outlier:stream:<group>``       Redis Stream of ingest batches (consumer group ``ticks``)
 - ``outlier:state:<group>``        hash: ``detector`` (``GroupDetector.to_bytes()``), ``last_id``
                                    (last stream id applied), ``thresholds_version``
-- ``outlier:lock:tick:<group>``    per-group tick lock (token, PX lease)
+- ``outlier:lock:tick:<group>``    per-group tick lock (token, PX lease renewed while the tick runs)
+- ``outlier:tick:queued:<group>``  a tick of the group is queued (``control.scheduling``; PX lease)
+- ``outlier:tick:last``            sorted set group -> Redis time its last completed tick started
 - ``outlier:dedup:<group>:<n>``    request_id sets per de-duplication window
 - ``outlier:probes:<group>``       hash node -> JSON of a canary probe due (written by the tick)
 - ``outlier:probe-inflight:<group>:<node>``  NX guard: one probe at a time per node
@@ -18,12 +20,15 @@ Key layout (all prefixed ``outlier:``; the gateway contract keys are fixed by th
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from typing import Any
 
 import redis
 from django.conf import settings
 
+log = logging.getLogger(__name__)
 _local = threading.local()
 _override: Any = None
 
@@ -70,6 +75,14 @@ def lock_key(group: str) -> str:
     return f"outlier:lock:tick:{group}"
 
 
+def tick_queued_key(group: str) -> str:
+    """Set while a tick of ``group`` is queued (see :mod:`outlier_admin.control.scheduling`)."""
+    return f"outlier:tick:queued:{group}"
+
+
+TICK_LAST_KEY = "outlier:tick:last"
+
+
 def probes_key(group: str) -> str:
     return f"outlier:probes:{group}"
 
@@ -88,25 +101,75 @@ def degraded_key(group: str) -> str:
 
 
 class GroupLock:
-    """A per-group lease: ``SET key token NX PX ttl``; released only by its holder.
+    """A per-group lease: ``SET key token NX PX ttl``; extended and released only by its holder.
 
     Release and extension use WATCH/MULTI (no Lua: fakeredis without ``lupa`` cannot run scripts).
-    A holder that outlives its lease loses the lock; the tick therefore keeps ticks far below the
-    lease (``TICK_LOCK_TTL_MS``) and stream entries are applied idempotently (``last_id``).
+    With ``max_hold_ms``, :meth:`acquire` starts a thread that extends the lease every ``ttl/3``
+    while the holder works, so a slow tick keeps its lock while a dead worker's lapses within one
+    ``ttl`` (the thread dies with the process). Extension stops ``max_hold_ms`` after acquisition:
+    a holder that hangs (alive, renewing, making no progress) must not keep its group unticked
+    until the gateways' documents go stale. A holder that outlives its lease loses the lock; stream
+    entries are therefore applied idempotently (``last_id``).
     """
 
-    def __init__(self, client: redis.Redis, key: str, ttl_ms: int) -> None:
+    def __init__(self, client: redis.Redis, key: str, ttl_ms: int, *, max_hold_ms: int | None = None) -> None:
         import secrets
 
-        self.client, self.key, self.ttl_ms = client, key, ttl_ms
+        self.client, self.key, self.ttl_ms, self.max_hold_ms = client, key, ttl_ms, max_hold_ms
         self.token = secrets.token_hex(8)
         self.held = False
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
 
     def acquire(self) -> bool:
         self.held = bool(self.client.set(self.key, self.token, nx=True, px=self.ttl_ms))
+        if self.held and self.max_hold_ms:
+            self._stop.clear()
+            deadline = time.monotonic() + self.max_hold_ms / 1000.0
+            self._renewer = threading.Thread(target=self._renew, args=(deadline,), daemon=True,
+                                             name=f"lease:{self.key}")
+            self._renewer.start()
         return self.held
 
+    def extend(self, ttl_ms: int | None = None) -> bool:
+        """Reset the lease to ``ttl_ms`` (default: the lock's ttl) if we still hold it."""
+        with self.client.pipeline() as pipe:
+            try:
+                pipe.watch(self.key)
+                current = pipe.get(self.key)
+                if current is None or current.decode() != self.token:
+                    pipe.unwatch()
+                    return False
+                pipe.multi()
+                pipe.pexpire(self.key, int(ttl_ms or self.ttl_ms))
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                return False  # changed under us: someone else holds it now
+
+    def _renew(self, deadline: float) -> None:
+        # Every third of a lease: one renewal can be missed (a stalled thread, a Redis hiccup) with a third to spare.
+        period = self.ttl_ms / 3000.0
+        while not self._stop.wait(period):
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                log.warning("%s held for %d ms: no longer extended", self.key, self.max_hold_ms)
+                return
+            try:
+                if not self.extend(min(self.ttl_ms, left_ms)):
+                    log.warning("%s: lease lost while held", self.key)
+                    return
+            except redis.RedisError as exc:
+                log.warning("%s: lease not extended: %s", self.key, exc)
+
+    def _stop_renewing(self) -> None:
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join(timeout=5)
+            self._renewer = None
+
     def release(self) -> None:
+        self._stop_renewing()
         if not self.held:
             return
         with self.client.pipeline() as pipe:
@@ -129,3 +192,10 @@ class GroupLock:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
+
+def tick_lock(client: redis.Redis, group: str) -> GroupLock:
+    """The lease of ``group``'s tick: ``TICK_LOCK_TTL_MS``, renewed while the tick runs, for at most
+    half of ``WEIGHTS_STALE_AFTER_S`` (past that, a hung holder's group must go to another worker
+    while the gateways still trust its last document; see :mod:`outlier_admin.control.checks`)."""
+    return GroupLock(client, lock_key(group), settings.TICK_LOCK_TTL_MS,
+                     max_hold_ms=settings.WEIGHTS_STALE_AFTER_S * 500)

@@ -1,4 +1,9 @@
-"""Celery tasks of the control loop: thin wrappers around plain functions."""
+"""Celery tasks of the control loop: thin wrappers around plain functions.
+
+Ticks are scheduled fairly (:mod:`outlier_admin.control.scheduling`): the beat enqueues, oldest
+first, only the groups with no tick queued or running, so under overload every group is still
+ticked once per round of the queue instead of the same groups' ticks expiring every time.
+"""
 
 from __future__ import annotations
 
@@ -15,31 +20,45 @@ log = logging.getLogger(__name__)
 
 @shared_task(name="control.tick_all_groups", ignore_result=True)
 def tick_all_groups() -> int:
-    """Enqueue one tick per group (beat, every ``TICK_INTERVAL_MS``). A tick not started within two
-    intervals expires instead of piling up behind a slow worker."""
-    from outlier_admin.control import degraded
+    """Enqueue a tick of every group that has none queued or running, most overdue first (beat,
+    every ``TICK_INTERVAL_MS``). Returns how many were enqueued."""
+    from outlier_admin.control import degraded, scheduling
     from outlier_admin.control.redis_conn import get_redis
 
-    expires = 2 * settings.TICK_INTERVAL_MS / 1000.0
+    r = get_redis()
     try:
         names = list(ModelGroup.objects.values_list("name", flat=True))
+        complete = True
     except degraded.DB_ERRORS as exc:
         # PostgreSQL down: tick the groups Redis knows, so gateways keep fresh weights.
         log.warning("listing groups from Redis, PostgreSQL unreachable: %s", exc)
-        names = degraded.known_groups(get_redis())
-    for name in names:
-        tick_group.apply_async(args=[name], expires=expires)
-    return len(names)
+        names, complete = degraded.known_groups(r), False
+    due, queued_at = scheduling.claim_due(r, names, prune=complete)
+    for name in due:
+        # Expiry only bounds the backlog while no worker consumes: by then a newer tick of the group
+        # has been queued (its marker lapsed), and this one's document would be stale anyway.
+        tick_group.apply_async(args=[name, queued_at], expires=settings.WEIGHTS_STALE_AFTER_S)
+    return len(due)
 
 
 @shared_task(name="control.tick_group", ignore_result=True)
-def tick_group(group: str) -> dict | None:
+def tick_group(group: str, queued_at: float | None = None) -> dict | None:
+    """Tick ``group`` (``queued_at``: the beat's Redis time, to recognise a duplicate)."""
+    from outlier_admin.control import scheduling
+    from outlier_admin.control.redis_conn import get_redis
     from outlier_admin.control.tick import run_tick
 
+    r = get_redis()
+    started = scheduling.start(r, group, queued_at)
+    if started is None:
+        return None
+    result = None
     try:
         result = run_tick(group, consumer=socket.gethostname())
     except ModelGroup.DoesNotExist:
         return None
+    finally:
+        scheduling.finish(r, group, started, ticked=result is not None)
     if result is None:
         return None
     from outlier_admin.observability.hooks import observe_tick

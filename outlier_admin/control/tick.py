@@ -2,7 +2,8 @@
 
 Order of a tick (any worker can run any group's tick; the per-group lock makes them sequential):
 
-1. take ``outlier:lock:tick:<group>`` (``SET NX PX``); if held, skip (another worker is ticking);
+1. take ``outlier:lock:tick:<group>`` (``SET NX PX``, renewed while the tick runs); if held, skip
+   (another worker is ticking);
 2. restore the detector (``GroupDetector.from_bytes``) from ``outlier:state:<group>``, or build a
    new one; sync membership with the group's nodes in the database; apply threshold changes;
 3. read new stream entries with the consumer group ``ticks`` (first reclaiming entries left pending
@@ -44,7 +45,7 @@ from outlier_admin.control.models import (
     QuarantineProposal,
 )
 from outlier_admin.control.models import Transition as TransitionRow
-from outlier_admin.control.redis_conn import GroupLock, get_redis, lock_key, probes_key, state_key, stream_key
+from outlier_admin.control.redis_conn import get_redis, probes_key, state_key, stream_key, tick_lock
 from outlier_admin.fleet.models import ModelGroup, Node, Policy
 from outlier_admin.ingest.pipeline import decode_entry, decode_progress
 
@@ -124,8 +125,11 @@ def _sync_nodes(gd: GroupDetector, nodes: list[Node], now: float, fresh_state: b
 def _read_entries(r: redis.Redis, key: str, consumer: str, last_id: bytes) -> tuple[list, list[bytes]]:
     """New entries (reclaimed + fresh) not yet applied, and every id to acknowledge."""
     entries: list[tuple[bytes, dict]] = []
-    # Entries pending longer than a lock lease belong to a tick that died (we hold the lock now).
-    idle = settings.TICK_LOCK_TTL_MS
+    # We hold the lock, so entries pending here belong to a tick whose lease lapsed. It lapsed at least
+    # a lease after its last renewal, and renewals come every third of a lease (redis_conn.GroupLock):
+    # its entries have been idle for more than 2/3 of a lease. Half a lease reclaims all of them at the
+    # first tick after a crash, before ">" reads newer ones and moves ``last_id`` past them.
+    idle = settings.TICK_LOCK_TTL_MS // 2
     try:
         claimed = r.xautoclaim(key, CONSUMER_GROUP, consumer, min_idle_time=idle, start_id="0-0", count=1000)
         entries.extend(e for e in claimed[1] if e and e[1] is not None)
@@ -296,7 +300,7 @@ def run_tick(group: ModelGroup | str, *, now: float | None = None, consumer: str
     started = time.perf_counter()
     name = group if isinstance(group, str) else group.name
     r = get_redis()
-    lock = GroupLock(r, lock_key(name), settings.TICK_LOCK_TTL_MS)
+    lock = tick_lock(r, name)
     if not lock.acquire():
         return None
     try:

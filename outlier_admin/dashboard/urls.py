@@ -2,7 +2,6 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from outlier_admin.dashboard import views
-from outlier_admin.fleet.login_throttle import ThrottledLoginView
 
 app_name = "dashboard"
 urlpatterns = [
@@ -16,7 +15,9 @@ urlpatterns = [
     path("approvals/<int:pk>/decide/", views.decide_proposal, name="decide"),
     path("canary/", views.canary_review, name="canary"),
     path("audit/", views.audit_log, name="audit"),
-    path("accounts/login/", ThrottledLoginView.as_view(), name="login"),
+    # Throttled by django-axes (outlier_admin.fleet.login_throttle): its backend refuses a locked-out
+    # attempt and its middleware answers 429 + Retry-After with this page.
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]
 

@@ -24,7 +24,7 @@ from detector.thresholds import ThresholdError
 from outlier_admin.api import queries
 from outlier_admin.api.filters import AuditFilter
 from outlier_admin.api.permissions import CAPABILITIES, capabilities_of, user_can
-from outlier_admin.api.preview import preview_thresholds
+from outlier_admin.api.preview import PreviewTooLarge, may_preview, preview_roles, preview_thresholds
 from outlier_admin.api.timeline import RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.control import actions
 from outlier_admin.control.models import (
@@ -215,11 +215,15 @@ def decide_proposal(request: HttpRequest, pk: int) -> HttpResponse:
 @requires("read")
 @require_http_methods(["GET", "POST"])
 def thresholds_page(request: HttpRequest, name: str) -> HttpResponse:
-    """Preview (any role) and save (``operator``). Preview replays the last hour of history."""
+    """Preview (``operator`` or ``oncall``: :func:`~outlier_admin.api.preview.may_preview`) and save
+    (``operator``). Preview replays the last hour of history, within the preview's bounds."""
     group = get_object_or_404(ModelGroup, name=name)
     form = ThresholdForm(request.POST or None, current=group.thresholds())
     preview = None
     status = 200
+    if request.method == "POST" and "save" not in request.POST and not may_preview(request.user):
+        return render(request, "dashboard/forbidden.html",
+                      {"capability": "preview thresholds", "roles": preview_roles()}, status=403)
     if request.method == "POST" and form.is_valid():
         changes = form.changes()
         save = "save" in request.POST
@@ -240,12 +244,13 @@ def thresholds_page(request: HttpRequest, name: str) -> HttpResponse:
                 preview = preview_thresholds(group, changes)
             except ThresholdError as exc:
                 form.add_error(exc.field if exc.field in form.fields else None, exc.message)
-            except actions.ActionError as exc:
+            except (actions.ActionError, PreviewTooLarge) as exc:
                 form.add_error(None, str(exc))
     if request.method == "POST" and form.errors:
         status = 400
     return render(request, "dashboard/thresholds.html", _ctx(
-        request, group=group, form=form, preview=preview, policy_form=PolicyForm(initial={"policy": group.policy}),
+        request, group=group, form=form, preview=preview, can_preview=may_preview(request.user),
+        policy_form=PolicyForm(initial={"policy": group.policy}),
         history=group.threshold_changes.all()[:50],
     ), status=status)
 

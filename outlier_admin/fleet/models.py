@@ -47,6 +47,9 @@ class ModelGroup(models.Model):
     pcie_link_width_norm = models.PositiveSmallIntegerField(null=True, blank=True)
     # Monotonic version of the published weights document (bumped by every publish).
     weights_version = models.BigIntegerField(default=0)
+    # Where a node that first appears in ingest data may be registered from (CIDRs and DNS suffixes,
+    # see outlier_admin.fleet.names). Empty: settings.AUTO_REGISTER_DEFAULT_ALLOW.
+    auto_register_allow = models.JSONField(default=list, blank=True)
     last_tick_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     created_via = models.CharField(max_length=32, default="manual")
@@ -139,8 +142,11 @@ class Node(models.Model):
 
     @property
     def base_url(self) -> str:
-        """``http://host:port`` for the node's OpenAI-compatible API (scheme added when missing)."""
-        return self.address if "://" in self.address else f"http://{self.address}"
+        """``scheme://host:port`` of the node's OpenAI-compatible API, rebuilt from the validated
+        address (never the stored text as is); raises ``NameError_`` for an invalid address."""
+        from outlier_admin.fleet.names import parse_address
+
+        return parse_address(self.address).base_url
 
 
 class TokenScope(models.TextChoices):

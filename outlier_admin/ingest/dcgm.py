@@ -31,6 +31,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from outlier_admin.fleet.models import Node
+from outlier_admin.fleet.names import validate_scrape_url
 from outlier_admin.ingest.models import GpuReading, RejectedInput
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,8 @@ def scrape_node(node: Node, *, client: httpx.Client | None = None) -> list[GpuRe
     own = client is None
     client = client or httpx.Client(timeout=settings.DCGM_TIMEOUT_S)
     try:
-        resp = client.get(node.dcgm_url)
+        # Re-checked at each scrape (a row written before validation existed); never a redirect.
+        resp = client.get(validate_scrape_url(node.dcgm_url), follow_redirects=False)
         resp.raise_for_status()
         return record_scrape(node, resp.text)
     except (httpx.HTTPError, ValueError) as exc:

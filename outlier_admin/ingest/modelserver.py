@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from outlier_admin.control.redis_conn import get_redis, itl_key, stream_key
 from outlier_admin.fleet.models import Node
+from outlier_admin.fleet.names import validate_scrape_url
 from outlier_admin.ingest.models import RejectedInput
 from outlier_admin.ingest.pipeline import STREAM_MAXLEN
 
@@ -97,7 +98,8 @@ def record_scrape(r: redis.Redis, node: Node, text: str, now: float) -> list[Any
 def scrape_node(node: Node, *, client: httpx.Client, r: redis.Redis) -> list[Any] | None:
     """GET the node's ``metrics_url`` and record it; a failed scrape is kept as rejected input."""
     try:
-        resp = client.get(node.metrics_url)
+        # Re-checked at each scrape (a row written before validation existed); never a redirect.
+        resp = client.get(validate_scrape_url(node.metrics_url), follow_redirects=False)
         resp.raise_for_status()
         return record_scrape(r, node, resp.text, time.time())
     except (httpx.HTTPError, ValueError) as exc:

@@ -1,9 +1,21 @@
 """From parsed records to the per-group Redis Streams (shared by HTTP push and log tailing).
 
-:func:`submit` validates each record (:func:`records.normalize`), resolves its group and node
-(creating an unknown group with default thresholds and policy ``auto``; registering an unknown node
-when ``AUTO_REGISTER_NODES``), drops duplicate ``request_id`` s, appends the valid records to
-``outlier:stream:<group>`` and stores every refused record as :class:`RejectedInput` with its reason.
+:func:`submit` validates each record (:func:`records.normalize`), resolves its group and node, drops
+duplicate ``request_id`` s, appends the valid records to ``outlier:stream:<group>`` and stores every
+refused record as :class:`RejectedInput` with its reason.
+
+Ingest is a trust boundary: a record names a group and a node, and neither becomes real on a
+record's say alone. A group must exist (operators create groups; only a name matching one of the
+operator's ``AUTO_CREATE_GROUPS`` patterns is created here, and never past ``MAX_GROUPS``): else
+``unknown_group``. An unknown node is registered only with ``AUTO_REGISTER_NODES`` on, when its id is
+an address inside the group's allow-list, and below ``MAX_NODES_PER_GROUP``
+(:func:`~outlier_admin.control.actions.do_register_nodes_from_ingest`).
+
+A batch is accepted record by record, never half-and-500: validation and the resolution of groups and
+nodes write nothing to the streams; then, in one SQL transaction, the rejected records are inserted and
+every group's rows go to Redis in **one** MULTI/EXEC — the point of acceptance. An error before it
+applies nothing (the caller answers 5xx and the client retries the whole batch safely); the only
+window left is a failed SQL commit after a successful EXEC.
 
 Stream entries carry a *batch* of records (field ``rows``: orjson of
 ``[[node, ts, prompt_tokens, completion_tokens, ttft_ms|null, total_ms, status], ...]``), not one
@@ -12,8 +24,8 @@ record each: one XADD per group per request is what makes 20k records/s fit on t
 
 from __future__ import annotations
 
+import fnmatch
 import logging
-import re
 import threading
 import time
 from collections import Counter
@@ -29,7 +41,7 @@ from outlier_admin.control.redis_conn import get_redis, stream_key
 from outlier_admin.fleet.models import ModelGroup, Node, RegisteredVia
 from outlier_admin.ingest.logformats import ParseError
 from outlier_admin.ingest.models import IngestSource, RejectedInput
-from outlier_admin.ingest.records import RecordError, normalize
+from outlier_admin.ingest.records import RecordError, limits, normalize
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +50,10 @@ ROWS_PER_ENTRY = 5000
 # Bound the stream so a control plane whose ticks are stopped cannot fill Redis; entries are
 # batches, so this is millions of records (approximate trimming keeps XADD O(1)).
 STREAM_MAXLEN = 200_000
-_GROUP_NAME = re.compile(r"^[-A-Za-z0-9_]{1,100}$")
 SYSTEM_ACTOR = "system:ingest"
+
+# line, reason, detail, record object (or None), raw text (or None)
+Reject = tuple[int, str, str, Any, str | None]
 
 
 @dataclass
@@ -63,7 +77,8 @@ class IngestOutcome:
 
 class _Directory:
     """Process-local cache of groups and their nodes (name/address -> node name), refreshed on a
-    miss and every ``ttl_s`` so a node registered by another worker is found quickly."""
+    miss (at most once per group per batch) and every ``ttl_s`` so a node registered by another
+    worker is found quickly."""
 
     def __init__(self, ttl_s: float = 10.0) -> None:
         self.ttl_s = ttl_s
@@ -77,6 +92,8 @@ class _Directory:
     def _load(self, name: str) -> tuple[float, int, dict[str, tuple[str, bool]]] | None:
         group = ModelGroup.objects.filter(name=name).only("id").first()
         if group is None:
+            with self._lock:
+                self._groups.pop(name, None)
             return None
         keys: dict[str, tuple[str, bool]] = {}
         for node_name, address, retired in Node.objects.filter(group=group).values_list(
@@ -110,47 +127,62 @@ class _Directory:
 directory = _Directory()
 
 
-def _ensure_group(name: str) -> int:
+def _group_id(name: str) -> tuple[int | None, str | None]:
+    """``(group_id, None)`` for an existing group (or one an operator pattern lets ingest create),
+    ``(None, reason)`` otherwise."""
     found = directory.group(name)
     if found is not None:
-        return found[0]
-    from outlier_admin.control.actions import do_create_group
+        return found[0], None
+    pattern = next((p for p in settings.AUTO_CREATE_GROUPS if fnmatch.fnmatchcase(name, p)), None)
+    if pattern is None:
+        return None, "unknown_group"
+    if ModelGroup.objects.count() >= settings.MAX_GROUPS:
+        return None, "too_many_groups"
+    from outlier_admin.control.actions import ActionError, do_create_group
 
     try:
         with transaction.atomic():
-            do_create_group(name, actor=SYSTEM_ACTOR, reason="first record for this group", created_via="ingest")
-    except IntegrityError:
+            do_create_group(name, actor=SYSTEM_ACTOR, created_via="ingest",
+                            reason=f"first record for this group; matches AUTO_CREATE_GROUPS pattern {pattern!r}")
+    except (IntegrityError, ActionError):
         pass  # another worker created it first
     found = directory.group(name, fresh=True)
-    assert found is not None
-    return found[0]
+    return (found[0], None) if found is not None else (None, "unknown_group")
 
 
-def _resolve_node(group_name: str, group_id: int, node: str) -> tuple[str | None, str | None]:
-    """``(node_name, None)`` or ``(None, reason)`` for a record's node in a group."""
+def _resolve_nodes(group_name: str, group_id: int, keys: set[str]) -> dict[str, tuple[str | None, str | None]]:
+    """``{key: (node_name, None) | (None, reason)}`` for the node keys of a batch in one group: one
+    directory refresh for all misses, one bulk registration for all new nodes (never a reload per
+    node: registering a thousand nodes was quadratic)."""
     found = directory.group(group_name)
-    keys = found[1] if found else {}
-    hit = keys.get(node)
-    if hit is None:
+    known = found[1] if found else {}
+    if any(k not in known for k in keys):
         found = directory.group(group_name, fresh=True)
-        keys = found[1] if found else {}
-        hit = keys.get(node)
-    if hit is not None:
-        return (None, "retired_node") if hit[1] else (hit[0], None)
+        known = found[1] if found else {}
+    out: dict[str, tuple[str | None, str | None]] = {}
+    missing = []
+    for key in keys:
+        hit = known.get(key)
+        if hit is not None:
+            out[key] = (None, "retired_node") if hit[1] else (hit[0], None)
+        else:
+            missing.append(key)
+    if not missing:
+        return out
     if not settings.AUTO_REGISTER_NODES:
-        return None, "unknown_node"
-    from outlier_admin.control.actions import do_register_node
+        out.update((k, (None, "unknown_node")) for k in missing)
+        return out
+    from outlier_admin.control.actions import do_register_nodes_from_ingest
 
-    try:
-        with transaction.atomic():
-            do_register_node(
-                ModelGroup.objects.get(pk=group_id), node, actor=SYSTEM_ACTOR,
-                registered_via=RegisteredVia.INGEST, reason="first record from this node",
-            )
-    except IntegrityError:
-        pass
-    directory.group(group_name, fresh=True)
-    return node, None
+    group = ModelGroup.objects.get(pk=group_id)
+    registered = do_register_nodes_from_ingest(group, sorted(missing), actor=SYSTEM_ACTOR,
+                                               registered_via=RegisteredVia.INGEST)
+    for key in missing:
+        why = registered.get(key, "unknown_node")
+        out[key] = (key, None) if why is None else (None, why)
+    if any(why is None for why in registered.values()):
+        directory.group(group_name, fresh=True)
+    return out
 
 
 def _dedup_keys(group: str) -> tuple[str, str]:
@@ -159,53 +191,65 @@ def _dedup_keys(group: str) -> tuple[str, str]:
     return f"outlier:dedup:{group}:{slot}", f"outlier:dedup:{group}:{slot - 1}"
 
 
-def _append(r: Any, group: str, recs: list[dict[str, Any]]) -> tuple[int, int]:
-    """Append ``recs`` to the group's stream; returns ``(accepted, duplicates)``.
+def _append(r: Any, per_group: dict[str, list[dict[str, Any]]]) -> dict[str, tuple[int, int]]:
+    """Append each group's records to its stream in one MULTI/EXEC; returns ``{group: (accepted,
+    duplicates)}``.
 
-    A ``request_id`` seen in this or the previous de-duplication window (or earlier in the batch) is
-    a duplicate. The check, the stream write and the marking of the new ids form one optimistic
-    transaction (WATCH the id sets, read, MULTI, write, EXEC; retried if another request changed the
-    sets meanwhile): two concurrent requests carrying the same id cannot both get through, and a
-    client retrying after a Redis failure is neither lost (ids are marked only with their rows) nor
-    counted twice.
+    A ``request_id`` seen in this or the previous de-duplication window of its group (or earlier in
+    the batch) is a duplicate. The check, the stream writes and the marking of the new ids form one
+    optimistic transaction (WATCH the id sets, read, MULTI, write, EXEC; retried if another request
+    changed the sets meanwhile): two concurrent requests carrying the same id cannot both get
+    through, and a client retrying after a Redis failure is neither lost (ids are marked only with
+    their rows) nor counted twice. Every group's rows land together or none do.
     """
-    cur, prev = _dedup_keys(group)
-    result = (0, 0)
+    per_group = {g: recs for g, recs in per_group.items() if recs}
+    result: dict[str, tuple[int, int]] = {}
+    if not per_group:
+        return result
+    dedup = {g: _dedup_keys(g) for g in per_group}
 
     def attempt(pipe: Any) -> None:
-        nonlocal result
-        ids = list(dict.fromkeys(rec["request_id"] for rec in recs if rec["request_id"]))
-        seen: set[str] = set()
-        if ids:
-            in_cur, in_prev = pipe.smismember(cur, ids), pipe.smismember(prev, ids)
-            seen = {rid for rid, a, b in zip(ids, in_cur, in_prev, strict=True) if a or b}
-        rows, batch_ids = [], set()
-        for rec in recs:
-            rid = rec["request_id"]
-            if rid and (rid in seen or rid in batch_ids):
-                continue
-            if rid:
-                batch_ids.add(rid)
-            rows.append([rec["node"], rec["ts"], rec["prompt_tokens"], rec["completion_tokens"],
-                         rec["ttft_ms"], rec["total_ms"], rec["status"]])
+        plan = []
+        for group, recs in per_group.items():
+            cur, prev = dedup[group]
+            ids = list(dict.fromkeys(rec["request_id"] for rec in recs if rec["request_id"]))
+            seen: set[str] = set()
+            if ids:
+                in_cur, in_prev = pipe.smismember(cur, ids), pipe.smismember(prev, ids)
+                seen = {rid for rid, a, b in zip(ids, in_cur, in_prev, strict=True) if a or b}
+            rows, batch_ids = [], set()
+            for rec in recs:
+                rid = rec["request_id"]
+                if rid and (rid in seen or rid in batch_ids):
+                    continue
+                if rid:
+                    batch_ids.add(rid)
+                rows.append([rec["node"], rec["ts"], rec["prompt_tokens"], rec["completion_tokens"],
+                             rec["ttft_ms"], rec["total_ms"], rec["status"]])
+            plan.append((group, rows, batch_ids, len(recs)))
         pipe.multi()
-        for start in range(0, len(rows), ROWS_PER_ENTRY):
-            chunk = rows[start : start + ROWS_PER_ENTRY]
-            pipe.xadd(stream_key(group), {"rows": orjson.dumps(chunk)}, maxlen=STREAM_MAXLEN, approximate=True)
-        if batch_ids:
-            pipe.sadd(cur, *batch_ids)
-            pipe.expire(cur, 2 * settings.INGEST_DEDUP_WINDOW_S)
-        result = (len(rows), len(recs) - len(rows))
+        for group, rows, batch_ids, n in plan:
+            for start in range(0, len(rows), ROWS_PER_ENTRY):
+                chunk = rows[start : start + ROWS_PER_ENTRY]
+                pipe.xadd(stream_key(group), {"rows": orjson.dumps(chunk)}, maxlen=STREAM_MAXLEN, approximate=True)
+            if batch_ids:
+                cur = dedup[group][0]
+                pipe.sadd(cur, *batch_ids)
+                pipe.expire(cur, 2 * settings.INGEST_DEDUP_WINDOW_S)
+            result[group] = (len(rows), n - len(rows))
 
-    if not recs:
-        return result
-    if any(rec["request_id"] for rec in recs):
-        r.transaction(attempt, cur, prev)
+    if any(rec["request_id"] for recs in per_group.values() for rec in recs):
+        r.transaction(attempt, *(k for pair in dedup.values() for k in pair))
     else:  # no ids to check: a plain MULTI, nothing to watch
         pipe = r.pipeline(transaction=True)
         attempt(pipe)
         pipe.execute()
     return result
+
+
+def _pg_text(text: str) -> str:
+    # PostgreSQL text cannot hold NUL; a rejected record keeps everything else verbatim.
+    return text.replace("\x00", "\\u0000")
 
 
 def submit(
@@ -216,75 +260,85 @@ def submit(
     default_group: str | None = None,
     now: float | None = None,
 ) -> IngestOutcome:
-    """Validate and enqueue records.
+    """Validate and enqueue records (see the module docstring for what is accepted and when).
 
     ``items``: ``(line_number, record_or_ParseError, raw_text_or_None)``; the raw text is kept for
     rejected records (``None``: the record is re-serialised). Returns the counts; refused records
     are stored as :class:`RejectedInput` (``source`` names the origin, e.g. ``http:<token>``).
+    Raises (and applies nothing) when Redis or PostgreSQL fails before acceptance.
     """
     now = time.time() if now is None else now
     out = IngestOutcome()
-    rejects: list[tuple[int, str, str, Any, str | None]] = []
+    rejects: list[Reject] = []
     per_group: dict[str, list[tuple[int, dict[str, Any], Any, str | None]]] = {}
-    max_future, retention = settings.INGEST_MAX_FUTURE_S, settings.INGEST_RETENTION_S
+    bounds = limits()
+    group_of_node: dict[str, str | None] = {}
 
     for line, obj, raw in items:
         if isinstance(obj, ParseError):
             rejects.append((line, obj.reason, obj.detail, None, raw))
             continue
         try:
-            rec = normalize(obj, now=now, max_future_s=max_future, retention_s=retention)
+            rec = normalize(obj, now=now, **bounds)
         except RecordError as exc:
             rejects.append((line, exc.reason, exc.detail, obj, raw))
             continue
-        group = rec["group"] or default_group or directory.group_of_node(rec["node"])
+        group = rec["group"] or default_group
+        if group is None:
+            if rec["node"] not in group_of_node:
+                group_of_node[rec["node"]] = directory.group_of_node(rec["node"])
+            group = group_of_node[rec["node"]]
         if group is None:
             rejects.append((line, "no_group", "no group given and the node is not registered", obj, raw))
             continue
-        if not _GROUP_NAME.match(group):
-            rejects.append((line, "bad_group", "group must match [-A-Za-z0-9_]{1,100}", obj, raw))
-            continue
         per_group.setdefault(group, []).append((line, rec, obj, raw))
 
-    r = get_redis()
+    accepted_recs: dict[str, list[dict[str, Any]]] = {}
     for group, recs in per_group.items():
-        group_id = _ensure_group(group)
-        resolved: dict[str, tuple[str | None, str | None]] = {}
-        kept: list[tuple[int, dict[str, Any], Any, str | None]] = []
-        for item in recs:
-            line, rec, obj, raw = item
-            key = rec["node"]
-            if key not in resolved:
-                resolved[key] = _resolve_node(group, group_id, key)
-            name, why = resolved[key]
+        group_id, why = _group_id(group)
+        if group_id is None:
+            detail = f"group {group!r} does not exist (operators create groups)"
+            rejects.extend((line, why or "unknown_group", detail, obj, raw) for line, _, obj, raw in recs)
+            continue
+        resolved = _resolve_nodes(group, group_id, {rec["node"] for _, rec, _, _ in recs})
+        kept = accepted_recs.setdefault(group, [])
+        for line, rec, obj, raw in recs:
+            name, why = resolved[rec["node"]]
             if name is None:
-                rejects.append((line, why or "unknown_node", f"node {key!r} in group {group!r}", obj, raw))
+                rejects.append((line, why or "unknown_node", f"node {rec['node']!r} in group {group!r}", obj, raw))
                 continue
             rec["node"] = name
-            kept.append(item)
-        accepted, duplicates = _append(r, group, [rec for _, rec, _, _ in kept])
-        out.duplicates += duplicates
-        if accepted:
-            out.accepted += accepted
-            out.by_group[group] = out.by_group.get(group, 0) + accepted
+            kept.append(rec)
 
-    if rejects:
-        rejects.sort(key=lambda x: x[0])
-        out.rejected = len(rejects)
-        out.errors = [{"line": line, "reason": reason} for line, reason, *_ in rejects[:MAX_ERRORS_REPORTED]]
-        RejectedInput.objects.bulk_create(
-            [
-                RejectedInput(
-                    source=source, source_ref=source_ref, line=line, reason=reason, detail=detail[:2000],
-                    raw=(raw if raw is not None else orjson.dumps(obj, default=str).decode())[:65536],
-                )
-                for line, reason, detail, obj, raw in rejects
-            ],
-            batch_size=1000,
-        )
-    from outlier_admin.observability.hooks import observe_ingest  # the hook is a no-op if disabled
+    rejects.sort(key=lambda x: x[0])
+    with transaction.atomic():
+        if rejects:
+            RejectedInput.objects.bulk_create(
+                [
+                    RejectedInput(
+                        source=source[:100], source_ref=source_ref, line=line, reason=reason[:64],
+                        detail=_pg_text(detail[:2000]),
+                        raw=_pg_text((raw if raw is not None else orjson.dumps(obj, default=str).decode())[:65536]),
+                    )
+                    for line, reason, detail, obj, raw in rejects
+                ],
+                batch_size=1000,
+            )
+        # The point of acceptance: every group's rows in one MULTI/EXEC, inside the transaction that
+        # stores the rejections (a Redis failure rolls them back: the client retries the whole batch).
+        for group, (accepted, duplicates) in _append(get_redis(), accepted_recs).items():
+            out.duplicates += duplicates
+            if accepted:
+                out.accepted += accepted
+                out.by_group[group] = accepted
+    out.rejected = len(rejects)
+    out.errors = [{"line": line, "reason": reason} for line, reason, *_ in rejects[:MAX_ERRORS_REPORTED]]
+    try:
+        from outlier_admin.observability.hooks import observe_ingest  # a no-op if disabled
 
-    observe_ingest(out, source=source, rejected_by_reason=Counter(r[1] for r in rejects))
+        observe_ingest(out, source=source, rejected_by_reason=Counter(r[1] for r in rejects))
+    except Exception:  # the batch is accepted: a metrics fault must not turn it into a 5xx
+        log.exception("ingest metrics hook failed")
     return out
 
 

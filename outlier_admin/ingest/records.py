@@ -10,6 +10,13 @@ when the gateway learned its latency; ``ts - total_ms`` is when it was dispatche
 :func:`normalize` returns the canonical dict (``ts`` as float epoch seconds, ``ttft_ms`` None when
 unknown) or raises :class:`RecordError` with a machine-readable reason code. The rules match
 ``detector.samples.validate`` so a record accepted here is never refused by the detector.
+
+Every number is bounded, because one record must not be able to push a node's statistics anywhere:
+``total_ms`` in (0, ``INGEST_MAX_LATENCY_MS``] (1 h: no gateway holds a request longer), ``ttft_ms``
+in [0, ``total_ms``], ``prompt_tokens`` up to ``INGEST_MAX_PROMPT_TOKENS`` (10 M, the largest context
+windows served today) and ``completion_tokens`` up to ``INGEST_MAX_COMPLETION_TOKENS`` (1 M). A value
+outside is refused (``bad_<field>``), never clipped into range. The node and group are names
+(:mod:`outlier_admin.fleet.names`): a node id is an id, never a URL.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import math
 from datetime import datetime
 from typing import Any
 
+from outlier_admin.fleet.names import NameError_, validate_group_name, validate_node_id
 from outlier_admin.ingest.logformats import ParseError
 
 REQUIRED = ("ts", "node", "prompt_tokens", "completion_tokens", "total_ms")
@@ -57,31 +65,55 @@ def parse_ts(value: Any) -> float:
     return ts
 
 
-def _number(rec: dict[str, Any], key: str, *, integer: bool) -> float:
+def _number(rec: dict[str, Any], key: str, *, integer: bool, high: float) -> float:
     value = rec.get(key)
     kind = type(value)
     if kind is not int and kind is not float:  # bool is its own type: refused below
-        if isinstance(value, str):
+        if isinstance(value, str) and len(value) <= 40:
             try:
                 value = float(value)
             except ValueError:
                 raise RecordError(f"bad_{key}", f"{key} must be a number, got {value!r}") from None
             kind = float
         else:
-            raise RecordError(f"bad_{key}", f"{key} must be a number, got {value!r}")
+            raise RecordError(f"bad_{key}", f"{key} must be a number, got {str(value)[:40]!r}")
     # The hot path (ingest runs this four times per record): one chained comparison is False for
-    # NaN, infinities and negatives alike; the exact reason is worked out only for bad values.
-    if not 0 <= value < math.inf:
-        if not math.isfinite(value):
+    # NaN, infinities, negatives and values over the bound alike; the exact reason is worked out
+    # only for bad values.
+    if not 0 <= value <= high:
+        if kind is float and not math.isfinite(value):
             raise RecordError(f"bad_{key}", f"{key} must be finite")
-        raise RecordError(f"bad_{key}", f"{key} must be >= 0, got {value}")
+        if value < 0:
+            raise RecordError(f"bad_{key}", f"{key} must be >= 0, got {value}")
+        raise RecordError(f"bad_{key}", f"{key} must be <= {high:g}, got {value:g}")
     if integer and kind is float and not value.is_integer():
         raise RecordError(f"bad_{key}", f"{key} must be an integer, got {value}")
     return value
 
 
-def normalize(rec: Any, *, now: float, max_future_s: float, retention_s: float) -> dict[str, Any]:
-    """Validate one record and return its canonical form (see module docstring).
+def limits() -> dict[str, float]:
+    """The bounds :func:`normalize` takes, from the ``INGEST_*`` settings (their one reader)."""
+    from django.conf import settings
+
+    return {
+        "max_future_s": settings.INGEST_MAX_FUTURE_S, "retention_s": settings.INGEST_RETENTION_S,
+        "max_latency_ms": settings.INGEST_MAX_LATENCY_MS, "max_prompt_tokens": settings.INGEST_MAX_PROMPT_TOKENS,
+        "max_completion_tokens": settings.INGEST_MAX_COMPLETION_TOKENS,
+    }
+
+
+def normalize(
+    rec: Any,
+    *,
+    now: float,
+    max_future_s: float,
+    retention_s: float,
+    max_latency_ms: float,
+    max_prompt_tokens: int,
+    max_completion_tokens: int,
+) -> dict[str, Any]:
+    """Validate one record and return its canonical form (see module docstring). The bounds are the
+    ``INGEST_*`` settings (:func:`limits`).
 
     Reason codes: ``not_an_object``, ``missing_<field>``, ``bad_<field>``, ``ts_in_future``,
     ``ts_too_old``, ``total_below_ttft``, ``no_tokens``, ``bad_status``.
@@ -97,31 +129,37 @@ def normalize(rec: Any, *, now: float, max_future_s: float, retention_s: float) 
     if ts < now - retention_s:
         raise RecordError("ts_too_old", f"ts is {now - ts:.0f} s old (retention {retention_s:.0f} s)")
     node = rec["node"]
-    if not isinstance(node, str) or not node.strip() or len(node) > 300:
-        raise RecordError("bad_node", "node must be a non-empty string (address or node id)")
-    group = rec.get("group")
-    if group is not None and (not isinstance(group, str) or not group.strip() or len(group) > 100):
-        raise RecordError("bad_group", "group must be a non-empty string")
-    prompt = _number(rec, "prompt_tokens", integer=True)
-    completion = _number(rec, "completion_tokens", integer=True)
-    total = _number(rec, "total_ms", integer=False)
+    try:
+        node = validate_node_id(node.strip() if isinstance(node, str) else node)
+        group = rec.get("group")
+        if group is not None:
+            group = validate_group_name(group.strip() if isinstance(group, str) else group)
+    except NameError_ as exc:
+        raise RecordError(exc.reason, exc.detail) from None
+    prompt = _number(rec, "prompt_tokens", integer=True, high=max_prompt_tokens)
+    completion = _number(rec, "completion_tokens", integer=True, high=max_completion_tokens)
+    total = _number(rec, "total_ms", integer=False, high=max_latency_ms)
+    if total == 0:
+        raise RecordError("bad_total_ms", "total_ms must be > 0")
     ttft = None
     if rec.get("ttft_ms") is not None:
-        ttft = _number(rec, "ttft_ms", integer=False)
+        ttft = _number(rec, "ttft_ms", integer=False, high=max_latency_ms)
         if total < ttft:
             raise RecordError("total_below_ttft", f"total_ms {total} < ttft_ms {ttft}")
     if prompt == 0 and completion == 0:
         raise RecordError("no_tokens", "a request with no prompt and no completion tokens carries no signal")
     status = rec.get("status", 200)
     if isinstance(status, bool) or not isinstance(status, int) or not (status == 0 or 100 <= status <= 599):
-        raise RecordError("bad_status", f"status must be 0 (timeout/connection failure) or 100..599, got {status!r}")
+        raise RecordError("bad_status", f"status must be 0 (timeout/connection failure) or 100..599, got {str(status)[:40]!r}")
     request_id = rec.get("request_id")
-    if request_id is not None and (not isinstance(request_id, str) or len(request_id) > 200):
-        raise RecordError("bad_request_id", "request_id must be a string of at most 200 characters")
+    if request_id is not None and (
+        not isinstance(request_id, str) or len(request_id) > 200 or not request_id.isprintable()
+    ):
+        raise RecordError("bad_request_id", "request_id must be a printable string of at most 200 characters")
     return {
         "ts": ts,
-        "node": node.strip(),
-        "group": group.strip() if group else None,
+        "node": node,
+        "group": group or None,
         "prompt_tokens": int(prompt),
         "completion_tokens": int(completion),
         "ttft_ms": ttft,

@@ -8,7 +8,9 @@ and its error contract is fixed by the issue. Responses are JSON:
   every rejected record is stored with its reason);
 - 400 body is neither JSON nor NDJSON; 401 no / unknown / revoked token or wrong scope;
   405 not POST; 413 body over ``INGEST_MAX_BODY_BYTES``; 415 content type not JSON/NDJSON;
-  503 + ``Retry-After`` Redis or PostgreSQL unreachable (retry the whole body).
+  503 + ``Retry-After`` Redis or PostgreSQL unreachable (retry the whole body); 500 an error of ours
+  (nothing was accepted: retry the whole body). A batch is never half-applied with a 5xx: see
+  :mod:`outlier_admin.ingest.pipeline`. Chunked bodies are read.
 """
 
 from __future__ import annotations
@@ -80,17 +82,42 @@ def split_body(body: bytes, content_type: str) -> list[tuple[int, Any, str | Non
     return items
 
 
+def _read_body(request: HttpRequest, limit: int) -> bytes:
+    """Up to ``limit + 1`` bytes of the body. ``request.read()``, not ``request.body``: ``.body``
+    enforces DATA_UPLOAD_MAX_MEMORY_SIZE instead of our limit. A chunked body (``Transfer-Encoding:
+    chunked``, no ``Content-Length``: what streaming shippers send) is read from the WSGI input itself,
+    which the server has de-chunked: Django's request stream stops at ``Content-Length``, so it would
+    read such a body as empty."""
+    chunked = "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
+    if chunked and not request.META.get("CONTENT_LENGTH"):
+        stream = request.META["wsgi.input"]
+        parts, size = [], 0
+        while size <= limit:
+            part = stream.read(min(65536, limit + 1 - size))
+            if not part:
+                break
+            parts.append(part)
+            size += len(part)
+        return b"".join(parts)
+    return request.read(limit + 1)
+
+
 @csrf_exempt
 def ingest_requests(request: HttpRequest) -> HttpResponse:
     try:
         return _ingest_requests(request)
     except (redis.ConnectionError, redis.TimeoutError, OperationalError, InterfaceError) as exc:
         # Redis (the stream) or PostgreSQL (tokens, groups, nodes, rejected records) is unreachable:
-        # refuse the body rather than accept and drop it. The client retries the whole body; records
-        # with a request_id that reached the stream before the fault are then counted as duplicates.
+        # refuse the body rather than accept and drop it. Nothing was applied (the pipeline's point of
+        # acceptance is one MULTI/EXEC inside the SQL transaction), so the client retries the body.
         log.warning("ingest refused with 503: %s: %s", type(exc).__name__, exc)
         return _json(503, {"error": "storage unavailable: the records were not accepted, retry later",
                            "retry_after_s": RETRY_AFTER_S}, Retry_After=str(RETRY_AFTER_S))
+    except Exception:
+        # A fault of ours before the point of acceptance: nothing was applied; say so (a client
+        # must be able to tell "retry this whole body" from "some records went in").
+        log.exception("ingest failed before accepting the batch")
+        return _json(500, {"error": "internal error: no record of this body was accepted; retry it"})
 
 
 def _ingest_requests(request: HttpRequest) -> HttpResponse:
@@ -110,8 +137,7 @@ def _ingest_requests(request: HttpRequest) -> HttpResponse:
         declared = 0
     if declared > limit:
         return _json(413, {"error": f"body of {declared} bytes is over the limit of {limit} bytes"})
-    # request.read() (not request.body): .body enforces DATA_UPLOAD_MAX_MEMORY_SIZE instead of ours.
-    body = request.read(limit + 1)
+    body = _read_body(request, limit)
     if len(body) > limit:
         return _json(413, {"error": f"body is over the limit of {limit} bytes"})
     if not body.strip():

@@ -8,7 +8,7 @@ Each function marks the object it observed (``_observed_by_metrics``), so a resu
 * after an ingest batch: ``observe_ingest(outcome, source=..., rejected_by_reason=...)`` with the
   :class:`outlier_admin.ingest.pipeline.IngestOutcome` (``rejected_by_reason``: exact counts of every
   reject; without it the reasons listed in ``outcome.errors`` are used and the rest counted as
-  ``unlisted``).
+  ``unlisted``); ``source`` is labelled by its kind only (:func:`source_label`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def observe_ingest(outcome: Any, *, source: str, rejected_by_reason: Mapping[str
     if not _first_time(outcome):
         return
     try:
-        source = _source_label(source)
+        source = source_label(source)
         if outcome.accepted:
             metrics.INGEST_RECORDS.labels(source, "accepted").inc(outcome.accepted)
         if outcome.duplicates:
@@ -72,6 +72,15 @@ def observe_ingest(outcome: Any, *, source: str, rejected_by_reason: Mapping[str
         log.exception("could not record ingest metrics")
 
 
-def _source_label(source: str) -> str:
-    """``http:<token name>`` -> ``http:<token name>``; keep labels bounded (100 characters)."""
-    return source[:100] or "unknown"
+#: Ingest source label by the kind before the ``:`` of the pipeline's source (``http:<token name>``,
+#: ``log:<log source name>``, ``demo-gateway:<group>``); every other source is ``other``.
+SOURCE_KINDS = {"http": "http", "log": "logs", "metrics": "scrape", "dcgm": "scrape", "demo-gateway": "demo"}
+
+
+def source_label(source: str) -> str:
+    """The metric label of an ingest source: its kind only, one of a closed set (``http``, ``logs``,
+    ``scrape``, ``demo``, ``other``). The name after the kind (a gateway token's, a log source's) is
+    chosen by operators, may say more than it should, and is unbounded: one series per token would
+    grow the scrape with every token created, and anyone who can read ``/metrics`` would read the
+    names. It stays in ``RejectedInput.source`` (SQL, behind the API's roles)."""
+    return SOURCE_KINDS.get(source.partition(":")[0], "other")

@@ -5,7 +5,9 @@ Two kinds, so that ``/metrics`` is right whichever process serves the scrape:
 * **Fleet state** (per node state / weight / Z / EMA, per group baseline / safeguard / nodes by state,
   weights-document age, canary verdicts, pending proposals) is read at scrape time from the database
   and Redis by :class:`FleetCollector` — the database is the source of truth, so every web worker
-  answers the same numbers and nothing has to be kept in process memory.
+  answers the same numbers and nothing has to be kept in process memory. While the database is
+  down only its part is skipped (``outlier_metrics_sql_up 0``); the weights documents (Redis) and
+  the events below are still served.
 * **Events** (ingest records, ticks, publish latency, alerts) are counters and histograms defined
   here and recorded by :mod:`outlier_admin.observability.hooks` in the process where they happen.
   With ``PROMETHEUS_MULTIPROC_DIR`` set (gunicorn, Celery prefork) ``prometheus_client`` writes them
@@ -29,18 +31,27 @@ Series (labels):
 ``outlier_proposals_pending``               quarantine proposals waiting for a human
 ``outlier_canary_probes_total``             judged canary probes (group, verdict=passed|failed)
 ``outlier_canary_probes_pending``           probes sent but not judged yet
-``outlier_ingest_records_total``            records by source and result (accepted|duplicate|rejected)
+``outlier_ingest_records_total``            records by source kind and result (accepted|duplicate|rejected)
 ``outlier_ingest_rejected_total``           rejected records by source and reason
 ``outlier_tick_duration_seconds``           histogram of detector tick durations (group)
 ``outlier_publish_latency_seconds``         histogram, decision -> document in Redis (group)
 ``outlier_tick_samples_total``              samples applied by ticks (group)
 ``outlier_transitions_total``               node transitions seen by the event scan (group, to_state)
 ``outlier_alerts_total``                    alert deliveries (receiver kind, result=sent|failed)
+``outlier_metrics_sql_up``                  1 if the scrape read the fleet state from the database,
+                                            0 if not (the SQL-backed series above are then absent)
 =========================================  ====================================================
+
+Ingest ``source`` labels are a closed set (``http``, ``logs``, ``scrape``, ``demo``, ``other``; see
+:func:`outlier_admin.observability.hooks.source_label`): the gateway token's or log source's own
+name stays in the database (``RejectedInput.source``), never in a label anyone scraping can read.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import logging
 import math
 import os
 import statistics
@@ -81,6 +92,29 @@ ALERTS = Counter("outlier_alerts", "Alert deliveries by receiver kind and result
                  ["receiver", "result"], registry=EVENTS)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: The body of a refused scrape (web ``/metrics`` and the Celery workers' server alike).
+UNAUTHORIZED_MESSAGE = "metrics need 'Authorization: Bearer <METRICS_TOKEN>'"
+log = logging.getLogger(__name__)
+
+
+def scrape_allowed(authorization: str | None, token: str | None = None) -> bool:
+    """True if a scrape with this ``Authorization`` header may read the metrics: always when no token
+    is configured (``token``, default ``settings.METRICS_TOKEN``), else only with ``Bearer <token>``.
+
+    The one check for every server of these metrics (the web view and the worker's own server).
+    Both sides are hashed before the constant-time compare, so neither the token's content nor its
+    length leaks through the time the comparison takes."""
+    if token is None:
+        from django.conf import settings
+
+        token = settings.METRICS_TOKEN
+    if not token:
+        return True
+    scheme, _, sent = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(hashlib.sha256(sent.strip().encode()).digest(),
+                               hashlib.sha256(token.encode()).digest())
 
 
 def _num(v: Any) -> float:
@@ -88,12 +122,36 @@ def _num(v: Any) -> float:
 
 
 class FleetCollector(Collector):
-    """Fleet state read from the database and Redis at scrape time (see module docstring)."""
+    """Fleet state read from the database and Redis at scrape time (see module docstring).
+
+    A database outage (:func:`outlier_admin.observability.outage.is_database_outage`) costs only the
+    SQL-backed families: the weights documents are still read from Redis (groups listed from Redis
+    then), ``outlier_metrics_sql_up`` says 0, and the event series rendered next to this collector
+    (ingest, ticks) are served as usual — an outage is when they matter most."""
 
     def collect(self) -> Iterator[Metric]:
+        from outlier_admin.observability.outage import is_database_outage
+
+        sql_up = GaugeMetricFamily("outlier_metrics_sql_up",
+                                   "1 if this scrape read the fleet state from the database, 0 if it failed.")
+        try:
+            families, groups = self._sql_families()
+        except Exception as exc:
+            if not is_database_outage(exc):
+                raise
+            log.warning("metrics: SQL-backed fleet series skipped (database unavailable): %s: %s",
+                        type(exc).__name__, str(exc).strip()[:300])
+            families, groups = [], None
+        sql_up.add_metric([], 0.0 if groups is None else 1.0)
+        yield from families
+        yield from self._weights_families(groups)
+        yield sql_up
+
+    def _sql_families(self) -> tuple[list[Metric], list[str]]:
+        """The SQL-backed families, all built before any is returned (a failure midway yields none),
+        and the group names."""
         from detector.states import BASELINE_STATES, NodeState
         from outlier_admin.control.models import CanaryProbe, NodeHistory, ProposalStatus, QuarantineProposal
-        from outlier_admin.control.redis_conn import get_redis, weights_key
         from outlier_admin.fleet.models import ModelGroup, Node
 
         states = [s.label for s in NodeState]
@@ -110,14 +168,7 @@ class FleetCollector(Collector):
         m_baseline = GaugeMetricFamily("outlier_group_baseline",
                                        "Median EMA (signal norm) of the group's healthy/degraded nodes.",
                                        labels=["group"])
-        m_safeguard = GaugeMetricFamily("outlier_group_safeguard",
-                                        "1 while the safeguard holds quarantines back.", labels=["group"])
         m_nodes = GaugeMetricFamily("outlier_group_nodes", "Nodes of the group per state.", labels=["group", "state"])
-        m_version = GaugeMetricFamily("outlier_weights_version", "Version of the published weights document.",
-                                      labels=["group"])
-        m_age = GaugeMetricFamily("outlier_weights_age_seconds",
-                                  "Seconds since the weights document was generated (publish lag).",
-                                  labels=["group"])
         m_props = GaugeMetricFamily("outlier_proposals_pending", "Quarantine proposals waiting for a human.",
                                     labels=["group"])
         m_canary = CounterMetricFamily("outlier_canary_probes", "Judged canary probes by verdict.",
@@ -162,23 +213,6 @@ class FleetCollector(Collector):
         for group, emas in norm_emas.items():
             m_baseline.add_metric([group], statistics.median(emas))
 
-        now = time.time()
-        try:
-            r = get_redis()
-            raw_docs = r.mget([weights_key(g) for g in groups.values()]) if groups else []
-        except Exception:  # Redis down: the fleet gauges above are still worth serving
-            raw_docs = []
-        for gname, raw in zip(groups.values(), raw_docs, strict=False):
-            if raw is None:
-                continue
-            try:
-                doc = orjson.loads(raw)
-                m_safeguard.add_metric([gname], 1.0 if doc.get("safeguard") else 0.0)
-                m_version.add_metric([gname], float(doc["version"]))
-                m_age.add_metric([gname], max(0.0, now - float(doc["generated_at"])))
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                continue
-
         pending: dict[str, int] = {g: 0 for g in groups.values()}
         for gid in QuarantineProposal.objects.filter(status=ProposalStatus.PENDING).values_list("group_id", flat=True):
             pending[groups.get(gid, "?")] = pending.get(groups.get(gid, "?"), 0) + 1
@@ -201,8 +235,42 @@ class FleetCollector(Collector):
                 m_canary.add_metric([gname, verdict], float(verdicts.get((gname, verdict), 0)))
             m_canary_pending.add_metric([gname], float(waiting.get(gname, 0)))
 
-        yield from (m_state, m_weight, m_base, m_z, m_ema, m_baseline, m_safeguard, m_nodes, m_version, m_age,
-                    m_props, m_canary, m_canary_pending)
+        families: list[Metric] = [m_state, m_weight, m_base, m_z, m_ema, m_baseline, m_nodes, m_props, m_canary,
+                                  m_canary_pending]
+        return families, list(groups.values())
+
+    def _weights_families(self, groups: list[str] | None) -> list[Metric]:
+        """Safeguard, version and age of each group's weights document (Redis). ``groups`` None: the
+        database is down, list the groups the ticks registered in Redis instead."""
+        from outlier_admin.control.degraded import known_groups
+        from outlier_admin.control.redis_conn import get_redis, weights_key
+
+        m_safeguard = GaugeMetricFamily("outlier_group_safeguard",
+                                        "1 while the safeguard holds quarantines back.", labels=["group"])
+        m_version = GaugeMetricFamily("outlier_weights_version", "Version of the published weights document.",
+                                      labels=["group"])
+        m_age = GaugeMetricFamily("outlier_weights_age_seconds",
+                                  "Seconds since the weights document was generated (publish lag).",
+                                  labels=["group"])
+        now = time.time()
+        try:
+            r = get_redis()
+            if groups is None:
+                groups = known_groups(r)
+            raw_docs = r.mget([weights_key(g) for g in groups]) if groups else []
+        except Exception:  # Redis down: the fleet gauges above are still worth serving
+            raw_docs = []
+        for gname, raw in zip(groups or [], raw_docs, strict=False):
+            if raw is None:
+                continue
+            try:
+                doc = orjson.loads(raw)
+                m_safeguard.add_metric([gname], 1.0 if doc.get("safeguard") else 0.0)
+                m_version.add_metric([gname], float(doc["version"]))
+                m_age.add_metric([gname], max(0.0, now - float(doc["generated_at"])))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+        return [m_safeguard, m_version, m_age]
 
 
 def multiprocess_dir() -> str | None:

@@ -4,15 +4,14 @@
 ``/readyz`` answers 200 when the database and Redis both answer, else 503 with which one failed
 (readiness: send me no traffic until then). Neither needs authentication: expose them on the
 internal network only. ``/metrics`` names every group and node, so it can also require a bearer token
-(``METRICS_TOKEN``; Prometheus sends it with ``authorization: {credentials: ...}``).
+(``METRICS_TOKEN``; Prometheus sends it with ``authorization: {credentials: ...}``; the check is
+:func:`.metrics.scrape_allowed`, shared with the Celery workers' server). It keeps answering 200
+while PostgreSQL is down, without the SQL-backed series (``outlier_metrics_sql_up 0``).
 """
 
 from __future__ import annotations
 
-import hmac
-
 import orjson
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 
@@ -21,12 +20,12 @@ from outlier_admin.observability import health, metrics
 
 @require_GET
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    token = settings.METRICS_TOKEN
-    if token:
-        sent = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(sent.encode(), token.encode()):
-            body = {"error": "metrics need 'Authorization: Bearer <METRICS_TOKEN>'"}
-            return HttpResponse(orjson.dumps(body), status=401, content_type="application/json")
+    if not metrics.scrape_allowed(request.headers.get("Authorization")):
+        body = {"error": metrics.UNAUTHORIZED_MESSAGE}
+        resp = HttpResponse(orjson.dumps(body), status=401, content_type="application/json")
+        resp["WWW-Authenticate"] = "Bearer"
+        return resp
+    # Served during a database outage too: the SQL-backed series are skipped (metrics.FleetCollector).
     return HttpResponse(metrics.render(), content_type=metrics.CONTENT_TYPE)
 
 

@@ -25,7 +25,7 @@ class Fleet:
     ) -> None:
         self.rng = np.random.default_rng(seed)
         self.n = n
-        self.nodes = [f"10.0.0.{i}:8000" for i in range(n)]
+        self.nodes = [f"127.0.0.{i}:8000" for i in range(n)]
         self.prefill_ms, self.decode_ms, self.overhead_ms = prefill_ms, decode_ms, overhead_ms
         self.speed = 1.0 + speed_spread * self.rng.standard_normal(n)
         self.jitter = jitter

@@ -27,6 +27,18 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pyt
 SLOW = "127.0.0.1:9003"
 
 
+@pytest.fixture(autouse=True)
+def group_g1(transactional_db) -> ModelGroup:
+    """Group ``g1`` and the 8 nodes of ``make_records``, made by an operator: ingest creates no group
+    (only names matching ``AUTO_CREATE_GROUPS``)."""
+    from outlier_admin.control.actions import do_create_group, do_register_node
+
+    group = do_create_group("g1", actor="test")
+    for i in range(8):
+        do_register_node(group, f"127.0.0.1:{9000 + i}", actor="test")
+    return group
+
+
 def _rows(recs: list[dict]) -> list[list]:
     return [[r["node"], r["ts"], r["prompt_tokens"], r["completion_tokens"], r["ttft_ms"], r["total_ms"], r["status"]]
             for r in recs]
@@ -182,3 +194,69 @@ def test_postgres_failing_during_the_sql_write_keeps_the_rows_and_applies_inputs
     assert res2.states[SLOW] == "forced_quarantine"
     assert Transition.objects.count() == transitions_before + res.transitions + res2.transitions
     assert Transition.objects.filter(node__name=SLOW, to_state="forced_quarantine").count() == 1
+
+
+def _scrape(client) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    resp = client.get("/metrics")
+    assert resp.status_code == 200, resp.status_code
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(resp.content.decode()) for s in fam.samples}
+
+
+def test_api_and_dashboard_answer_503_with_retry_after_and_metrics_keep_the_event_series(client, redis_client):
+    """During the outage: the API (bearer token, session) and the dashboard (a page, a sign-in) answer
+    503 with ``Retry-After`` (not 500); ``/metrics`` answers 200 with the ingest counters and the Redis-derived
+    weights gauges, without the SQL-backed series, and says so (``outlier_metrics_sql_up 0``)."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from outlier_admin.control.actions import do_create_token
+
+    # A superuser: the roles' groups made by the migrations do not survive the flush of earlier
+    # transactional tests, and which role does not matter while nothing can be read.
+    user = User.objects.create_superuser("ops", password="pw-ops-long-enough")
+    _, api_token = do_create_token(name="ops-cli", scope="api", actor="test", user=user)
+    _, ingest_token = do_create_token(name="gw-outage", scope="ingest", actor="test")
+    t0 = time.time()
+    recs = make_records(t0, rng=np.random.default_rng(7))
+    resp = client.post("/api/v1/ingest/requests", data=orjson.dumps(recs), content_type="application/json",
+                       HTTP_AUTHORIZATION=f"Bearer {ingest_token}")
+    assert resp.status_code == 200 and resp.json()["accepted"] == 8 * 40
+    assert run_tick("g1", now=t0 + 0.5) is not None  # publishes a weights document, registers g1 in Redis
+    version = read_weights("g1")["version"]
+    up = _scrape(client)
+    accepted_key = ("outlier_ingest_records_total", (("result", "accepted"), ("source", "http")))
+    assert up[("outlier_metrics_sql_up", ())] == 1 and up[accepted_key] >= 8 * 40
+    assert ("outlier_group_nodes", (("group", "g1"), ("state", "warming"))) in up
+    dashboard = Client()
+    dashboard.force_login(user)
+
+    with postgres_down():
+        api = client.get("/api/v1/groups/", HTTP_AUTHORIZATION=f"Bearer {api_token}")
+        by_session = dashboard.get("/api/v1/nodes/")
+        anonymous = client.get("/api/v1/transitions/")
+        page = dashboard.get("/")
+        sign_in = Client().post("/accounts/login/", {"username": "ops", "password": "pw-ops-long-enough"})
+        down = _scrape(client)
+
+    # Nothing to look up without credentials: refused as usual, without SQL.
+    assert anonymous.status_code in (401, 403)
+    for resp in (api, by_session):
+        assert resp.status_code == 503 and resp["Retry-After"] == "5"  # outage.RETRY_AFTER_S
+        body = resp.json()  # the API's error shape: one sentence in "error", a code in "detail"
+        assert body["detail"] == "database_unavailable" and "database is unavailable" in body["error"]
+        assert body["retry_after_s"] == 5
+    for resp in (page, sign_in):
+        assert resp.status_code == 503 and resp["Retry-After"] == "5"
+        assert resp["Content-Type"].startswith("text/html") and b"Database unavailable" in resp.content
+    assert down[("outlier_metrics_sql_up", ())] == 0
+    assert down[accepted_key] == up[accepted_key], "the ingest counters are still served"
+    assert down[("outlier_weights_version", (("group", "g1"),))] == version, "Redis-derived gauges too"
+    assert not [k for k in down if k[0] in ("outlier_node_state", "outlier_group_nodes", "outlier_node_weight")]
+
+    # PostgreSQL is back: the same requests are served again, nothing to restart.
+    assert client.get("/api/v1/groups/", HTTP_AUTHORIZATION=f"Bearer {api_token}").status_code == 200
+    assert dashboard.get("/").status_code == 200
+    assert _scrape(client)[("outlier_metrics_sql_up", ())] == 1

@@ -25,7 +25,9 @@ def _post(client, token: str, records: list[dict]):
                        HTTP_AUTHORIZATION=f"Bearer {token}")
 
 
-def test_ingest_refuses_while_redis_is_down_and_nothing_is_lost(client, ingest_token, private_redis, settings):
+def test_ingest_refuses_while_redis_is_down_and_nothing_is_lost(client, ingest_token, private_redis, settings,
+                                                                make_group):
+    make_group("g1")
     rng = np.random.default_rng(4)
     t0 = time.time()
     sent = accepted = rejected = processed = 0

@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.django_db, pytest.mark.services, pytest.mark.timeout(6
 OUT = {"quarantined", "probing", "forced_quarantine", "pending_approval"}
 
 
-def test_four_of_ten_slow_never_takes_out_more_than_30_percent(redis_client):
+def test_four_of_ten_slow_never_takes_out_more_than_30_percent(redis_client, make_group):
+    make_group("g1")
     rng = np.random.default_rng(8)
     t0 = time.time()
     nodes = 10

@@ -1,6 +1,8 @@
 """A worker killed (SIGKILL, a real process) in the middle of a tick: the group's lock expires,
-another worker takes over, the stream's pending entries are reclaimed, no sample is counted twice.
-Also: duplicate deliveries and out-of-order timestamps are counted once / handled on purpose."""
+another worker takes over, the stream's pending entries are reclaimed, no sample is counted twice —
+and, with the default timing, the group publishes again long before its gateways fail open. The tick
+lease is renewed while a tick runs, but not forever. Also: duplicate deliveries and out-of-order
+timestamps are counted once / handled on purpose."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ import pytest
 from django.db import connection
 
 from detector import GroupDetector
-from outlier_admin.control.redis_conn import lock_key, state_key, stream_key
+from outlier_admin.control.actions import do_create_group, do_register_node
+from outlier_admin.control.publish import read_weights
+from outlier_admin.control.redis_conn import GroupLock, lock_key, state_key, stream_key
 from outlier_admin.control.tick import CONSUMER_GROUP, run_tick
 from outlier_admin.ingest.pipeline import submit
 from tests.outlier_admin.helpers import make_records
@@ -41,6 +45,18 @@ tick.run_tick("g1", now=float(sys.argv[2]), consumer="doomed-worker")
 """
 
 
+def _group(name: str, nodes: int) -> None:
+    """Ingest accepts records only for a group an operator created, from its registered nodes."""
+    group = do_create_group(name, actor="test")
+    for i in range(nodes):
+        do_register_node(group, f"127.0.0.1:{9000 + i}", actor="test")
+
+
+@pytest.fixture
+def g1(db) -> None:
+    _group("g1", nodes=8)
+
+
 def _feed(t: float, rng: np.random.Generator, **kw) -> int:
     recs = make_records(t, rng=rng, **kw)
     assert submit([(i + 1, r, None) for i, r in enumerate(recs)], source="test").accepted == len(recs)
@@ -62,7 +78,7 @@ def _applied_samples(redis_client) -> int:
 
 
 @pytest.mark.parametrize("where", ["before_publish", "before_ack"])
-def test_killed_worker_lock_expires_entries_reclaimed_counted_once(redis_client, settings, where):
+def test_killed_worker_lock_expires_entries_reclaimed_counted_once(redis_client, settings, g1, where):
     settings.TICK_LOCK_TTL_MS = LEASE_MS
     rng = np.random.default_rng(9)
     t0 = time.time()
@@ -87,7 +103,7 @@ def test_killed_worker_lock_expires_entries_reclaimed_counted_once(redis_client,
     assert _applied_samples(redis_client) == fed, "every sample applied exactly once"
 
 
-def test_duplicate_deliveries_are_counted_once(redis_client, client, ingest_token):
+def test_duplicate_deliveries_are_counted_once(redis_client, client, ingest_token, g1):
     rng = np.random.default_rng(1)
     recs = make_records(time.time(), rng=rng, nodes=4, per_node=10)
     for i, r in enumerate(recs):
@@ -102,7 +118,7 @@ def test_duplicate_deliveries_are_counted_once(redis_client, client, ingest_toke
     assert run_tick("g1").samples == 40
 
 
-def test_out_of_order_and_late_samples_are_handled_on_purpose(redis_client, settings):
+def test_out_of_order_and_late_samples_are_handled_on_purpose(redis_client, settings, g1):
     """Within the retention window a late sample is applied (the EMA is order-insensitive at this
     scale); older than ``INGEST_RETENTION_S`` or beyond ``INGEST_MAX_FUTURE_S`` it is rejected and
     stored with its reason."""
@@ -121,3 +137,139 @@ def test_out_of_order_and_late_samples_are_handled_on_purpose(redis_client, sett
     reasons = set(RejectedInput.objects.values_list("reason", flat=True))
     assert len(reasons) == 2 and all(reasons)
     assert run_tick("g1", now=now + 0.5).samples == 40
+
+
+# --- the lease: renewed while the tick runs, for at most half of stale_after_s -----------------------------
+
+
+def test_lease_is_renewed_while_its_holder_works(redis_client):
+    lock = GroupLock(redis_client, "outlier:lock:test", 300, max_hold_ms=10_000)
+    assert lock.acquire()
+    time.sleep(1.0)  # three leases: renewed every 100 ms
+    assert redis_client.get("outlier:lock:test") == lock.token.encode()
+    assert not GroupLock(redis_client, "outlier:lock:test", 300).acquire()
+    lock.release()
+    assert not redis_client.exists("outlier:lock:test")
+
+
+def test_a_hung_holder_loses_its_lease_after_max_hold(redis_client):
+    """Alive, renewing, making no progress: its group must go to another worker before gateways fail open."""
+    hung = GroupLock(redis_client, "outlier:lock:test", 300, max_hold_ms=900)
+    assert hung.acquire()
+    time.sleep(0.6)
+    assert redis_client.exists("outlier:lock:test"), "renewed past its first lease"
+    time.sleep(0.6)
+    assert not redis_client.exists("outlier:lock:test"), "never extended beyond max_hold_ms"
+    other = GroupLock(redis_client, "outlier:lock:test", 300)
+    assert other.acquire()
+    hung.release()  # too late: it must not release the new holder's lock
+    assert redis_client.get("outlier:lock:test") == other.token.encode()
+    other.release()
+
+
+def test_tick_lease_defaults(redis_client, settings):
+    from outlier_admin.control.redis_conn import tick_lock
+
+    lock = tick_lock(redis_client, "g1")
+    assert (lock.key, lock.ttl_ms) == (lock_key("g1"), settings.TICK_LOCK_TTL_MS)
+    assert lock.max_hold_ms == settings.WEIGHTS_STALE_AFTER_S * 1000 // 2
+
+
+# --- a real Celery worker killed mid-tick, default timing ----------------------------------------------------
+
+# A Celery worker (solo pool) that, once the file argv[1] exists, hangs inside its next publish — the
+# group's lock held, its stream entries read and unacknowledged — writing argv[2] so the test knows.
+# Test-only: the patch lives in this launcher, not in the code under test.
+HANGING_WORKER = """
+import os, sys, time
+import django
+django.setup()
+from outlier_admin.control import publish
+flag, hung, name = sys.argv[1:4]
+real = publish.publish_weights
+def publish_or_hang(*args, **kwargs):
+    if os.path.exists(flag):
+        open(hung, "w").close()
+        time.sleep(3600)
+    return real(*args, **kwargs)
+publish.publish_weights = publish_or_hang
+from celery.__main__ import main
+sys.argv = ["celery", "-A", "outlier_admin", "worker", "--pool", "solo", "--loglevel", "WARNING",
+            "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", name + "@%h"]
+main()
+"""
+
+
+def _wait(predicate, timeout_s: float, step_s: float = 0.05):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if (value := predicate()):
+            return value
+        time.sleep(step_s)
+    return None
+
+
+@pytest.fixture
+def celery_procs(redis_client, settings, tmp_path):
+    """Start Celery processes with this test's database and Redis and the *default* tick timing;
+    every one still alive is killed at teardown."""
+    db = connection.settings_dict
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TICK_INTERVAL_MS", "TICK_LOCK_TTL_MS", "WEIGHTS_STALE_AFTER_S", "CELERY_BROKER_URL")}
+    env.update(DJANGO_SETTINGS_MODULE="outlier_admin.settings", REDIS_URL=settings.REDIS_URL,
+               DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+               OUTLIER_TESTING="1", LOG_LEVEL="WARNING", WORKER_METRICS_PORT="0")
+    procs: list[subprocess.Popen] = []
+
+    def start(*args: str, log: str) -> subprocess.Popen:
+        with open(tmp_path / log, "w") as out:
+            proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=out, stderr=out)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fate", ["killed", "hung"])
+def test_worker_lost_mid_tick_group_publishes_again_before_stale_after(redis_client, settings, tmp_path,
+                                                                       celery_procs, fate):
+    """A worker stops inside a tick (lock held, entries read): ``killed`` (kill -9) or ``hung`` (alive,
+    its lease renewer still running). Another worker is started. The time between the last document
+    published before and the next one stays under ``stale_after_s``. With the former 30 s lease
+    (= stale_after_s) it was over 30 s: gateways failed open."""
+    _group("crash", nodes=4)
+    rng = np.random.default_rng(3)
+    _feed(time.time(), rng, group="crash", nodes=4)
+    flag, hung = tmp_path / "hang", tmp_path / "hung"
+    celery_procs("-m", "celery", "-A", "outlier_admin", "beat", "--loglevel", "WARNING",
+                 "-s", str(tmp_path / "beat-schedule"), log="beat.log")
+    doomed = celery_procs("-c", HANGING_WORKER, str(flag), str(hung), "doomed", log="doomed.log")
+    assert _wait(lambda: (read_weights("crash") or {}).get("version", 0) >= 2, 40), "worker never published"
+
+    _feed(time.time(), rng, group="crash", nodes=4)  # the hanging tick reads these entries
+    flag.touch()
+    assert _wait(hung.exists, 10), "the worker never reached its hanging tick"
+    last = read_weights("crash")  # the hung tick publishes nothing: this is the gateways' last document
+    assert redis_client.exists(lock_key("crash")), "the hung worker holds the group's lock"
+    if fate == "killed":
+        doomed.kill()  # kill -9
+        doomed.wait(timeout=10)
+    lost_at = time.time()
+    flag.unlink()  # the next worker runs the same launcher: it must not hang
+    celery_procs("-c", HANGING_WORKER, str(flag), str(hung), "survivor", log="survivor.log")
+
+    stale_after_s = last["stale_after_s"]
+    nxt = _wait(lambda: (d := read_weights("crash")) and d["version"] > last["version"] and d,
+                last["generated_at"] + stale_after_s + 5 - time.time())
+    gap = None if nxt is None else nxt["generated_at"] - last["generated_at"]
+    print(f"\nworker {fate} mid-tick: last document {lost_at - last['generated_at']:.1f} s old then, "
+          f"next one {'never' if nxt is None else f'{gap:.1f} s after it'} (stale_after_s {stale_after_s} s, "
+          f"lease {settings.TICK_LOCK_TTL_MS} ms)")
+    assert gap is not None and gap < stale_after_s, "the gateways failed open: no document within stale_after_s"
+    # The lost tick's entries were reclaimed and acknowledged by the survivor.
+    assert _wait(lambda: redis_client.xpending(stream_key("crash"), CONSUMER_GROUP)["pending"] == 0, 10)

@@ -9,15 +9,20 @@ import time
 import orjson
 import pytest
 
-from outlier_admin.fleet.models import ModelGroup, Node
+from outlier_admin.fleet.models import Node
 from outlier_admin.ingest.models import RejectedInput
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services]
 URL = "/api/v1/ingest/requests"
 
 
+@pytest.fixture(autouse=True)
+def g1(make_group):
+    return make_group("g1")
+
+
 def _rec(**kw):
-    return {"ts": time.time(), "node": "10.0.0.1:8000", "group": "g1", "prompt_tokens": 100,
+    return {"ts": time.time(), "node": "127.0.0.1:8000", "group": "g1", "prompt_tokens": 100,
             "completion_tokens": 20, "total_ms": 900.0, "status": 200, **kw}
 
 
@@ -31,7 +36,7 @@ def test_oversized_body_is_413_and_nothing_is_stored(client, ingest_token, redis
     assert len(body) > 2048
     resp = _post(client, ingest_token, body)
     assert resp.status_code == 413 and "limit" in resp.json()["error"]
-    assert not ModelGroup.objects.exists() and redis_client.dbsize() == 0
+    assert not Node.objects.exists() and redis_client.dbsize() == 0
 
 
 @pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", "application/xml"])
@@ -44,12 +49,12 @@ def test_unknown_node_rejected_with_reason_when_auto_registration_is_off(client,
                                                                          settings):
     assert _post(client, ingest_token, orjson.dumps([_rec()])).json()["accepted"] == 1  # registers it
     settings.AUTO_REGISTER_NODES = False
-    out = _post(client, ingest_token, orjson.dumps([_rec(), _rec(node="10.9.9.9:8000")])).json()
+    out = _post(client, ingest_token, orjson.dumps([_rec(), _rec(node="127.9.9.9:8000")])).json()
     assert (out["accepted"], out["rejected"]) == (1, 1)
     assert out["errors"] == [{"line": 2, "reason": "unknown_node"}]
     kept = RejectedInput.objects.get(reason="unknown_node")
-    assert "10.9.9.9:8000" in kept.raw
-    assert not Node.objects.filter(address="10.9.9.9:8000").exists()
+    assert "127.9.9.9:8000" in kept.raw
+    assert not Node.objects.filter(address="127.9.9.9:8000").exists()
 
 
 def test_far_future_and_far_past_timestamps_are_rejected_and_kept(client, ingest_token, redis_client, settings):

@@ -23,6 +23,9 @@ from outlier_admin.ingest.records import RecordError, normalize
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"
+# The production defaults of the INGEST_* bounds (outlier_admin.settings).
+BOUNDS = {"max_future_s": 300, "retention_s": 3600, "max_latency_ms": 3_600_000,
+          "max_prompt_tokens": 10_000_000, "max_completion_tokens": 1_000_000}
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 json_scalars = st.none() | st.booleans() | st.integers(-10**20, 10**20) | st.floats(allow_nan=True) | st.text(max_size=30)
@@ -36,7 +39,7 @@ RECORD_KEYS = ["ts", "node", "group", "prompt_tokens", "completion_tokens", "ttf
 def records(draw):
     """Mostly well-formed records with some fields replaced by anything JSON can hold."""
     now = 1_767_225_600.0
-    rec = {"ts": now - draw(st.floats(-1000, 10_000)), "node": "10.0.0.1:8000", "group": "g1",
+    rec = {"ts": now - draw(st.floats(-1000, 10_000)), "node": "127.0.0.1:8000", "group": "g1",
            "prompt_tokens": draw(st.integers(0, 5000)), "completion_tokens": draw(st.integers(0, 5000)),
            "ttft_ms": draw(st.floats(0, 1e5)), "total_ms": draw(st.floats(0, 1e6)), "status": 200}
     for key in draw(st.lists(st.sampled_from(RECORD_KEYS), max_size=4)):
@@ -51,11 +54,13 @@ def records(draw):
 @given(st.one_of(records(), json_values))
 def test_ingest_record_normalize_accepts_or_refuses_with_a_reason(obj):
     try:
-        rec = normalize(obj, now=1_767_225_600.0, max_future_s=300, retention_s=3600)
+        rec = normalize(obj, now=1_767_225_600.0, **BOUNDS)
     except RecordError as exc:
         assert exc.reason and isinstance(exc.reason, str)
         return
-    assert math.isfinite(rec["ts"]) and math.isfinite(rec["total_ms"]) and rec["total_ms"] >= 0
+    assert math.isfinite(rec["ts"]) and 0 < rec["total_ms"] <= BOUNDS["max_latency_ms"]
+    assert 0 <= rec["prompt_tokens"] <= BOUNDS["max_prompt_tokens"]
+    assert 0 <= rec["completion_tokens"] <= BOUNDS["max_completion_tokens"]
     assert isinstance(rec["node"], str) and rec["node"]
     assert 1_767_225_600.0 - 3600 <= rec["ts"] <= 1_767_225_600.0 + 300
 
@@ -108,7 +113,7 @@ def test_log_line_parsers_parse_or_refuse_with_a_reason(fmt):
         assert isinstance(obj, dict)
         # What a parser yields then goes through normalize: a record or a reasoned refusal.
         try:
-            normalize(obj, now=time.time(), max_future_s=300, retention_s=10**10)
+            normalize(obj, now=time.time(), **{**BOUNDS, "retention_s": 10**10})
         except RecordError as exc:
             assert exc.reason
 

@@ -1,68 +1,286 @@
-"""Login throttling per username + client IP (counted in Redis), and CSRF on every form."""
+"""Login throttling (django-axes, ``outlier_admin.fleet.login_throttle``): failures counted per client
+address and, separately, per username; the client address read from ``X-Forwarded-For`` only when the
+connecting peer is in ``TRUSTED_PROXIES``; and CSRF on every form.
+
+Every address is on 127.0.0.0/8: ``127.0.0.10`` plays the TLS proxy, ``127.0.0.2x`` the clients behind
+it. The knobs are the defaults (``LOGIN_MAX_FAILURES`` 5, ``LOGIN_LOCKOUT_S`` 900) unless a test says.
+"""
 
 from __future__ import annotations
 
+import os
 import re
+import secrets
+import subprocess
+import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.test import Client
+import time_machine
+from django.contrib.auth.backends import ModelBackend
+from django.test import Client, RequestFactory
+from django.utils import timezone
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services]
 LOGIN = "/accounts/login/"
+ADMIN_LOGIN = "/admin/login/?next=/admin/"
+PROXY = "127.0.0.10"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def alice(db, settings):
+def oncall(db, settings):
     from django.contrib.auth.models import User
 
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    return User.objects.create_user("alice", password="correct horse")
+    return User.objects.create_user("oncall", password="correct horse", is_staff=True)
 
 
-def _login(client: Client, password: str, ip: str = "10.1.1.1", username: str = "alice"):
-    return client.post(LOGIN, {"username": username, "password": password}, REMOTE_ADDR=ip)
+@pytest.fixture
+def checks(monkeypatch) -> list[str]:
+    """Usernames whose password was actually checked (ModelBackend reached), in order."""
+    seen: list[str] = []
+    original = ModelBackend.authenticate
+
+    def counting(self, request, username=None, password=None, **kwargs):
+        seen.append(username)
+        return original(self, request, username=username, password=password, **kwargs)
+
+    monkeypatch.setattr(ModelBackend, "authenticate", counting)
+    return seen
 
 
-def test_lockout_after_max_failures_even_with_the_right_password(client, alice, redis_client, settings):
-    settings.LOGIN_MAX_FAILURES = 3
-    for _ in range(3):
-        assert _login(client, "wrong").status_code == 200  # the form again, with an error
-    resp = _login(client, "correct horse")
-    assert resp.status_code == 429
-    assert 0 < int(resp["Retry-After"]) <= settings.LOGIN_LOCKOUT_S
-    assert b"Too many failed logins" in resp.content
-    assert "_auth_user_id" not in client.session
-    # Another address is not locked out (an attacker cannot lock a real operator out).
+def _post(client: Client, password: str, *, username: str = "oncall", peer: str = "127.0.0.21",
+          xff: str | None = None, path: str = LOGIN):
+    extra = {"REMOTE_ADDR": peer}
+    if xff is not None:
+        extra["HTTP_X_FORWARDED_FOR"] = xff
+    return client.post(path, {"username": username, "password": password}, **extra)
+
+
+def _logged_in(client: Client) -> bool:
+    return "_auth_user_id" in client.session
+
+
+# (a) -----------------------------------------------------------------------------------------------------
+def test_a_forty_username_spray_from_one_address_is_throttled_after_max_failures(oncall, checks):
+    """One address, 40 usernames, one wrong password each: the address key stops it after 5."""
+    client = Client()
+    codes = [_post(client, "Winter2026!", username=f"user{i:02d}").status_code for i in range(40)]
+    assert codes[:4] == [200] * 4  # the form again, with an error
+    assert codes[4:] == [429] * 36  # the 5th failure locks the address; 35 more refused unchecked
+    assert len(checks) == 5, "only LOGIN_MAX_FAILURES passwords were checked, not 40"
+    # The address is locked for every username, the right password included ...
+    assert _post(client, "correct horse").status_code == 429
+    assert not _logged_in(client)
+    # ... while the on-call at another address is not affected by it.
     other = Client()
-    assert _login(other, "correct horse", ip="10.2.2.2").status_code == 302
-    # The window expires: the lock is lifted.
-    for key in redis_client.scan_iter("outlier:login-fail:*"):
-        redis_client.delete(key)
-    assert _login(client, "correct horse").status_code == 302
+    assert _post(other, "correct horse", peer="127.0.0.22").status_code == 302
+    assert _logged_in(other)
 
 
-def test_success_clears_the_failure_count(client, alice, redis_client, settings):
-    settings.LOGIN_MAX_FAILURES = 3
-    _login(client, "wrong")
-    _login(client, "wrong")
-    assert _login(client, "correct horse").status_code == 302
+# (b) -----------------------------------------------------------------------------------------------------
+def test_b_behind_the_proxy_failures_from_x_do_not_lock_the_oncall_out_at_y(oncall, settings, checks):
+    """Every request comes from the proxy 127.0.0.10; X-Forwarded-For names the client. Client X
+    (127.0.0.21) fails 5 times as ``oncall``; the on-call at Y (127.0.0.22) logs in first time."""
+    settings.TRUSTED_PROXIES = [PROXY]
+    attacker = Client()
+    codes = [_post(attacker, f"guess{i}", peer=PROXY, xff="127.0.0.21").status_code for i in range(5)]
+    assert codes == [200, 200, 200, 200, 429]
+    assert _post(attacker, "correct horse", peer=PROXY, xff="127.0.0.21").status_code == 429
+    assert len(checks) == 5
+
+    oncall_browser = Client()
+    resp = _post(oncall_browser, "correct horse", peer=PROXY, xff="127.0.0.22")
+    assert resp.status_code == 302 and _logged_in(oncall_browser)
+
+
+def test_username_key_gives_each_fresh_address_one_guess(oncall, settings, checks):
+    """Once ``oncall`` has 5 failures, an address with no failures still gets its password checked
+    (that is what lets the on-call in), but one wrong guess makes it an address with failures, and the
+    username lock then applies to it: a distributed guesser needs a fresh address per guess."""
+    settings.TRUSTED_PROXIES = [PROXY]
+    attacker = Client()
+    for i in range(5):
+        _post(attacker, f"guess{i}", peer=PROXY, xff="127.0.0.21")
+    bot = Client()
+    assert _post(bot, "guess5", peer=PROXY, xff="127.0.0.23").status_code == 429  # checked, wrong, locked
+    assert len(checks) == 6
+    assert _post(bot, "correct horse", peer=PROXY, xff="127.0.0.23").status_code == 429  # not checked
+    assert len(checks) == 6 and not _logged_in(bot)
+    # Another username from that address is not under the username lock (the address has 1 failure).
+    assert _post(bot, "wrong", username="someone-else", peer=PROXY, xff="127.0.0.23").status_code == 200
+
+
+# (c) -----------------------------------------------------------------------------------------------------
+def test_c_x_forwarded_for_from_an_untrusted_peer_is_ignored(oncall, settings):
+    """127.0.0.30 is not a trusted proxy: a fresh X-Forwarded-For per attempt does not make it a fresh
+    client; all failures count against 127.0.0.30."""
+    settings.TRUSTED_PROXIES = [PROXY]
+    client = Client()
+    codes = [_post(client, "wrong", username=f"u{i}", peer="127.0.0.30", xff=f"127.0.0.{100 + i}").status_code
+             for i in range(6)]
+    assert codes == [200, 200, 200, 200, 429, 429]
+    from axes.models import AccessAttempt
+
+    assert set(AccessAttempt.objects.values_list("ip_address", flat=True)) == {"127.0.0.30"}
+
+
+def test_c_no_trusted_proxies_by_default_means_xff_is_never_read(oncall, settings):
+    assert settings.TRUSTED_PROXIES == []
+    client = Client()
+    for i in range(5):
+        _post(client, "wrong", peer="127.0.0.1", xff=f"127.0.0.{100 + i}")
+    assert _post(client, "correct horse", peer="127.0.0.1", xff="127.0.0.99").status_code == 429
+
+
+@pytest.mark.parametrize(
+    ("peer", "xff", "expected"),
+    [
+        ("127.0.0.30", "127.0.0.21", "127.0.0.30"),  # untrusted peer: its own address
+        (PROXY, None, PROXY),  # trusted peer without the header: the peer
+        (PROXY, "127.0.0.21", "127.0.0.21"),
+        (PROXY, "127.0.0.99, 127.0.0.21", "127.0.0.21"),  # a client-sent entry left of the proxy's is ignored
+        (PROXY, "127.0.0.21, 127.0.0.11", "127.0.0.21"),  # a chain of trusted proxies is walked
+        (PROXY, "127.0.0.21, not-an-ip", PROXY),  # garbage where the proxy writes: stop at the proxy
+        (PROXY, "  127.0.0.21:5123 ", "127.0.0.21"),  # port suffix (some proxies add it)
+        (PROXY, "", PROXY),
+        ("::ffff:127.0.0.10", "127.0.0.21", "127.0.0.21"),  # IPv4-mapped peer matches the IPv4 entry
+    ],
+)
+def test_client_ip(settings, peer, xff, expected):
+    from outlier_admin.fleet.login_throttle import client_ip
+
+    settings.TRUSTED_PROXIES = [PROXY, "127.0.0.11/32"]
+    extra = {"REMOTE_ADDR": peer} if xff is None else {"REMOTE_ADDR": peer, "HTTP_X_FORWARDED_FOR": xff}
+    assert client_ip(RequestFactory().get("/", **extra)) == expected
+
+
+# (d) -----------------------------------------------------------------------------------------------------
+def test_d_the_admin_login_is_throttled_too(oncall):
+    client = Client()
+    codes = [_post(client, "wrong", peer="127.0.0.41", path=ADMIN_LOGIN).status_code for _ in range(5)]
+    assert codes == [200, 200, 200, 200, 429]
+    resp = _post(client, "correct horse", peer="127.0.0.41", path=ADMIN_LOGIN)
+    assert resp.status_code == 429 and 0 < int(resp["Retry-After"]) <= 900
+    assert not _logged_in(client)
+    # The dashboard login from that address is locked too: one count for every password login path.
+    assert _post(client, "correct horse", peer="127.0.0.41").status_code == 429
+    other = Client()
+    resp = _post(other, "correct horse", peer="127.0.0.42", path=ADMIN_LOGIN)
+    assert resp.status_code == 302 and resp["Location"] == "/admin/"
+
+
+# (e) -----------------------------------------------------------------------------------------------------
+def test_e_locked_out_answers_429_with_retry_after_until_the_window_ends(oncall):
+    start = timezone.now()
+    with time_machine.travel(start, tick=False) as clock:
+        client = Client()
+        for _ in range(5):
+            resp = _post(client, "wrong")
+        assert resp.status_code == 429
+        assert resp["Retry-After"] == "900"
+        assert b"Too many failed logins" in resp.content
+        assert b'name="password"' in resp.content  # the login page itself, not a bare error
+        clock.shift(timedelta(seconds=600))
+        resp = _post(client, "correct horse")
+        assert resp.status_code == 429 and resp["Retry-After"] == "300"
+        clock.shift(timedelta(seconds=301))
+        resp = _post(client, "correct horse")
+        assert resp.status_code == 302 and _logged_in(client)
+
+
+def test_retry_after_of_a_spray_is_when_enough_failures_have_expired(oncall):
+    """Failures at t=0,100,200,300,400 s from one address (5 usernames): the address stays locked until
+    the oldest failure it needs expires, t=900 s; at t=500 s that is 400 s away."""
+    start = timezone.now()
+    with time_machine.travel(start, tick=False) as clock:
+        client = Client()
+        for i in range(5):
+            resp = _post(client, "wrong", username=f"u{i}")
+            clock.shift(timedelta(seconds=100))
+        assert resp.status_code == 429
+        resp = _post(client, "correct horse")
+        assert resp.status_code == 429 and resp["Retry-After"] == "400"
+        clock.shift(timedelta(seconds=401))
+        # t=901: the failure of t=0 has expired, 4 remain (< 5): the address may try again.
+        assert _post(client, "correct horse").status_code == 302
+
+
+def test_success_clears_this_addresss_failures_for_that_username(oncall):
+    client = Client()
+    for _ in range(4):
+        _post(client, "wrong")
+    assert _post(client, "correct horse").status_code == 302
     client.logout()
-    _login(client, "wrong")
-    _login(client, "wrong")
-    assert _login(client, "correct horse").status_code == 302, "count restarted after the success"
+    for _ in range(4):
+        assert _post(client, "wrong").status_code == 200
+    assert _post(client, "correct horse").status_code == 302, "count restarted after the success"
 
 
-def test_throttle_fails_open_when_redis_is_unreachable(client, alice, settings):
+def test_a_long_username_is_counted_not_a_server_error(oncall):
+    client = Client()
+    for _ in range(5):
+        resp = _post(client, "wrong", username="x" * 400)
+    assert resp.status_code == 429
+
+
+def test_login_does_not_need_redis(oncall, settings):
+    """Failures live in PostgreSQL (axes' database handler); the old Redis counter is gone."""
     from outlier_admin.control import redis_conn
 
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
     redis_conn.set_redis(None)
-    assert _login(client, "wrong").status_code == 200
-    assert _login(client, "correct horse").status_code == 302
+    client = Client()
+    for _ in range(5):
+        resp = _post(client, "wrong")
+    assert resp.status_code == 429
+    assert _post(Client(), "correct horse", peer="127.0.0.22").status_code == 302
+    redis_conn.set_redis(None)
 
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+@pytest.mark.django_db(transaction=True)
+def test_postgres_outage_login_fails_without_counting_and_works_once_it_is_back(oncall):
+    """Users, sessions and the failure counts all live in PostgreSQL: during an outage a login is a
+    server error (the outage middleware's 503 where installed), never a lockout, and the attempts made
+    meanwhile are not counted — the on-call retrying through the outage is not locked out after it."""
+    from axes.models import AccessAttempt
+
+    from tests.reliability.conftest import postgres_down
+
+    client = Client(raise_request_exception=False)
+    with postgres_down():
+        codes = {_post(client, password).status_code for password in ["wrong"] * 6 + ["correct horse"]}
+    assert codes and all(code >= 500 for code in codes), codes
+    assert not AccessAttempt.objects.exists()
+    assert _post(client, "correct horse").status_code == 302
+
+
+# Settings ------------------------------------------------------------------------------------------------
+def _production(**extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"DJANGO_DEBUG", "OUTLIER_TESTING", "SECRET_KEY", "SECRET_KEY_FILE", "ALLOWED_HOSTS",
+                        "TRUSTED_PROXIES", "SECURE_PROXY_SSL_HEADER"}}
+    env.update(DJANGO_SETTINGS_MODULE="outlier_admin.settings", SECRET_KEY=secrets.token_urlsafe(50),
+               ALLOWED_HOSTS="outlier.example.com", **extra)
+    return subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.timeout(120)
+def test_production_behind_a_proxy_requires_trusted_proxies():
+    """Behind a proxy every client has the proxy's address: without TRUSTED_PROXIES, the address key
+    would lock everyone out after anyone's 5 failures. Refuse to start instead."""
+    proc = _production(SECURE_PROXY_SSL_HEADER="1")
+    assert proc.returncode != 0 and "TRUSTED_PROXIES" in proc.stderr
+    assert _production(SECURE_PROXY_SSL_HEADER="1", TRUSTED_PROXIES="127.0.0.10, 127.0.1.0/24").returncode == 0
+    proc = _production(TRUSTED_PROXIES="127.0.0.10,proxy.internal")
+    assert proc.returncode != 0 and "proxy.internal" in proc.stderr
+
+
+# CSRF ----------------------------------------------------------------------------------------------------
+TEMPLATES = ROOT / "templates"
 
 
 def test_every_post_form_in_the_templates_carries_the_csrf_token():
@@ -89,17 +307,3 @@ def test_dashboard_posts_without_the_csrf_token_are_refused(fleet, users):
     assert resp.status_code == 403
     node.refresh_from_db()
     assert node.state == "healthy"
-
-
-def test_the_admin_login_is_throttled_too(client, alice, redis_client, settings):
-    """The lockout lives in the authentication backend: every password login path counts."""
-    alice.is_staff = True
-    alice.save()
-    settings.LOGIN_MAX_FAILURES = 2
-    for _ in range(2):
-        client.post("/admin/login/", {"username": "alice", "password": "wrong"}, REMOTE_ADDR="10.3.3.3")
-    resp = client.post("/admin/login/?next=/admin/", {"username": "alice", "password": "correct horse"},
-                       REMOTE_ADDR="10.3.3.3")
-    assert resp.status_code == 200 and "_auth_user_id" not in client.session  # refused
-    assert client.post("/admin/login/?next=/admin/", {"username": "alice", "password": "correct horse"},
-                       REMOTE_ADDR="10.4.4.4").status_code == 302

@@ -19,7 +19,7 @@ from outlier_admin.agent.harness import publish, weights_document
 from outlier_admin.agent.metrics import make_registry
 from outlier_admin.gateway_client import GatewayClient
 
-SERVERS = {"a": "10.0.0.1:8000", "b": "10.0.0.2:8000"}
+SERVERS = {"a": "127.0.0.1:8000", "b": "127.0.0.2:8000"}
 
 
 class FlakyApplier:

@@ -22,7 +22,7 @@ from outlier_admin.gateway_client import (
     split_address,
 )
 
-SERVERS = {"a": "10.0.0.1:8000", "b": "10.0.0.2:8000", "c": "[::1]:8001"}
+SERVERS = {"a": "127.0.0.1:8000", "b": "127.0.0.2:8000", "c": "[::1]:8001"}
 
 
 def doc_json(**kw) -> str:
@@ -40,8 +40,8 @@ def test_parse_valid_document():
 
 def test_document_without_base_weight_uses_default_scale():
     raw = json.dumps({"group": "g", "version": 3, "generated_at": 1.0, "stale_after_s": 30, "safeguard": False,
-                      "nodes": [{"node": "x", "address": "10.0.0.9:80", "weight": 150, "state": "healthy"},
-                                {"node": "y", "address": "10.0.0.8:80", "weight": 40, "state": "degraded"}]})
+                      "nodes": [{"node": "x", "address": "127.0.0.9:80", "weight": 150, "state": "healthy"},
+                                {"node": "y", "address": "127.0.0.8:80", "weight": 40, "state": "degraded"}]})
     by = {n.node: n for n in parse_document(raw).nodes}
     assert by["x"].base_weight == 150 and by["y"].base_weight == 100
 
@@ -54,8 +54,8 @@ def test_document_without_base_weight_uses_default_scale():
         (lambda d: d["nodes"][0].update(weight=101), "outside 0..100"),
         (lambda d: d["nodes"][0].update(weight=-1), "outside 0..100"),
         (lambda d: d["nodes"][0].update(weight=33.5), "not an integer"),
-        (lambda d: d["nodes"][0].update(address="10.0.0.1"), "not host:port"),
-        (lambda d: d["nodes"][1].update(address="10.0.0.1:8000"), "duplicate"),
+        (lambda d: d["nodes"][0].update(address="127.0.0.1"), "not host:port"),
+        (lambda d: d["nodes"][1].update(address="127.0.0.1:8000"), "duplicate"),
         (lambda d: d.update(stale_after_s=0), "stale_after_s"),
         (lambda d: d.update(group="other"), "expected 'g'"),
         (lambda d: d.update(nodes={}), "nodes"),
@@ -172,3 +172,4 @@ def test_split_address_port_range(port):
             split_address(f"h:{port}")
     else:
         assert split_address(f"h:{port}") == ("h", port)
+

@@ -52,22 +52,22 @@ def test_haproxy_weight_bounds_and_monotonic(base, data):
 
 def test_plan_only_differences_unknown_and_missing():
     servers = [
-        ServerState("be", "a", "10.0.0.1", 80, 256, 0),
-        ServerState("be", "b", "10.0.0.2", 80, 256, 0),
-        ServerState("be", "c", "10.0.0.3", 80, 0, ADMF_FDRAIN),
-        ServerState("be", "maint", "10.0.0.4", 80, 0, ADMF_FDRAIN | ADMF_FMAINT),
-        ServerState("be", "stranger", "10.9.9.9", 80, 256, 0),
+        ServerState("be", "a", "127.0.0.1", 80, 256, 0),
+        ServerState("be", "b", "127.0.0.2", 80, 256, 0),
+        ServerState("be", "c", "127.0.0.3", 80, 0, ADMF_FDRAIN),
+        ServerState("be", "maint", "127.0.0.4", 80, 0, ADMF_FDRAIN | ADMF_FMAINT),
+        ServerState("be", "stranger", "127.9.9.9", 80, 256, 0),
     ]
-    w = eff({"a": "10.0.0.1:80", "b": "10.0.0.2:80", "c": "10.0.0.3:80", "maint": "10.0.0.4:80",
-             "ghost": "10.0.0.5:80"}, quarantined=("b",), weights={"c": 50})
+    w = eff({"a": "127.0.0.1:80", "b": "127.0.0.2:80", "c": "127.0.0.3:80", "maint": "127.0.0.4:80",
+             "ghost": "127.0.0.5:80"}, quarantined=("b",), weights={"c": 50})
     cmds, result = plan_changes(servers, w)
     assert cmds == [
         "set server be/b state drain", "set server be/b weight 0",   # quarantine
         "set server be/c state ready", "set server be/c weight 128",  # restore at half weight
         "set server be/maint weight 256",                            # weight yes, never 'ready' over maint
     ]
-    assert result.unknown == ["be/stranger (10.9.9.9:80)"]
-    assert result.missing == ["ghost (10.0.0.5:80)"]
+    assert result.unknown == ["be/stranger (127.9.9.9:80)"]
+    assert result.missing == ["ghost (127.0.0.5:80)"]
 
 
 @pytest.fixture

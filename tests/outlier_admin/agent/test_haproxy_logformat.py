@@ -30,7 +30,7 @@ def test_section_8_2_3_example():
 
 
 def test_node_map_by_backend_server_then_server():
-    assert parse_line(LINES[0], node_map={"static/srv1": "10.0.0.7:8000"})["node"] == "10.0.0.7:8000"
+    assert parse_line(LINES[0], node_map={"static/srv1": "127.0.0.7:8000"})["node"] == "127.0.0.7:8000"
     assert parse_line(LINES[0], node_map={"srv1": "gpu-7"})["node"] == "gpu-7"
 
 

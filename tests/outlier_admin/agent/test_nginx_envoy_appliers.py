@@ -13,7 +13,7 @@ from outlier_admin.agent.harness import NGINX_BIN, weights_document
 from outlier_admin.agent.nginx import NginxApplier, render_upstream
 from outlier_admin.gateway_client import effective_weights, parse_document
 
-SERVERS = {"a": "10.0.0.1:8000", "b": "10.0.0.2:8000", "c": "10.0.0.3:8000"}
+SERVERS = {"a": "127.0.0.1:8000", "b": "127.0.0.2:8000", "c": "127.0.0.3:8000"}
 
 
 def eff(servers=SERVERS, now=0.0, **kw):
@@ -25,9 +25,9 @@ def test_render_upstream():
     text = render_upstream(eff(quarantined=("b",), weights={"c": 35}), "outlier_llama", "max_fails=0")
     assert text.splitlines()[1:] == [
         "upstream outlier_llama {",
-        "    server 10.0.0.1:8000 weight=100 max_fails=0;  # a",
-        "    server 10.0.0.2:8000 max_fails=0 down;  # b quarantined",
-        "    server 10.0.0.3:8000 weight=35 max_fails=0;  # c",
+        "    server 127.0.0.1:8000 weight=100 max_fails=0;  # a",
+        "    server 127.0.0.2:8000 max_fails=0 down;  # b quarantined",
+        "    server 127.0.0.3:8000 weight=35 max_fails=0;  # c",
         "}",
     ]
     # Version and time are not in the text: a new version with the same weights renders the same bytes.
@@ -54,12 +54,12 @@ def test_nginx_validates_swaps_and_skips_unchanged(nginx_conf):
     include, base, reload_cmd, marker = nginx_conf
     applier = NginxApplier(include, "outlier_llama", test_cmd=[*base, "-t", "-q"], reload_cmd=reload_cmd)
     first = applier.apply(eff())
-    assert "+ server 10.0.0.2:8000 weight=100;" in first.changes
+    assert "+ server 127.0.0.2:8000 weight=100;" in first.changes
     assert marker.read_text().count("reload") == 1
     inode = os.stat(include).st_ino
 
     second = applier.apply(eff(quarantined=("b",)))
-    assert second.changes == ["- server 10.0.0.2:8000 weight=100;", "+ server 10.0.0.2:8000 down;"]
+    assert second.changes == ["- server 127.0.0.2:8000 weight=100;", "+ server 127.0.0.2:8000 down;"]
     assert os.stat(include).st_ino != inode  # replaced by rename, not rewritten in place
     assert marker.read_text().count("reload") == 2
 
@@ -118,7 +118,7 @@ def test_envoy_cla_shape_weights_and_draining():
     assert (eps["a"]["health_status"], eps["a"]["load_balancing_weight"]) == ("HEALTHY", 100)
     assert (eps["b"]["health_status"], eps["b"]["load_balancing_weight"]) == ("DRAINING", 1)  # never 0
     assert eps["c"]["load_balancing_weight"] == 35
-    assert eps["a"]["endpoint"]["address"]["socket_address"] == {"address": "10.0.0.1", "port_value": 8000}
+    assert eps["a"]["endpoint"]["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 8000}
 
 
 def test_envoy_file_written_by_rename_and_only_on_change(tmp_path):
@@ -130,7 +130,7 @@ def test_envoy_file_written_by_rename_and_only_on_change(tmp_path):
     check_cla_shape(body["resources"][0])
     inode = os.stat(path).st_ino
     result = applier.apply(eff(quarantined=("a",)))
-    assert result.changes == ["10.0.0.1:8000 DRAINING weight=1"]
+    assert result.changes == ["127.0.0.1:8000 DRAINING weight=1"]
     assert os.stat(path).st_ino != inode  # a new file moved into place: what Envoy's watcher needs
     version = json.loads(path.read_text())["version_info"]
     assert applier.apply(eff(quarantined=("a",))).changes == []

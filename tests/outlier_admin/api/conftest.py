@@ -59,7 +59,7 @@ def fleet(db):
     """Group ``llama`` (policy approval) with 8 nodes; node 0 quarantined with 30 min of history,
     a pending proposal on node 1."""
     group = do_create_group("llama", actor="setup", policy="approval")
-    nodes = [do_register_node(group, f"10.0.0.{i}:8000", actor="setup") for i in range(8)]
+    nodes = [do_register_node(group, f"127.0.0.{i}:8000", actor="setup") for i in range(8)]
     now = timezone.now()
     start = now - timedelta(minutes=30)
     for i, node in enumerate(nodes):

@@ -28,7 +28,7 @@ def _close(a: float | None, b: float | None) -> bool:
 def test_sql_buckets_match_reference_downsample(seed, rows, max_points):
     rng = np.random.default_rng(seed)
     group = do_create_group(f"g{seed}", actor="test")
-    node = do_register_node(group, "10.1.0.1:8000", actor="test")
+    node = do_register_node(group, "127.1.0.1:8000", actor="test")
     # Irregular cadence (2-18 s) and a range start not aligned with the rows.
     end = timezone.now()
     ats = end - timedelta(seconds=5) - timedelta(seconds=1) * np.cumsum(rng.uniform(2, 18, rows))[::-1]

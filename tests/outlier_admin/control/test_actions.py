@@ -26,7 +26,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def node():
     group = do_create_group("g", actor="setup")
-    return do_register_node(group, "10.0.0.1:8000", actor="setup")
+    return do_register_node(group, "127.0.0.1:8000", actor="setup")
 
 
 def test_roles_exist():

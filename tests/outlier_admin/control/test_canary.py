@@ -9,8 +9,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from outlier_admin.control.actions import do_create_group, do_register_node
+from outlier_admin.control.actions import ActionError, do_create_group, do_register_node
 from outlier_admin.control.canary import probe_node, run_due_probes
+from outlier_admin.control.models import CanaryProbe
+from outlier_admin.fleet.models import Node
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services]
 
@@ -26,6 +28,8 @@ class FakeVLLM(BaseHTTPRequestHandler):
         time.sleep(self.delay_s)
         payload = json.dumps({"choices": [{"text": "1, 2, 3"}],
                               "usage": {"prompt_tokens": 11, "completion_tokens": body["max_tokens"]}}).encode()
+        if self.status >= 400:  # what an internal admin endpoint might answer: never to be stored
+            payload = b"INTERNAL-SECRET-abc123 stack trace"
         self.send_response(self.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
@@ -63,13 +67,30 @@ def test_probe_measures_latency_and_tokens(node, settings):
     assert FakeVLLM.bodies[0][0] == "/v1/completions" and FakeVLLM.bodies[0][1]["max_tokens"] == 16
 
 
-def test_http_error_and_timeout_are_failed_probes(node, settings):
-    FakeVLLM.status = 503
-    assert not probe_node(node).ok
+def test_http_error_and_timeout_are_failed_probes_with_a_reason_code_never_the_body(node, settings):
+    FakeVLLM.status = 500
+    probe = probe_node(node)
+    assert (probe.ok, probe.status, probe.error) == (False, 500, "http_status")
+    assert "SECRET" not in str(CanaryProbe.objects.filter(pk=probe.pk).values().get())
     FakeVLLM.status, FakeVLLM.delay_s = 200, 1.5
     settings.CANARY_TIMEOUT_S = 1
     probe = probe_node(node)
-    assert not probe.ok and "Timeout" in probe.error
+    assert (probe.ok, probe.status, probe.error) == (False, 0, "timeout")
+
+
+def test_the_probe_url_is_rebuilt_from_the_address_never_taken_from_data(server, db):
+    """Finding: a node auto-registered under ``http://127.0.0.1:P/internal/admin?token=x#`` was probed
+    at that path. Such a name is refused at registration; a row that holds one anyway (written before
+    validation) is not probed at all, and a valid address is probed at /v1/completions only."""
+    port = server.server_address[1]
+    group = do_create_group("g", actor="t")
+    with pytest.raises(ActionError, match="host:port only"):
+        do_register_node(group, f"http://127.0.0.1:{port}/internal/admin?token=x#", actor="t")
+    legacy = Node.objects.create(group=group, name="legacy", address=f"http://127.0.0.1:{port}/internal/admin?token=x#")
+    probe = probe_node(legacy)
+    assert (probe.ok, probe.error) == (False, "bad_address") and FakeVLLM.bodies == []
+    good = do_register_node(group, f"http://127.0.0.1:{port}/", actor="t", name="good")
+    assert probe_node(good).ok and [p for p, _ in FakeVLLM.bodies] == ["/v1/completions"]
 
 
 def test_connection_refused_is_a_failed_probe(db):
@@ -85,17 +106,16 @@ def test_due_probes_go_once_per_interval(node, redis_client):
     assert node.probes.count() == 1 and node.probes.get().passed is None
 
 
-def test_tick_feeds_probe_results_to_the_state_machine(server, redis_client, settings):
+def test_tick_feeds_probe_results_to_the_state_machine(server, redis_client, settings, make_group):
     """Quarantined node -> tick marks a probe due -> canary probes the real server -> next tick
     judges it (``passed`` set, node moves on from quarantine after enough passes)."""
     import numpy as np
 
-    from outlier_admin.control.models import CanaryProbe
     from outlier_admin.control.tick import run_tick
-    from outlier_admin.fleet.models import Node
     from outlier_admin.ingest.pipeline import submit
     from tests.outlier_admin.helpers import make_records
 
+    make_group("g1")
     rng = np.random.default_rng(7)
     t0 = time.time()
     for k in range(6):

@@ -64,7 +64,9 @@ def wait_for(predicate, timeout_s, feed=None):
     return False
 
 
-def test_slow_node_out_release_and_surge(client, ingest_token, redis_client, worker):
+def test_slow_node_out_release_and_surge(client, ingest_token, redis_client, worker, make_group):
+    make_group("e2e")
+    make_group("surge")
     rng = np.random.default_rng(5)
 
     def feed_gray():

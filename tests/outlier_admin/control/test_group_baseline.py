@@ -21,7 +21,8 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.mark.services
-def test_tick_stores_the_baseline_every_z_was_measured_against(redis_client, settings):
+def test_tick_stores_the_baseline_every_z_was_measured_against(redis_client, settings, make_group):
+    make_group("g1")
     settings.HISTORY_EVERY_S = 1  # every tick below is a history write for every node
     rng = np.random.default_rng(11)
     t0 = time.time()

@@ -20,6 +20,11 @@ pytestmark = [pytest.mark.django_db, pytest.mark.services]
 SLOW = "127.0.0.1:9003"
 
 
+@pytest.fixture(autouse=True)
+def g1(make_group):
+    return make_group("g1")
+
+
 def feed(t: float, rng: np.random.Generator, **kw) -> None:
     recs = make_records(t, rng=rng, **kw)
     out = submit([(i + 1, r, None) for i, r in enumerate(recs)], source="test")

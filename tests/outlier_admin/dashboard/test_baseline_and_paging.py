@@ -31,7 +31,7 @@ def store_baseline(group, ats, value: float, spread: float = 0.05, peers: int = 
 
 def test_group_table_sorts_all_nodes_then_pages(fleet, users):
     group, now = fleet["group"], fleet["now"]
-    extra = [do_register_node(group, f"10.0.9.{i}:8000", actor="setup") for i in range(GROUP_PAGE_SIZE)]
+    extra = [do_register_node(group, f"127.0.9.{i}:8000", actor="setup") for i in range(GROUP_PAGE_SIZE)]
     # One of the new nodes has the highest Z of the group: it must lead page 1 sorted by -z although
     # by name it sorts after the first page.
     write_history(extra[-1], start=now - timedelta(seconds=30), count=3, z=7.5, ema=2.5)
@@ -41,14 +41,14 @@ def test_group_table_sorts_all_nodes_then_pages(fleet, users):
     assert page1.count('class="row-') == GROUP_PAGE_SIZE
     assert f"{total} nodes, sorted by -z, showing 1–{GROUP_PAGE_SIZE}" in page1
     rows = re.findall(r'<th scope="row"><a href="/nodes/\d+/">([^<]+)</a>', page1)
-    assert rows[:2] == [extra[-1].name, "10.0.0.0:8000"]  # Z 7.5, then 4.2
+    assert rows[:2] == [extra[-1].name, "127.0.0.0:8000"]  # Z 7.5, then 4.2
     assert "page=1" in page1 and 'rel="next"' in page1 and 'href="?sort=-z&amp;page=2"' in page1
     page2 = c.get(f"/groups/{group.name}/?sort=-z&page=2&partial=nodes").content.decode()
     assert page2.count('class="row-') == total - GROUP_PAGE_SIZE and "<html" not in page2
     names2 = re.findall(r'<th scope="row"><a href="/nodes/\d+/">([^<]+)</a>', page2)
     assert not set(names2) & set(rows)
     # Nodes without any figure come last, in name order, whatever the direction.
-    assert names2 == sorted(names2) and all(n.startswith("10.0.9.") for n in names2)
+    assert names2 == sorted(names2) and all(n.startswith("127.0.9.") for n in names2)
     # An unknown sort key or page number falls back instead of failing.
     assert c.get(f"/groups/{group.name}/?sort=bogus&page=99").status_code == 200
 

@@ -17,14 +17,15 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services]
 def _records(ids):
     now = time.time()
     return [
-        (i + 1, {"ts": now, "node": f"10.0.0.{i % 4}:8000", "group": "dedup", "prompt_tokens": 100,
+        (i + 1, {"ts": now, "node": f"127.0.0.{1 + i % 4}:8000", "group": "dedup", "prompt_tokens": 100,
                  "completion_tokens": 50, "ttft_ms": 100.0, "total_ms": 800.0, "status": 200,
                  "request_id": rid}, None)
         for i, rid in enumerate(ids)
     ]
 
 
-def test_the_same_ids_from_four_threads_are_accepted_once(redis_client):
+def test_the_same_ids_from_four_threads_are_accepted_once(redis_client, make_group):
+    make_group("dedup")
     submit(_records(["warm-up"]), source="test")  # registers the group and nodes first
     ids = [f"req-{k}" for k in range(300)]
     outcomes, errors = [], []

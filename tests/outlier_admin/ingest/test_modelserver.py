@@ -76,8 +76,8 @@ def test_scrapes_reach_the_detector_as_decode_samples(metrics_server, redis_clie
     from outlier_admin.fleet.models import ModelGroup
 
     group = do_create_group("g", actor="t")
-    do_register_node(group, "10.0.0.1:8000", actor="t", metrics_url=metrics_server)
-    do_register_node(group, "10.0.0.2:8000", actor="t")  # no metrics_url: not scraped
+    do_register_node(group, "127.0.0.1:8000", actor="t", metrics_url=metrics_server)
+    do_register_node(group, "127.0.0.2:8000", actor="t")  # no metrics_url: not scraped
     Metrics.text = itl_text(10.0, 1000)
     assert scrape_all() == 0  # the first scrape only sets the base
     Metrics.text = itl_text(10.7, 1050)  # 50 tokens at 14 ms
@@ -85,7 +85,7 @@ def test_scrapes_reach_the_detector_as_decode_samples(metrics_server, redis_clie
     res = run_tick("g")
     assert res.progress == 1
     gd, _, _ = _load_detector(redis_client, ModelGroup.objects.get(name="g"), res.at)
-    i = gd.index_of("10.0.0.1:8000")
+    i = gd.index_of("127.0.0.1:8000")
     assert gd.ewma["decode"].count[i] == 1 and gd.ewma["decode"].mean[i] == pytest.approx(14.0)
 
 
@@ -95,7 +95,7 @@ def test_a_bad_scrape_is_kept_with_its_reason(metrics_server, redis_client):
     from outlier_admin.ingest.models import RejectedInput
 
     group = do_create_group("g", actor="t")
-    node = do_register_node(group, "10.0.0.1:8000", actor="t", metrics_url=metrics_server)
+    node = do_register_node(group, "127.0.0.1:8000", actor="t", metrics_url=metrics_server)
     Metrics.text = "# TYPE up gauge\nup 1\n"  # a /metrics without the histogram (not a model server?)
     assert scrape_all() == 0
     bad = RejectedInput.objects.get()
@@ -109,11 +109,11 @@ def test_a_bad_scrape_is_kept_with_its_reason(metrics_server, redis_client):
 def test_record_scrape_rebases_after_a_restart(redis_client):
     from outlier_admin.control.actions import do_create_group, do_register_node
 
-    node = do_register_node(do_create_group("g", actor="t"), "10.0.0.1:8000", actor="t")
+    node = do_register_node(do_create_group("g", actor="t"), "127.0.0.1:8000", actor="t")
     assert record_scrape(redis_client, node, itl_text(50.0, 5000), 100.0) is None
     assert record_scrape(redis_client, node, itl_text(0.1, 10), 101.0) is None  # restarted
     row = record_scrape(redis_client, node, itl_text(0.8, 60), 102.0)
-    assert row == ["10.0.0.1:8000", 102.0, 1.0, 50, pytest.approx(700.0)]
+    assert row == ["127.0.0.1:8000", 102.0, 1.0, 50, pytest.approx(700.0)]
     assert redis_client.xlen("outlier:stream:g") == 1
 
 
@@ -121,7 +121,7 @@ def test_record_scrape_rebases_after_a_restart(redis_client):
 def test_a_node_that_streamed_nothing_queues_no_row(metrics_server, redis_client):
     from outlier_admin.control.actions import do_create_group, do_register_node
 
-    do_register_node(do_create_group("g", actor="t"), "10.0.0.1:8000", actor="t", metrics_url=metrics_server)
+    do_register_node(do_create_group("g", actor="t"), "127.0.0.1:8000", actor="t", metrics_url=metrics_server)
     Metrics.text = itl_text(10.0, 1000)
     scrape_all()
     assert scrape_all() == 0  # same counters: an idle node

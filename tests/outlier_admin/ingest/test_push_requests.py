@@ -7,7 +7,7 @@ import time
 import orjson
 import pytest
 
-from outlier_admin.fleet.models import ModelGroup, Node
+from outlier_admin.fleet.models import Node
 from outlier_admin.ingest.models import RejectedInput
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services]
@@ -15,7 +15,7 @@ URL = "/api/v1/ingest/requests"
 
 
 def rec(**kw):
-    base = {"ts": time.time(), "node": "10.0.0.1:8000", "group": "llama", "prompt_tokens": 100,
+    base = {"ts": time.time(), "node": "127.0.0.1:8000", "group": "llama", "prompt_tokens": 100,
             "completion_tokens": 50, "ttft_ms": 120.0, "total_ms": 900.0, "status": 200}
     return {**base, **kw}
 
@@ -25,16 +25,20 @@ def post(client, token, body, content_type="application/json"):
     return client.post(URL, data=body, content_type=content_type, **headers)
 
 
+@pytest.fixture(autouse=True)
+def llama(make_group):
+    return make_group("llama")
+
+
 def test_json_array_accepts_valid_and_reports_bad_lines(client, ingest_token, redis_client):
-    body = orjson.dumps([rec(), rec(total_ms=-1), rec(ts=time.time() + 3600), rec(node="10.0.0.2:8000")])
+    body = orjson.dumps([rec(), rec(total_ms=-1), rec(ts=time.time() + 3600), rec(node="127.0.0.2:8000")])
     resp = post(client, ingest_token, body)
     assert resp.status_code == 200
     data = resp.json()
     assert data["accepted"] == 2 and data["rejected"] == 2
     assert data["errors"] == [{"line": 2, "reason": "bad_total_ms"}, {"line": 3, "reason": "ts_in_future"}]
     assert RejectedInput.objects.filter(reason="ts_in_future", source="http:gw-test").count() == 1
-    assert ModelGroup.objects.get(name="llama").policy == "auto"  # created on first record
-    assert set(Node.objects.values_list("name", flat=True)) == {"10.0.0.1:8000", "10.0.0.2:8000"}
+    assert set(Node.objects.values_list("name", flat=True)) == {"127.0.0.1:8000", "127.0.0.2:8000"}
     assert redis_client.xlen("outlier:stream:llama") == 1  # one entry per group per request
 
 
@@ -95,6 +99,6 @@ def test_record_without_group_uses_the_nodes_group(client, ingest_token, redis_c
     post(client, ingest_token, orjson.dumps([rec()]))
     no_group = rec()
     del no_group["group"]
-    assert post(client, ingest_token, orjson.dumps([no_group, rec(node="9.9.9.9:1", group=None)])).json()["errors"] == [
+    assert post(client, ingest_token, orjson.dumps([no_group, rec(node="127.9.9.9:1", group=None)])).json()["errors"] == [
         {"line": 2, "reason": "no_group"}
     ]

@@ -20,7 +20,8 @@ def line(node="127.0.0.1:9001", **kw) -> bytes:
     return orjson.dumps(rec) + b"\n"
 
 
-def test_checkpoint_rotation_truncation(tmp_path, redis_client):
+def test_checkpoint_rotation_truncation(tmp_path, redis_client, make_group):
+    make_group("g")
     path = tmp_path / "access.log"
     path.write_bytes(line() + line() + b'{"partial": ')
     src = IngestSource.objects.create(name="gw", kind="log", location=str(path), log_format="jsonl")

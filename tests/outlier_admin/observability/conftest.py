@@ -48,5 +48,5 @@ def fleet(db):
     from outlier_admin.control.actions import do_create_group, do_register_node
 
     group = do_create_group("obs-g", actor="test")
-    nodes = [do_register_node(group, f"10.0.0.{i}:8000", actor="test", name=f"n{i}") for i in range(4)]
+    nodes = [do_register_node(group, f"127.0.0.{i}:8000", actor="test", name=f"n{i}") for i in range(4)]
     return group, nodes

@@ -3,6 +3,8 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+import orjson
+import pytest
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -85,20 +87,62 @@ def test_tick_and_ingest_hooks_count_each_result_once():
     assert _value("outlier_tick_samples_total", group="hook-g") >= 17
     assert _value("outlier_tick_duration_seconds_bucket", group="hook-g", le="0.05") >= 1
 
+    # Labels are the source's kind (the counters are process-wide: compare with the values before).
+    def counts() -> tuple[float, ...]:
+        return (_value("outlier_ingest_records_total", source="http", result="accepted"),
+                _value("outlier_ingest_records_total", source="http", result="duplicate"),
+                _value("outlier_ingest_records_total", source="http", result="rejected"),
+                _value("outlier_ingest_rejected_total", source="http", reason="bad_ts"),
+                _value("outlier_ingest_rejected_total", source="http", reason="unlisted"),
+                _value("outlier_ingest_rejected_total", source="logs", reason="missing_ts"))
+
+    before = counts()
     outcome = SimpleNamespace(accepted=10, duplicates=2, rejected=25,
                               errors=[{"line": i, "reason": "bad_ts"} for i in range(20)])
     hooks.observe_ingest(outcome, source="http:gw-hook")
     hooks.observe_ingest(outcome, source="http:gw-hook")
-    assert _value("outlier_ingest_records_total", source="http:gw-hook", result="accepted") == 10
-    assert _value("outlier_ingest_records_total", source="http:gw-hook", result="duplicate") == 2
-    assert _value("outlier_ingest_records_total", source="http:gw-hook", result="rejected") == 25
-    # Only 20 reasons are listed in the response; the 5 others are counted, not invented.
-    assert _value("outlier_ingest_rejected_total", source="http:gw-hook", reason="bad_ts") == 20
-    assert _value("outlier_ingest_rejected_total", source="http:gw-hook", reason="unlisted") == 5
-
     exact = SimpleNamespace(accepted=0, duplicates=0, rejected=3, errors=[])
     hooks.observe_ingest(exact, source="log:x", rejected_by_reason={"missing_ts": 2, "bad_status": 1})
-    assert _value("outlier_ingest_rejected_total", source="log:x", reason="missing_ts") == 2
+    # Only 20 reasons are listed in the response; the 5 others are counted (unlisted), not invented.
+    assert [a - b for a, b in zip(counts(), before, strict=True)] == [10, 2, 25, 20, 5, 2]
+
+
+@pytest.mark.parametrize(("source", "label"), [
+    ("http:gw-secret-name", "http"), ("log:edge-nginx", "logs"), ("metrics:127.0.0.1:8000", "scrape"),
+    ("dcgm:n1", "scrape"), ("demo-gateway:llama", "demo"), ("test", "other"), ("", "other"),
+    ("https:x", "other"), ("http", "http"),
+])
+def test_ingest_source_labels_are_a_closed_set(source, label):
+    assert hooks.source_label(source) == label
+
+
+@pytest.mark.services
+def test_no_token_name_in_metrics_after_an_http_ingest(client, fleet, redis_client):
+    """The ingest token's name is in the rejected-input rows (SQL), never in a label of /metrics."""
+    from outlier_admin.control.actions import do_create_token
+    from outlier_admin.ingest.models import RejectedInput
+
+    group, nodes = fleet
+    _, plaintext = do_create_token(name="gw-secret-name", scope="ingest", actor="test")
+    good = {"ts": time.time(), "node": nodes[0].name, "group": group.name, "prompt_tokens": 100,
+            "completion_tokens": 50, "ttft_ms": 120.0, "total_ms": 900.0, "status": 200}
+    body = orjson.dumps([good, {**good, "node": nodes[1].name}, {**good, "total_ms": -1.0}])
+    before = _value("outlier_ingest_records_total", source="http", result="accepted")
+    resp = client.post("/api/v1/ingest/requests", data=body, content_type="application/json",
+                       HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    assert resp.status_code == 200 and (resp.json()["accepted"], resp.json()["rejected"]) == (2, 1)
+
+    text = client.get("/metrics").content.decode()
+    assert "gw-secret-name" not in text
+    sources = {s.labels["source"] for fam in text_string_to_metric_families(text)
+               if fam.name.startswith("outlier_ingest") for s in fam.samples}
+    assert sources <= {"http", "logs", "scrape", "demo", "other"} and "http" in sources
+    assert scrape(client)[("outlier_ingest_records_total", (("result", "accepted"), ("source", "http")))] == before + 2
+    assert RejectedInput.objects.get().source == "http:gw-secret-name"  # kept where the API's roles guard it
+
+
+def test_sql_up_is_1_when_the_fleet_state_was_read(client, fleet):
+    assert scrape(client)[("outlier_metrics_sql_up", ())] == 1
 
 
 def test_multiprocess_mode_sums_counters_written_by_separate_processes(tmp_path):

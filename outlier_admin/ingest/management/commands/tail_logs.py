@@ -33,6 +33,9 @@ class Command(BaseCommand):
             if not opts["path"] or not opts["format"]:
                 raise CommandError("--add needs --path and --format")
             group = ModelGroup.objects.filter(name=opts["group"]).first() if opts["group"] else None
+            if opts["group"] and group is None:
+                # Ingest never creates groups: a typo here would otherwise reject every line later.
+                raise CommandError(f"group {opts['group']!r} does not exist; create it first")
             IngestSource.objects.update_or_create(
                 name=opts["add"],
                 defaults={"kind": "log", "location": opts["path"], "log_format": opts["format"],

@@ -1,0 +1,65 @@
+"""Fair tick scheduling (``control.scheduling``): one queued tick per group, most overdue first, so a
+group's ticks cannot be starved by other groups when the workers cannot keep up. The overload
+scenarios: ``test_scheduling_overload.py`` (in process) and ``test_scheduling_worker.py`` (real Celery)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from outlier_admin.control import scheduling
+from outlier_admin.control.redis_conn import TICK_LAST_KEY, lock_key, tick_queued_key
+
+pytestmark = [pytest.mark.services]
+
+
+def test_oldest_first_puts_never_ticked_groups_first():
+    assert scheduling.oldest_first(["c", "a", "b", "d"], [5.0, None, 2.0, None]) == ["a", "d", "b", "c"]
+
+
+def test_claim_skips_queued_and_running_groups_most_overdue_first(redis_client, settings):
+    settings.TICK_LOCK_TTL_MS = 5000
+    redis_client.zadd(TICK_LAST_KEY, {"a": 30.0, "b": 10.0, "c": 20.0})
+    due, queued_at = scheduling.claim_due(redis_client, ["a", "b", "c", "new"])
+    assert due == ["new", "b", "c", "a"]
+    assert redis_client.get(tick_queued_key("b")).decode() == f"{queued_at:.6f}"
+    assert 0 < redis_client.pttl(tick_queued_key("b")) <= 5000
+
+    # Queued ticks are not queued again; nor is a group whose tick is running (its lock is held).
+    assert scheduling.claim_due(redis_client, ["a", "b", "c", "new"])[0] == []
+    redis_client.delete(*(tick_queued_key(g) for g in "abc"))
+    redis_client.set(lock_key("c"), "someone", px=5000)
+    assert scheduling.claim_due(redis_client, ["a", "b", "c"])[0] == ["b", "a"]
+
+
+def test_a_tick_frees_its_group_and_a_duplicate_returns_at_once(redis_client, settings):
+    settings.TICK_LOCK_TTL_MS = 5000
+    (group,), first_queued = scheduling.claim_due(redis_client, ["g"])
+    started = scheduling.start(redis_client, group, first_queued)
+    assert started is not None and started >= first_queued
+    scheduling.finish(redis_client, group, started, ticked=True)
+    assert redis_client.zscore(TICK_LAST_KEY, "g") == pytest.approx(started)
+    assert not redis_client.exists(tick_queued_key("g")), "the next beat may queue it again"
+
+    # A task queued before that tick started (its marker had lapsed while it waited) is a duplicate.
+    assert scheduling.start(redis_client, "g", started - 1.0) is None
+    # Queued after it: a real tick. A task without queued_at (an older deployment's) always runs.
+    assert scheduling.start(redis_client, "g", started + 0.001) is not None
+    assert scheduling.start(redis_client, "g", None) is not None
+
+
+def test_a_lost_task_delays_its_group_by_one_lease_only(redis_client, settings):
+    settings.TICK_LOCK_TTL_MS = 300
+    assert scheduling.claim_due(redis_client, ["g"])[0] == ["g"]  # its worker dies with the task
+    assert scheduling.claim_due(redis_client, ["g"])[0] == []
+    time.sleep(0.4)
+    assert scheduling.claim_due(redis_client, ["g"])[0] == ["g"]
+
+
+def test_groups_no_longer_listed_are_forgotten(redis_client):
+    redis_client.zadd(TICK_LAST_KEY, {"kept": 1.0, "deleted": 2.0})
+    scheduling.claim_due(redis_client, ["kept"], prune=False)
+    assert redis_client.zcard(TICK_LAST_KEY) == 2, "a partial list (from Redis) prunes nothing"
+    scheduling.claim_due(redis_client, ["kept"], prune=True)
+    assert [m.decode() for m in redis_client.zrange(TICK_LAST_KEY, 0, -1)] == ["kept"]
