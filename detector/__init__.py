@@ -21,11 +21,29 @@ Modules, one concept each:
 - :mod:`detector.picking` — smooth weighted round-robin and power-of-two-choices
 """
 
-from detector.group import SIGNALS, Evaluation, GroupDetector, IngestResult
-from detector.picking import PowerOfTwoChoices, SmoothWeightedRoundRobin
-from detector.samples import ProgressBatch, RejectReason, SampleBatch
-from detector.states import ALLOWED_EDGES, IllegalTransition, NodeState, Reason, Transition
-from detector.thresholds import ThresholdError, Thresholds
+# Names are imported on first use (PEP 562), so that ``import detector.states`` (the traffic table,
+# which the redis-only gateway client imports) does not pull numpy and the detector in with it.
+_EXPORTS = {
+    "SIGNALS": "detector.group", "Evaluation": "detector.group", "GroupDetector": "detector.group",
+    "IngestResult": "detector.group",
+    "PowerOfTwoChoices": "detector.picking", "SmoothWeightedRoundRobin": "detector.picking",
+    "ProgressBatch": "detector.samples", "RejectReason": "detector.samples", "SampleBatch": "detector.samples",
+    "ALLOWED_EDGES": "detector.states", "IllegalTransition": "detector.states", "NodeState": "detector.states",
+    "Reason": "detector.states", "Transition": "detector.states",
+    "ThresholdError": "detector.thresholds", "Thresholds": "detector.thresholds",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'detector' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ALLOWED_EDGES",

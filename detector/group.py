@@ -67,8 +67,10 @@ from detector.samples import (
 from detector.states import (
     BASELINE_STATES,
     OUT_OF_SERVICE,
+    TRAFFIC,
     NodeState,
     Reason,
+    Traffic,
     Transition,
     check_edge,
 )
@@ -93,6 +95,7 @@ def _lookup(states: Iterable[NodeState]) -> np.ndarray:
 
 
 _OUT = _lookup(OUT_OF_SERVICE)
+_FLOORED = _lookup(s for s, rule in TRAFFIC.items() if rule is Traffic.FLOOR)
 _BASELINE = _lookup(BASELINE_STATES)
 _ACTIVE = _lookup((S.HEALTHY, S.DEGRADED))
 _FORCED = _lookup((S.FORCED_ACTIVE, S.FORCED_QUARANTINE))
@@ -708,7 +711,7 @@ class GroupDetector:
         held = int(_HELD_OUT[a["state"]].sum())
         slots = max(cap - held, 0)
         cand = np.flatnonzero(want)
-        rank_key = np.where(cause[cand] <= 1, np.inf, np.nan_to_num(score[cand], nan=0.0))
+        rank_key = np.where(cause[cand] <= 1, np.inf, np.nan_to_num(q_score[cand], nan=0.0))
         cand = cand[np.argsort(-rank_key, kind="stable")]
         allowed, blocked = cand[:slots], cand[slots:]
         safeguard_reason = None
@@ -779,10 +782,12 @@ class GroupDetector:
         cut = (a["state"] == S.DEGRADED) | (a["state"] == S.PENDING_APPROVAL)
         a["cut_at"] = np.where(cut, np.where(np.isfinite(a["cut_at"]), a["cut_at"], now), np.nan)
 
-        weights = self._weights(score)
+        # The deciding signal's Z sets the weight, as it ranks the safeguard's candidates: the queue-laden
+        # signals' Z (a queue of 3 s reads as Z 600) would floor a node whose GPU is 1.2x slow.
+        weights = self._weights(q_score)
         fallback_reason = None
         if n and not (weights > 0).any():
-            pick = self._least_slow(score)
+            pick = self._least_slow(q_score)
             weights[pick] = a["base"][pick]
             fallback_reason = (
                 f"every node is unavailable; sending traffic to the least slow node "
@@ -813,7 +818,7 @@ class GroupDetector:
         self._validate_edges(transitions)
         return Evaluation(
             at=now, nodes=self.nodes, states=a["state"].copy(), weights=weights, base_weights=a["base"].copy(),
-            z=score, z_by_signal=dict(zip(SIGNALS, z_rows, strict=True)),
+            z=q_score, z_by_signal=dict(zip(SIGNALS, z_rows, strict=True)),
             ema=dict(zip(SIGNALS, ema_rows, strict=True)), baseline=base_d, spread=spread_d,
             p50=a["p50"].copy(), p99=a["p99"].copy(), counts=self.ewma["norm"].count.copy(),
             transitions=transitions, safeguard=safeguard_reason is not None, safeguard_reason=safeguard_reason,
@@ -836,7 +841,7 @@ class GroupDetector:
             a["warm_samples"] / max(t.warmup_samples, 1), 1.0
         )
         w[warming] = (base * ramp)[warming]
-        w[state == S.PENDING_APPROVAL] = floor[state == S.PENDING_APPROVAL]
+        w[_FLOORED[state]] = floor[_FLOORED[state]]
         w[_OUT[state]] = 0.0
         rec = state == S.RECOVERING
         steps = np.array(t.recovery_steps)

@@ -1,7 +1,7 @@
 """Small gateway-side client for the weights document the control plane publishes in Redis.
 
-Runs on a gateway host with only ``redis-py`` installed: no Django import here, nor in anything this
-module imports.
+Runs on a gateway host with only ``redis-py`` installed: no Django (nor numpy) import here, nor in
+anything this module imports (``detector.states`` is plain Python).
 
 Contract (written by the control plane)
 ---------------------------------------
@@ -13,7 +13,9 @@ Contract (written by the control plane)
                   "state": "degraded", "base_weight": 100}, ...]}
 
   ``weight`` is an integer on the node's ``0..base_weight`` scale; quarantined nodes carry weight 0
-  and a state such as ``quarantined``/``probing``/``forced_quarantine``/``pending_approval``.
+  and a state the traffic table (:data:`detector.states.TRAFFIC`) drains: ``quarantined``,
+  ``probing``, ``forced_quarantine``. A ``pending_approval`` node is kept at the floor weight until a
+  human decides; a state label this client does not know follows its weight.
 * Every publish also sends ``{"group": ..., "version": ...}`` on pub/sub channel ``outlier:weights``.
 
 What the client does with it (fail static, then fail open)
@@ -45,6 +47,8 @@ from typing import Any
 
 import redis
 
+from detector.states import OUT_OF_SERVICE_LABELS, Traffic, traffic_of
+
 log = logging.getLogger("outlier_admin.gateway_client")
 
 KEY_PREFIX = "outlier:weights:"
@@ -52,8 +56,9 @@ CHANNEL = "outlier:weights"
 DEFAULT_STALE_AFTER_S = 60.0
 DEFAULT_BASE_WEIGHT = 100
 
-#: States in which a node must receive no traffic (weight 0 plus drain on gateways that have it).
-QUARANTINE_STATES = frozenset({"quarantined", "probing", "forced_quarantine", "pending_approval"})
+#: States in which a node must receive no traffic (weight 0 plus drain on gateways that have it): the
+#: control plane's one traffic table (``pending_approval`` is kept at the floor weight, not drained).
+QUARANTINE_STATES = OUT_OF_SERVICE_LABELS
 
 MODE_LIVE = "live"
 MODE_FAIL_OPEN = "fail_open"
@@ -83,8 +88,8 @@ class NodeWeight:
 
     @property
     def quarantined(self) -> bool:
-        """No traffic at all: weight 0 or a quarantine-family state."""
-        return self.weight <= 0 or self.state in QUARANTINE_STATES
+        """No traffic at all: weight 0 or a state the traffic table drains."""
+        return self.weight <= 0 or traffic_of(self.state) is Traffic.DRAIN
 
 
 @dataclass(frozen=True)

@@ -339,3 +339,29 @@ def test_without_ttft_a_queue_that_drains_is_not_quarantined_but_a_slow_gpu_is()
     assert all(ev.states[5] not in OUT_OF_SERVICE for ev in evs)
     q9 = _first(evs, 9, S.QUARANTINED)
     assert q9 is not None and q9 - cut_9 >= t.queue_drain_s
+
+
+def test_the_deciding_signals_z_sets_the_weight_not_a_queue_laden_one():
+    """Finding: the weight followed the max Z over every signal. A node whose GPU is 1.2x slow (decode Z
+    about 4) while its queue adds 3 s to TTFT (prefill Z in the hundreds) was published at the 5% floor
+    instead of ``base * 2^-(Z_decode - 2)``: the queue cascade the design avoids."""
+    fleet = Fleet(12, seed=4)
+    gd = GroupDetector(nodes=fleet.nodes, now=0.0)
+    run(gd, fleet, 0.0, 30.0)
+    fleet.slow[5] = 1.2
+    fleet.wait_ms[5] = 3000.0
+    ev = run(gd, fleet, 30.0, 30.0)[-1]
+    i = ev.index(fleet.nodes[5])
+    z_dec, z_pre = ev.z_by_signal["decode"][i], ev.z_by_signal["prefill"][i]
+    assert z_pre > 50 and 2 < z_dec < 10
+    assert ev.decision_signal == "decode" and ev.z[i] == pytest.approx(z_dec)
+    assert NodeState(int(ev.states[i])) is NodeState.DEGRADED
+    assert ev.weights[i] == pytest.approx(100 * 2 ** -(z_dec - 2)) and ev.weights[i] > 5
+
+
+def test_pending_approval_is_kept_at_the_floor_by_the_one_traffic_table():
+    from detector.states import TRAFFIC, Traffic, traffic_of
+
+    assert traffic_of("pending_approval") is Traffic.FLOOR and traffic_of(NodeState.PROBING) is Traffic.DRAIN
+    assert traffic_of("no-such-state") is None  # a gateway then follows the weight alone
+    assert {s for s, rule in TRAFFIC.items() if rule is Traffic.DRAIN} == OUT_OF_SERVICE

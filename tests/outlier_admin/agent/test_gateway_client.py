@@ -173,3 +173,17 @@ def test_split_address_port_range(port):
     else:
         assert split_address(f"h:{port}") == ("h", port)
 
+
+def test_pending_approval_keeps_its_floor_weight_and_is_not_drained():
+    """Finding: the detector publishes a node awaiting approval at the floor weight (kept sampled until a
+    human decides), but the client treated ``pending_approval`` as a quarantine state, so HAProxy and
+    nginx took the node out before anyone approved. One traffic table now decides both."""
+    d = json.loads(doc_json())
+    d["nodes"][1].update(state="pending_approval", weight=5)
+    d["nodes"][2].update(state="a-state-from-a-newer-control-plane", weight=40)
+    by = {n.node: n for n in parse_document(json.dumps(d)).nodes}
+    assert (by["b"].weight, by["b"].quarantined) == (5, False)
+    assert (by["c"].weight, by["c"].quarantined) == (40, False)  # an unknown label follows its weight
+    for state in ("quarantined", "probing", "forced_quarantine"):
+        d["nodes"][1].update(state=state, weight=5)
+        assert {n.node: n for n in parse_document(json.dumps(d)).nodes}["b"].quarantined, state
