@@ -5,18 +5,27 @@ its KV cache) still answers its health checks; only its latency gives it away, a
 peers serving the same model on the same hardware. This package turns per-request samples into
 per-node weights for a gateway, with an explanation for every decision.
 
-Modules, one concept each:
+Modules, one concept each (read in this order):
 
+- :mod:`detector.states` — node states, allowed edges, the traffic table, transition records
 - :mod:`detector.thresholds` — the validated per-group configuration
 - :mod:`detector.samples` — request samples and streamed decode progress, validation, the signal formulas
 - :mod:`detector.costmodel` — the learned per-group cost model used to normalise latency
 - :mod:`detector.ewma` — vectorised EW mean/variance per node
+- :mod:`detector.signals` — per-request signals and each node's EW statistics of them
+- :mod:`detector.nodes` — the per-node state of a group as one typed table of columns
 - :mod:`detector.window` — per-node sliding windows and percentiles
 - :mod:`detector.baseline` — peer baseline and Z-score (seed and robust)
 - :mod:`detector.evidence` — per-node CUSUM of excess over the materiality line (gates a weight cut)
-- :mod:`detector.tail` — P99/P50 ratio detector and cross-node P50
-- :mod:`detector.errors` — Envoy-style consecutive-error and success-rate ejection
-- :mod:`detector.states` — node states, allowed edges, transition records
+- :mod:`detector.detectors` — independent detectors behind one verdict interface: ``zscore`` (and
+  the deciding signal), ``tail``, ``cross_p50``, ``errors``
+- :mod:`detector.ejection` — the one ejection layer above them: persistence, cause priority, dry run,
+  the safeguard cap, soft degrade with flap damping, restore, probes
+- :mod:`detector.moves` — every state edge taken, checked and recorded
+- :mod:`detector.weights` — from states to weights
+- :mod:`detector.explain` — the evaluation and the explanation of every transition
+- :mod:`detector.operator` — canary probes and operator actions on single nodes
+- :mod:`detector.snapshot` — the exact snapshot of a group detector
 - :mod:`detector.group` — :class:`GroupDetector`, which composes the above
 - :mod:`detector.picking` — smooth weighted round-robin and power-of-two-choices
 """

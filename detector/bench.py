@@ -191,7 +191,7 @@ def bench_tick(n: int, rng: np.random.Generator, repeats: int) -> dict[str, floa
     gd.window.percentiles((50.0, 99.0))
     tail_ms = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
-    gd._refit()
+    gd.signals.refit()
     refit_ms = (time.perf_counter() - t0) * 1e3
     return {
         "tick_ms": statistics.median(eval_ms),

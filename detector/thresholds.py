@@ -31,6 +31,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+#: The ejecting detectors by reason code, in the ejection layer's priority order (errors first: they
+#: are unambiguous). ``dry_run`` names a subset.
+DETECTORS: tuple[str, ...] = ("consecutive_errors", "success_rate", "z_quarantine", "tail_ratio", "cross_p50")
+
 
 class ThresholdError(ValueError):
     """An invalid threshold value. ``field`` names the offending field."""
@@ -146,6 +150,9 @@ class Thresholds:
     max_quarantine_fraction: float = _f(0.30, lo=0.0, hi=1.0)
     require_approval: bool = False
     """Group policy ``approval``: the detector proposes, a human approves (``pending_approval``)."""
+    dry_run: tuple[str, ...] = ()
+    """Detectors (by reason code, :data:`DETECTORS`) whose verdicts are recorded but not acted on
+    (Envoy's ``enforcing_*`` at 0%): try a detector on a live group before trusting it."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -177,6 +184,9 @@ class Thresholds:
                 "recovery_steps", "must be increasing fractions in (0, 1] ending at 1.0, e.g. [0.25, 0.5, 1.0]"
             )
         object.__setattr__(self, "recovery_steps", tuple(float(s) for s in steps))
+        if not isinstance(self.dry_run, list | tuple) or not all(d in DETECTORS for d in self.dry_run):
+            raise ThresholdError("dry_run", f"must be a list of detectors among {', '.join(DETECTORS)}")
+        object.__setattr__(self, "dry_run", tuple(sorted(set(self.dry_run))))
 
     @staticmethod
     def _check_range(name: str, value: Any, rng: dict[str, Any]) -> None:
@@ -211,6 +221,7 @@ class Thresholds:
         out["baseline_mode"] = "'robust' | 'seed'"
         out["recovery_steps"] = "increasing fractions in (0, 1] ending at 1.0"
         out["require_approval"] = "true | false"
+        out["dry_run"] = "list of " + " | ".join(DETECTORS)
         return out
 
     def replace(self, **changes: Any) -> Thresholds:
@@ -220,6 +231,7 @@ class Thresholds:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["recovery_steps"] = list(self.recovery_steps)
+        d["dry_run"] = list(self.dry_run)
         return d
 
     @classmethod
@@ -235,6 +247,11 @@ class Thresholds:
             if not isinstance(steps, list | tuple):
                 raise ThresholdError("recovery_steps", "must be a list of fractions")
             kwargs["recovery_steps"] = tuple(steps)
+        if "dry_run" in kwargs:
+            dry = kwargs["dry_run"]
+            if not isinstance(dry, list | tuple):
+                raise ThresholdError("dry_run", f"must be a list of detectors among {', '.join(DETECTORS)}")
+            kwargs["dry_run"] = tuple(dry)
         for f in dataclasses.fields(cls):
             rng = f.metadata.get("range")
             if rng is not None and f.name in kwargs and rng["integer"]:

@@ -1,6 +1,6 @@
 import numpy as np
 
-from detector.errors import consecutive_error_runs, success_rate_outliers
+from detector.detectors.errors import consecutive_error_runs, success_rate_outliers
 
 
 def test_consecutive_error_runs_reset_on_success_and_carry_across_batches():

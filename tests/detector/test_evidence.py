@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import detector.group as group_module
+import detector.ejection as ejection_module
 from detector import GroupDetector, NodeState, Thresholds
 from detector.evidence import cusum_update, excess_over_line
 
@@ -94,6 +94,6 @@ def _cuts_of_a_flapping_node(seconds: float) -> list:
 def test_flap_damping_doubles_the_evidence_each_new_cut_needs(monkeypatch):
     damped = _cuts_of_a_flapping_node(300)
     assert [c.detail.split("cut at ")[1].split(",")[0] for c in damped[:4]] == ["8", "16", "32", "64"]
-    monkeypatch.setattr(group_module, "MAX_FLAP_DOUBLINGS", 0)  # no damping: the line stays at 8
+    monkeypatch.setattr(ejection_module, "MAX_FLAP_DOUBLINGS", 0)  # no damping: the line stays at 8
     undamped = _cuts_of_a_flapping_node(300)
     assert len(undamped) > 4 * len(damped) > 0

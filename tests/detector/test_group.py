@@ -50,17 +50,17 @@ def test_degrade_weight_is_base_times_two_to_minus_z_minus_2():
     fleet.slow[3] = 1.2
     checked = 0
     for ev in run(gd, fleet, 20, 20):
-        z = ev.z[3]
+        z = np.nanmax([v[3] for v in ev.z_by_signal.values()])  # a degraded node's cut: its largest Z
         if ev.states[3] == S.DEGRADED:
             expected = min(max(100 * 2 ** -(z - 2.0), 5.0), 100.0)  # floored at min_weight_fraction
             assert math.isclose(ev.weights[3], expected, rel_tol=1e-9)
             checked += 1
     assert checked > 0
     # The spec's own example: Z = 2.5 -> base * 2^-0.5.
-    gd.a["state"][3] = S.DEGRADED
+    gd.a.state[3] = S.DEGRADED
     score = np.zeros(16)
     score[3] = 2.5
-    assert math.isclose(gd._weights(score)[3], 100 * 2**-0.5)
+    assert math.isclose(__import__("detector.weights").weights.weights(gd.a, gd.thresholds, score)[3], 100 * 2**-0.5)
 
 
 def test_safeguard_never_quarantines_more_than_30_percent():
@@ -108,7 +108,7 @@ def test_warm_up_requests_do_not_quarantine_a_new_node():
         evs += run(gd, fleet, t, 1.0)
         warm_weights.append(evs[-1].weights[11])
         t += 1.0
-        if gd.a["warm_samples"][11] >= 40:
+        if gd.a.warm_samples[11] >= 40:
             fleet.slow.pop(11, None)  # warm-up over: the node is now as fast as its peers
     assert warm_weights[0] < 50 and warm_weights == sorted(warm_weights)  # slow start ramps up
     evs += run(gd, fleet, t, 40)
@@ -135,7 +135,7 @@ def test_canary_three_passes_then_stepwise_restore_and_a_failed_step_doubles_the
     probe = _probe_with(fleet, gd, lambda i, now: fleet.slow.get(i, 1.0))
     evs = run(gd, fleet, 20, 15, probe=probe)
     assert evs[-1].states[2] in (S.QUARANTINED, S.PROBING)
-    first_q = gd.a["next_probe"][2]
+    first_q = gd.a.next_probe[2]
     fleet.slow.pop(2)
     healed_at["t"] = 35
     evs = run(gd, fleet, 35, 60, probe=probe)
@@ -289,7 +289,7 @@ def test_set_thresholds_keeps_learned_state_and_resizes_windows():
     gd.set_thresholds(Thresholds(window_size=200, cost_model_reservoir=1000, quarantine_z=5.0, ema_alpha=0.2))
     assert gd.window.size == 200 and (gd.window.filled == np.minimum(200, gd.window.filled)).all()
     np.testing.assert_array_equal(gd.ewma["norm"].mean, ema)
-    assert gd.ewma["norm"].alpha == 0.2 and gd._res.filled == 1000
+    assert gd.ewma["norm"].alpha == 0.2 and gd.signals.reservoir.filled == 1000
     after = gd.window.percentiles()
     np.testing.assert_allclose(after[0], before[0], rtol=0.1)  # the newest samples carry over
     ev = gd.evaluate(10.2)
@@ -307,7 +307,7 @@ def test_a_snapshot_without_newer_counters_still_restores():
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     old = GroupDetector.from_bytes(buf.getvalue())
-    assert (old.a["over_q_evals"] == 0).all()
+    assert (old.a.over_q_evals == 0).all()
     run(old, fleet, 5, 2)  # evaluates without a KeyError
 
 
@@ -341,22 +341,30 @@ def test_without_ttft_a_queue_that_drains_is_not_quarantined_but_a_slow_gpu_is()
     assert q9 is not None and q9 - cut_9 >= t.queue_drain_s
 
 
-def test_the_deciding_signals_z_sets_the_weight_not_a_queue_laden_one():
-    """Finding: the weight followed the max Z over every signal. A node whose GPU is 1.2x slow (decode Z
-    about 4) while its queue adds 3 s to TTFT (prefill Z in the hundreds) was published at the 5% floor
-    instead of ``base * 2^-(Z_decode - 2)``: the queue cascade the design avoids."""
+def test_the_queue_free_signal_decides_and_a_queue_only_deepens_a_cut():
+    """One rule, stated in detectors.zscore: the decode Z decides (and is ``Evaluation.z``); a queue
+    alone never cuts a node; a node judged slow that also built a queue is cut by the largest Z of any
+    signal until the queue drains, then by its decode Z."""
     fleet = Fleet(12, seed=4)
     gd = GroupDetector(nodes=fleet.nodes, now=0.0)
     run(gd, fleet, 0.0, 30.0)
-    fleet.slow[5] = 1.2
+    fleet.wait_ms[2] = 3000.0  # node 2: a 3 s queue, a healthy GPU
+    fleet.slow[5] = 1.2  # node 5: a 1.2x slow GPU with the same queue
     fleet.wait_ms[5] = 3000.0
     ev = run(gd, fleet, 30.0, 30.0)[-1]
-    i = ev.index(fleet.nodes[5])
-    z_dec, z_pre = ev.z_by_signal["decode"][i], ev.z_by_signal["prefill"][i]
-    assert z_pre > 50 and 2 < z_dec < 10
-    assert ev.decision_signal == "decode" and ev.z[i] == pytest.approx(z_dec)
-    assert NodeState(int(ev.states[i])) is NodeState.DEGRADED
-    assert ev.weights[i] == pytest.approx(100 * 2 ** -(z_dec - 2)) and ev.weights[i] > 5
+    q, s = ev.index(fleet.nodes[2]), ev.index(fleet.nodes[5])
+    assert ev.z_by_signal["prefill"][q] > 50 and ev.z[q] == pytest.approx(ev.z_by_signal["decode"][q]) and ev.z[q] < 2
+    assert NodeState(int(ev.states[q])) is NodeState.HEALTHY and ev.weights[q] == 100
+    z_dec = ev.z_by_signal["decode"][s]
+    assert ev.decision_signal == "decode" and ev.z[s] == pytest.approx(z_dec) and 2 < z_dec < 10
+    assert NodeState(int(ev.states[s])) is NodeState.DEGRADED and ev.weights[s] == 5  # its queue deepens the cut
+    fleet.wait_ms[5] = 0.0  # the queue drains: then the decode Z alone sets the weight
+    ev = run(gd, fleet, 60.0, 30.0)[-1]
+    z_dec = ev.z_by_signal["decode"][s]
+    assert NodeState(int(ev.states[s])) is NodeState.DEGRADED
+    assert ev.weights[s] == pytest.approx(min(100.0, max(5.0, 100 * 2 ** -(max(z_dec, ev.z_by_signal["norm"][s],
+                                                                             ev.z_by_signal["prefill"][s]) - 2))))
+    assert ev.weights[s] > 5
 
 
 def test_pending_approval_is_kept_at_the_floor_by_the_one_traffic_table():

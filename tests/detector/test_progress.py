@@ -105,5 +105,5 @@ def test_progress_state_survives_a_snapshot():
     for d in (gd, copy):
         d.ingest_progress(rows)
     np.testing.assert_array_equal(copy.ewma["decode"].mean, gd.ewma["decode"].mean)
-    np.testing.assert_array_equal(copy.a["evidence"], gd.a["evidence"])
-    np.testing.assert_array_equal(copy.a["new_samples"], gd.a["new_samples"])
+    np.testing.assert_array_equal(copy.a.evidence, gd.a.evidence)
+    np.testing.assert_array_equal(copy.a.new_samples, gd.a.new_samples)

@@ -1,6 +1,7 @@
 import numpy as np
 
-from detector.tail import TailStatus, cross_p50_slow, tail_step
+from detector.detectors.cross_p50 import cross_p50_slow
+from detector.detectors.tail import TailStatus, tail_step
 
 
 def _step(status, windows, p50, p99, filled):

@@ -9,13 +9,21 @@
 
 These catch the node that fails *fast*: a crashed server answering 503 in 2 ms has excellent latency,
 and a latency-only detector would send it more traffic.
+
+:class:`ErrorDetector` keeps the counts per node (``consec_err``, ``int_requests``, ``int_success`` of
+:class:`~detector.nodes.NodeArrays`) and gives two verdicts, ``consecutive_errors`` and
+``success_rate``; the ejection layer ranks them first (an error is unambiguous).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from detector.detectors.verdict import Verdict
+from detector.nodes import NodeArrays
 from detector.samples import node_order
+from detector.states import Reason
+from detector.thresholds import Thresholds
 
 
 def consecutive_error_runs(consec: np.ndarray, node: np.ndarray, is_error: np.ndarray) -> np.ndarray:
@@ -50,3 +58,35 @@ def success_rate_outliers(
     mean = float(np.nanmean(rate))
     std = float(np.nanstd(rate))
     return enough & (rate < mean - stdev_factor * std)
+
+
+class ErrorDetector:
+    """Consecutive errors (per response) and the success rate (per ``error_interval_s``)."""
+
+    def __init__(self, now: float) -> None:
+        self.interval_started = now
+
+    @staticmethod
+    def ingest(a: NodeArrays, node: np.ndarray, is_error: np.ndarray) -> None:
+        """Count responses that carry an outcome (latency or error), grouped by node in time order."""
+        n = len(a)
+        a.consec_err = consecutive_error_runs(a.consec_err, node, is_error)
+        a.int_requests += np.bincount(node, minlength=n)
+        a.int_success += np.bincount(node[~is_error], minlength=n)
+
+    def verdicts(self, a: NodeArrays, t: Thresholds, now: float) -> tuple[Verdict, Verdict]:
+        consecutive = Verdict(Reason.CONSECUTIVE_ERRORS, a.consec_err >= t.consecutive_errors)
+        sr_bad = np.zeros(len(a), dtype=bool)
+        if now - self.interval_started >= t.error_interval_s:
+            sr_bad = success_rate_outliers(
+                a.int_requests, a.int_success, min_hosts=t.success_rate_min_hosts,
+                min_requests=t.success_rate_min_requests, stdev_factor=t.success_rate_stdev,
+            )
+            a.int_requests[:] = 0
+            a.int_success[:] = 0
+            self.interval_started = now
+        return consecutive, Verdict(Reason.SUCCESS_RATE, sr_bad)
+
+    @staticmethod
+    def reset(a: NodeArrays, i: int) -> None:
+        a.reset(i, ("consec_err",))

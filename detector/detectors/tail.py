@@ -1,0 +1,123 @@
+"""Seed 001's tail detector: the P99/P50 ratio of each node's recent requests, over windows.
+
+Per node, once per window (default 30 s), over its last ``window_size`` samples:
+
+- fewer than ``tail_min_samples`` (100) samples -> ``INSUFFICIENT`` (seed 001: the P99 estimate's
+  95% CI is about ±30% below that);
+- ``P99 / P50 > tail_ratio`` (3.0) -> ``SUSPECT``; still so for ``tail_windows`` (3) consecutive
+  windows -> ``UNHEALTHY``;
+- ratio back at or below the threshold -> ``HEALTHY`` (seed 001's *Recovered*).
+
+One guard the seed lacks: a ratio only counts when it also stands out from the peers' ratios
+(``> peer_factor * median ratio``, default 1.5). Under a surge every node queues and every node's tail
+widens; that is a group condition for admission control, not a node fault.
+
+We run it on the *normalised* signal (latency / cost model), not on raw latency as the seed does:
+raw LLM latencies span three orders of magnitude with prompt length, so a perfectly healthy node's raw
+P99/P50 is ~8 and the seed's ratio test would flag every node. When the decode signal has a baseline,
+a request's window value is its queue-free decode time over that baseline instead: near saturation
+the total's P99/P50 widens on any node by queueing alone.
+
+:class:`TailDetector` owns the per-node sliding windows (:mod:`detector.window`) and, once per
+``tail_window_s``, the percentiles that both this detector and the cross-node P50
+(:mod:`detector.detectors.cross_p50`) judge.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+
+import numpy as np
+
+from detector.detectors.cross_p50 import cross_p50_slow
+from detector.detectors.verdict import Verdict
+from detector.nodes import NodeArrays
+from detector.states import Reason
+from detector.thresholds import Thresholds
+from detector.window import SlidingWindows
+
+
+class TailStatus(enum.IntEnum):
+    INSUFFICIENT = 0
+    HEALTHY = 1
+    SUSPECT = 2
+    UNHEALTHY = 3
+
+
+def tail_step(
+    status: np.ndarray,
+    suspect_windows: np.ndarray,
+    p50: np.ndarray,
+    p99: np.ndarray,
+    filled: np.ndarray,
+    *,
+    min_samples: int,
+    ratio: float,
+    windows: int,
+    peer_factor: float = 1.5,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One window's evaluation for every node; returns the new ``(status, suspect_windows)``."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = p99 / p50
+    enough = (filled >= min_samples) & (p50 > 0) & np.isfinite(r)
+    limit = ratio
+    if enough.sum() >= 3:
+        limit = max(ratio, peer_factor * float(np.median(r[enough])))
+    over = enough & (r > limit)
+    new_windows = np.where(over, suspect_windows + 1, 0)
+    new_status = np.full_like(status, TailStatus.INSUFFICIENT)
+    new_status[enough & ~over] = TailStatus.HEALTHY
+    new_status[over] = TailStatus.SUSPECT
+    new_status[over & (new_windows >= windows)] = TailStatus.UNHEALTHY
+    return new_status, new_windows
+
+
+class TailDetector:
+    """Per-node windows of recent requests and seed 001's ratio test over them."""
+
+    def __init__(self, n: int, window_size: int, now: float) -> None:
+        self.window = SlidingWindows(n, window_size)
+        self.last_window_at = now
+
+    def ingest(self, node: np.ndarray, signals: dict[str, np.ndarray], decode_baseline: float) -> None:
+        """One value per request: decode / its baseline when known, else the normalised latency."""
+        x = signals["norm"]
+        if math.isfinite(decode_baseline) and decode_baseline > 0:
+            x = np.where(np.isfinite(signals["decode"]), signals["decode"] / decode_baseline, x)
+        ok = np.isfinite(x)
+        self.window.add(node[ok], x[ok].astype(np.float32))
+
+    def step(self, a: NodeArrays, t: Thresholds, now: float, peers: np.ndarray) -> None:
+        """Once per ``tail_window_s``: each node's P50/P99, its tail status and the cross-P50 check
+        against ``peers`` (the nodes that form the baseline)."""
+        if now - self.last_window_at < t.tail_window_s:
+            return
+        self.last_window_at = now
+        q = self.window.percentiles((50.0, 99.0))
+        a.p50, a.p99 = q[0], q[1]
+        a.tail, a.tail_windows = tail_step(
+            a.tail, a.tail_windows, q[0], q[1], self.window.filled,
+            min_samples=t.tail_min_samples, ratio=t.tail_ratio, windows=t.tail_windows,
+        )
+        enough = self.window.filled >= t.tail_min_samples
+        a.cross_slow = cross_p50_slow(q[0], peers, enough, factor=t.cross_p50_ratio).astype(np.int8)
+
+    @staticmethod
+    def verdict(a: NodeArrays) -> Verdict:
+        return Verdict(Reason.TAIL_RATIO, a.tail == TailStatus.UNHEALTHY)
+
+    def resize(self, window_size: int) -> None:
+        """A new ``window_size`` keeps each node's newest samples that fit."""
+        w = self.window
+        resized = SlidingWindows(len(w.filled), window_size)
+        for i in range(len(w.filled)):  # once per change, not on the hot path
+            k = int(w.filled[i])
+            if k:
+                newest = np.roll(w.values[i], -int(w.pos[i]))[w.size - k :] if k == w.size else w.values[i, :k]
+                resized.add(np.full(k, i), newest)
+        self.window = resized
+
+    @staticmethod
+    def reset(a: NodeArrays, i: int) -> None:
+        a.reset(i, ("tail", "tail_windows"))

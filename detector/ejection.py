@@ -1,0 +1,246 @@
+"""The ejection layer: one algorithm above every detector, which alone moves nodes between states.
+
+Detectors say which nodes they would take out (:class:`~detector.detectors.verdict.Verdict`); this
+module decides, in this order at every evaluation:
+
+1. **Operator expiries and warm-up.** An expired forced quarantine returns under the detector's control
+   through a probe (within the safeguard cap, else straight to healthy); a node that finished warming
+   up gets one more warm-up's worth of samples (``grace``) before latency can quarantine it: requests
+   dispatched during warm-up still complete slowly after it.
+2. **Persistence.** The Z verdict needs the deciding signal at quarantine strength for
+   ``quarantine_persistence`` samples, as a *leaky* count (each sample under the line takes one back:
+   a request already running at the onset completes only partly slowed and dips the EMA once, and
+   restarting a run for it would throw away the evidence before it), over at least
+   ``quarantine_min_evaluations`` evaluations (one tick can bring hundreds of samples of a busy node).
+3. **Cause priority and dry run.** Errors first (unambiguous), then success rate, Z, tail ratio, cross
+   P50 (:data:`~detector.thresholds.DETECTORS`); a detector in ``dry_run`` is recorded, not acted on.
+   Latency causes wait out a node's post-warm-up grace.
+4. **The safeguard cap.** At most ``floor(max_quarantine_fraction * nodes)`` nodes out of service or
+   pending approval; candidates are ranked errors first, then by the deciding signal's Z, and the
+   rest are held degraded at the floor weight while the group raises ``safeguard`` (a group-wide
+   slowdown is not a node fault).
+5. **Soft degrade.** A weight cut needs the deciding signal over the degrade line *and* the node's
+   sequential evidence (:mod:`detector.evidence`) over ``degrade_evidence * 2^flaps`` — flap damping,
+   as BGP's (RFC 2439): each cut the node came back from since it was last healthy for
+   ``backoff_cap_s`` doubles the evidence the next one needs (per-token time grows with the batch, so
+   a node cut to the floor weight looks fast, is restored and is cut again) — or quarantine strength.
+   Leaving DEGRADED needs a clear margin (hysteresis).
+6. **Restore.** A recovering node advances one step per ``recovery_step_s`` while it stays under the
+   line; a bad step sends it back to quarantine with the probe interval doubled (Envoy's ejection
+   backoff, capped at ``backoff_cap_s``; the count decays after ``backoff_cap_s`` healthy).
+7. **Probes due** for quarantined nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from detector.detectors import cross_p50
+from detector.detectors.errors import ErrorDetector
+from detector.detectors.tail import TailDetector
+from detector.detectors.verdict import Verdict
+from detector.detectors.zscore import Decision, Lines
+from detector.moves import Moves, lookup
+from detector.nodes import NodeArrays
+from detector.states import OUT_OF_SERVICE, NodeState, Reason
+from detector.thresholds import Thresholds
+
+S = NodeState
+MAX_FLAP_DOUBLINGS = 5  # flap damping: at most 32x degrade_evidence
+_HELD_OUT = lookup((*OUT_OF_SERVICE, S.PENDING_APPROVAL))  # counted against the safeguard
+_ACTIVE = lookup((S.HEALTHY, S.DEGRADED))
+_PROBED = lookup((S.QUARANTINED, S.PROBING))
+_ERRORS = (Reason.CONSECUTIVE_ERRORS, Reason.SUCCESS_RATE)
+
+
+def cap(t: Thresholds, n: int) -> int:
+    """The safeguard: how many of ``n`` nodes may be out of service or pending at once."""
+    return math.floor(t.max_quarantine_fraction * n + 1e-9)
+
+
+def evidence_line(t: Thresholds, flaps: np.ndarray | np.integer) -> np.ndarray:
+    """The evidence a weight cut needs: ``degrade_evidence * 2^flaps`` (flap damping, capped)."""
+    return t.degrade_evidence * np.power(2.0, np.minimum(flaps, MAX_FLAP_DOUBLINGS))
+
+
+def reset_verdicts(a: NodeArrays, i: int) -> None:
+    """Every detector forgets its case against node ``i`` (it left service or an operator decided):
+    the one list, used by quarantine, rejection and release alike."""
+    a.reset(i, ("over_q", "over_q_evals", "pending_since"))
+    ErrorDetector.reset(a, i)
+    TailDetector.reset(a, i)
+    cross_p50.reset(a, i)
+
+
+def enter_quarantine(a: NodeArrays, t: Thresholds, i: int, now: float) -> None:
+    """Node ``i`` leaves service: its probe is due after ``canary_interval_s * 2^(ejections-1)``."""
+    a.ejections[i] += 1
+    interval = min(t.canary_interval_s * 2.0 ** (a.ejections[i] - 1), t.backoff_cap_s)
+    a.next_probe[i] = now + interval
+    a.passes[i] = 0
+    reset_verdicts(a, i)
+
+
+def expire_overrides(a: NodeArrays, t: Thresholds, now: float, moves: Moves) -> None:
+    expired = np.isfinite(a.override_until) & (a.override_until <= now)
+    fq = expired & (a.state == S.FORCED_QUARANTINE)
+    if fq.any():
+        # Back under the detector's control, which may only hold nodes out within the cap.
+        held = int(_HELD_OUT[a.state].sum()) - int((a.state == S.FORCED_QUARANTINE).sum())
+        stay = np.zeros(len(a), dtype=bool)
+        stay[np.flatnonzero(fq)[: max(cap(t, len(a)) - held, 0)]] = True
+        a.next_probe[stay] = now
+        moves(stay, S.QUARANTINED, Reason.OVERRIDE_EXPIRED, "override expired: probing before restore")
+        a.healthy_since[fq & ~stay] = now
+        moves(fq & ~stay, S.HEALTHY, Reason.OVERRIDE_EXPIRED, "override expired; safeguard cap full")
+    moves(expired & (a.state == S.FORCED_ACTIVE), S.HEALTHY, Reason.OVERRIDE_EXPIRED)
+    a.override_until[expired] = np.nan
+    pin_expired = np.isfinite(a.pin_until) & (a.pin_until <= now)
+    a.pin[pin_expired] = np.nan
+    a.pin_until[pin_expired] = np.nan
+
+
+def finish_warmup(a: NodeArrays, t: Thresholds, now: float, moves: Moves) -> None:
+    warmed = (a.state == S.WARMING) & (a.warm_samples >= t.warmup_samples)
+    a.healthy_since[warmed] = now
+    a.grace[warmed] = t.warmup_samples
+    moves(warmed, S.HEALTHY, Reason.WARMED_UP)
+
+
+def persistent_z(a: NodeArrays, t: Thresholds, d: Decision, over_q: np.ndarray) -> Verdict:
+    """The Z verdict: quarantine strength held as a leaky count over enough evaluations."""
+    new = d.new
+    a.over_q = np.where(over_q, a.over_q + new, np.maximum(a.over_q - new, 0))
+    seen = new > 0
+    a.over_q_evals = np.where(seen & over_q, a.over_q_evals + 1,
+                              np.where(seen, np.maximum(a.over_q_evals - 1, 0), a.over_q_evals))
+    held = (a.over_q >= t.quarantine_persistence) & (a.over_q_evals >= t.quarantine_min_evaluations)
+    return Verdict(Reason.Z_QUARANTINE, held)
+
+
+def degrade_wanted(a: NodeArrays, t: Thresholds, lines: Lines) -> np.ndarray:
+    """Over the degrade line with the evidence behind it (robust mode; seed mode, which has no
+    materiality, asks for ``degrade_persistence`` samples in a row), or at quarantine strength."""
+    a.over_d = np.where(lines.over_d, a.over_d + a.new_samples, 0)
+    if t.baseline_mode == "robust":
+        # (tolerance: p capped increments of h/p sum to a hair under h in floating point)
+        held = a.evidence >= evidence_line(t, a.flaps) * (1 - 1e-9)
+    else:
+        held = a.over_d >= t.degrade_persistence
+    return lines.over_d & (held | lines.over_q)
+
+
+@dataclass
+class Ejection:
+    """What the cap let through this tick: ``cause`` per node (index into the verdicts, -1: none),
+    the nodes held back by the cap and why."""
+
+    cause: np.ndarray
+    blocked: np.ndarray
+    safeguard_reason: str | None
+
+
+def eject(a: NodeArrays, t: Thresholds, now: float, verdicts: list[Verdict], d: Decision, moves: Moves,
+          explain: object) -> Ejection:
+    """Steps 3 and 4 of the module docstring; ``explain(reason, i)`` words a cause for the record."""
+    n = len(a)
+    cause = np.full(n, -1, dtype=np.int8)
+    for k, v in enumerate(verdicts):
+        if v.reason.value not in t.dry_run:
+            cause[(cause < 0) & v.eject] = k
+    latency = np.array([v.reason not in _ERRORS for v in verdicts] + [False])
+    cause[(a.grace > 0) & latency[cause]] = -1  # latency causes wait out the post-warm-up grace
+    want = _ACTIVE[a.state] & (cause >= 0)
+    held = int(_HELD_OUT[a.state].sum())
+    slots = max(cap(t, n) - held, 0)
+    cand = np.flatnonzero(want)
+    errors_first = ~latency[cause[cand]]
+    rank_key = np.where(errors_first, np.inf, np.nan_to_num(d.score[cand], nan=0.0))
+    cand = cand[np.argsort(-rank_key, kind="stable")]
+    allowed, blocked = cand[:slots], cand[slots:]
+    safeguard_reason = None
+    if len(blocked):
+        safeguard_reason = (
+            f"detector wants {len(cand)} more node(s) out of service, but {held} of {n} already are "
+            f"and the cap is {cap(t, n)} ({t.max_quarantine_fraction:.0%}); holding "
+            f"{len(blocked)} node(s) at the floor weight: a group-wide slowdown is not a node fault"
+        )
+    for i in allowed:
+        reason = verdicts[cause[i]].reason
+        detail = explain(reason, i)  # type: ignore[operator]
+        if t.require_approval:
+            a.pending_since[i] = now
+            moves.one(i, S.PENDING_APPROVAL, reason, f"{detail}; awaiting operator approval")
+        else:
+            enter_quarantine(a, t, i, now)
+            moves.one(i, S.QUARANTINED, reason, detail)
+    blocked_mask = np.zeros(n, dtype=bool)
+    blocked_mask[blocked] = True
+    moves(blocked_mask & (a.state == S.HEALTHY), S.DEGRADED, Reason.Z_DEGRADE, "safeguard: held at floor weight")
+    return Ejection(cause=cause, blocked=blocked_mask, safeguard_reason=safeguard_reason)
+
+
+def soft_degrade(a: NodeArrays, now: float, degrade_now: np.ndarray, lines: Lines, ej: Ejection,
+                 moves: Moves) -> None:
+    """Step 5: cut, or give back, the weight of nodes in service; clear a pending proposal whose
+    condition went away."""
+    state = a.state
+    moves((state == S.HEALTHY) & degrade_now, S.DEGRADED, Reason.Z_DEGRADE)
+    back = (state == S.DEGRADED) & ~lines.still_d & ~ej.blocked & ~moves.moved
+    a.flaps[back] += 1
+    a.evidence[back] = 0.0  # back under the line: a new cut needs new evidence
+    a.healthy_since[back] = now
+    moves(back, S.HEALTHY, Reason.Z_RECOVERED)
+    cleared = (state == S.PENDING_APPROVAL) & ~lines.over_d & (ej.cause < 0)
+    a.pending_since[cleared] = np.nan
+    moves(cleared, S.HEALTHY, Reason.CONDITION_CLEARED)
+
+
+def restore(a: NodeArrays, t: Thresholds, now: float, judged: np.ndarray, failing: np.ndarray,
+            over_d: np.ndarray, moves: Moves) -> None:
+    """Step 6: ``judged`` nodes have enough samples since their restore began; ``failing`` ones
+    have an enforced verdict against them now."""
+    rec = a.state == S.RECOVERING
+    rec_judged = rec & judged
+    step_over = rec & (now - a.step_started >= t.recovery_step_s)
+    bad_step = (rec & failing) | (step_over & rec_judged & over_d)
+    for i in np.flatnonzero(bad_step):
+        enter_quarantine(a, t, i, now)
+        interval = a.next_probe[i] - now
+        moves.one(i, S.QUARANTINED, Reason.RECOVERY_STEP_FAILED,
+                  f"slow again at restore step {int(a.step[i]) + 1}; next probe in {interval:g} s")
+    advance = step_over & ~bad_step & (rec_judged | (a.new_samples == 0))
+    a.step[advance] += 1
+    a.step_started[advance] = now
+    done = advance & (a.step >= len(t.recovery_steps))
+    a.healthy_since[done] = now
+    moves(done, S.HEALTHY, Reason.RECOVERED)
+    long_ok = (a.state == S.HEALTHY) & (now - a.healthy_since >= t.backoff_cap_s)
+    a.ejections[long_ok] = 0
+    a.flaps[long_ok] = 0
+
+
+def probes_due(a: NodeArrays, t: Thresholds, now: float, moves: Moves) -> np.ndarray:
+    """Step 7: quarantined nodes whose probe is due move to PROBING; returns the due mask."""
+    due = _PROBED[a.state] & (a.next_probe <= now)
+    moves(due & (a.state == S.QUARANTINED), S.PROBING, Reason.PROBE_DUE)
+    a.next_probe[due] = now + t.canary_interval_s
+    return due
+
+
+def end_of_tick(a: NodeArrays, now: float) -> None:
+    """Evidence is about a node in service: out of it (or warming) it starts again from nothing.
+    ``cut_at`` remembers when the node's weight was cut, for the queue-drain rule."""
+    state = a.state
+    a.evidence[(state != S.HEALTHY) & (state != S.DEGRADED)] = 0.0
+    cut = (state == S.DEGRADED) | (state == S.PENDING_APPROVAL)
+    a.cut_at = np.where(cut, np.where(np.isfinite(a.cut_at), a.cut_at, now), np.nan)
+    # Counted in completed requests: streamed rows of a node just out of warm-up come from the slow
+    # requests it was given during warm-up, and they stream for a while.
+    a.grace = np.maximum(a.grace - a.new_requests, 0)
+    a.new_samples[:] = 0
+    a.new_requests[:] = 0
+    a.new_drained[:] = 0

@@ -1,0 +1,162 @@
+"""Single nodes moved between evaluations: canary probes and operator actions.
+
+A quarantined node is probed after ``canary_interval_s * 2^(ejections-1)`` (capped), then every
+``canary_interval_s``; a probe passes when its normalised latency is within ``baseline +
+canary_tolerance_sigma * sigma`` (sigma: the larger of the peer spread and the per-request spread — a
+probe is one request). ``canary_passes`` passes in a row start a stepwise restore with fresh
+statistics; a failed probe puts the node back to QUARANTINED.
+
+Operators force nodes out (FORCED_QUARANTINE) or in (FORCED_ACTIVE), optionally until a time, release
+held nodes back to service, pin weights, and approve or reject pending quarantines. Every edge taken
+here is checked against :data:`~detector.states.ALLOWED_EDGES` and recorded; the records go out with
+the next :class:`~detector.explain.Evaluation`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from detector import ejection, explain
+from detector.detectors.tail import TailDetector
+from detector.nodes import NodeArrays
+from detector.signals import SignalModel
+from detector.states import NodeState, Reason, Transition, check_edge
+from detector.thresholds import Thresholds
+
+S = NodeState
+
+
+class NodeActions:
+    """The single-node moves of :class:`~detector.group.GroupDetector` (mixed into it)."""
+
+    a: NodeArrays
+    thresholds: Thresholds
+    signals: SignalModel
+    tail: TailDetector
+    _last: dict[str, float]
+    _pending: list[Transition]
+
+    def index_of(self, node: str) -> int:
+        return self.a.position(node)
+
+    # ------------------------------------------------------------------------------ canary probes
+    def probe_threshold(self) -> float:
+        """The largest normalised probe latency that passes: ``baseline + tolerance * sigma``. A probe
+        is one request, so ``sigma`` is the larger of the peers' spread and the per-request spread of
+        healthy peers: judging a single request against the spread of *averages* fails a healthy node
+        a third of the time."""
+        t = self.thresholds
+        base = self._last.get("baseline:norm", math.nan)
+        spread = max(self._last.get("spread:norm", math.nan), self._last.get("request_sd:norm", 0.0))
+        if not (math.isfinite(base) and math.isfinite(spread)):
+            base = 1.0 if t.normalization == "learned" else math.nan  # "as predicted" is 1.0
+            spread = t.spread_floor * base
+        return base + t.canary_tolerance_sigma * spread
+
+    def probe_value(self, prompt_tokens: float, completion_tokens: float, ttft_ms: float | None,
+                    total_ms: float | None) -> float:
+        return self.signals.probe_value(prompt_tokens, completion_tokens, ttft_ms, total_ms)
+
+    def record_probe(self, node: str, now: float, prompt_tokens: float, completion_tokens: float,
+                     ttft_ms: float | None, total_ms: float | None, ok: bool) -> bool:
+        """Judge one canary probe of a ``PROBING``/``QUARANTINED`` node; returns whether it passed.
+        ``canary_passes`` in a row start a stepwise restore with fresh statistics."""
+        i, a = self.index_of(node), self.a
+        src = NodeState(int(a.state[i]))
+        if src not in (S.PROBING, S.QUARANTINED):
+            return False
+        value = self.probe_value(prompt_tokens, completion_tokens, ttft_ms, total_ms) if ok else math.nan
+        limit = self.probe_threshold()
+        passed = bool(ok and math.isfinite(value) and value <= limit)
+        text = f"probe normalised latency {value:.3g} vs limit {limit:.3g}" if ok else "probe failed (error/timeout)"
+        if passed:
+            a.passes[i] += 1
+            if a.passes[i] >= self.thresholds.canary_passes:
+                self._forget(i)
+                a.step[i] = 0
+                a.step_started[i] = now
+                self._set(i, S.RECOVERING, now, Reason.PROBES_PASSED, text)
+        else:
+            a.passes[i] = 0
+            a.next_probe[i] = now + self.thresholds.canary_interval_s
+            if src == S.PROBING:
+                self._set(i, S.QUARANTINED, now, Reason.PROBE_FAILED, text)
+        return passed
+
+    # ---------------------------------------------------------------------------- operator actions
+    def approve(self, node: str, now: float) -> None:
+        """Approve a pending quarantine."""
+        i = self._require(node, {S.PENDING_APPROVAL}, "approve")
+        ejection.enter_quarantine(self.a, self.thresholds, i, now)
+        self._set(i, S.QUARANTINED, now, Reason.APPROVED)
+
+    def reject(self, node: str, now: float) -> None:
+        """Reject a pending quarantine: the node returns to service; every case against it restarts."""
+        i = self._require(node, {S.PENDING_APPROVAL}, "reject")
+        ejection.reset_verdicts(self.a, i)
+        self._set(i, S.HEALTHY, now, Reason.REJECTED)
+
+    def force_quarantine(self, node: str, now: float, until: float | None = None) -> None:
+        i = self.index_of(node)
+        self.a.override_until[i] = np.nan if until is None else until
+        if self.a.state[i] != S.FORCED_QUARANTINE:  # forcing again only moves the expiry
+            self._set(i, S.FORCED_QUARANTINE, now, Reason.OPERATOR_QUARANTINE)
+
+    def force_active(self, node: str, now: float, until: float | None = None) -> None:
+        i = self.index_of(node)
+        self.a.override_until[i] = np.nan if until is None else until
+        if self.a.state[i] != S.FORCED_ACTIVE:
+            self._set(i, S.FORCED_ACTIVE, now, Reason.OPERATOR_ACTIVE)
+
+    def release(self, node: str, now: float) -> None:
+        """Return a held node to service at full weight, with fresh statistics."""
+        i, a = self.index_of(node), self.a
+        src = NodeState(int(a.state[i]))
+        if src in (S.HEALTHY, S.DEGRADED):
+            return
+        if src == S.PENDING_APPROVAL:
+            self.reject(node, now)
+            return
+        self._forget(i)
+        ejection.reset_verdicts(a, i)
+        a.override_until[i] = np.nan
+        a.healthy_since[i] = now
+        a.warm_samples[i] = max(a.warm_samples[i], self.thresholds.warmup_samples)
+        self._set(i, S.HEALTHY, now, Reason.OPERATOR_RELEASE)
+
+    def pin_weight(self, node: str, weight: float, now: float, until: float | None = None) -> None:
+        if not (weight >= 0 and math.isfinite(weight)):
+            raise ValueError(f"pinned weight must be a finite number >= 0, got {weight!r}")
+        i = self.index_of(node)
+        self.a.pin[i] = weight
+        self.a.pin_until[i] = np.nan if until is None else until
+
+    def unpin(self, node: str) -> None:
+        i = self.index_of(node)
+        self.a.pin[i] = np.nan
+        self.a.pin_until[i] = np.nan
+
+    def _forget(self, i: int) -> None:
+        """A fresh start: statistics from before a quarantine describe the fault, not the node now."""
+        mask = np.arange(len(self.a)) == i
+        self.signals.forget(mask)
+        self.tail.window.clear(mask)
+        self.a.p50[i] = np.nan
+        self.a.p99[i] = np.nan
+
+    def _require(self, node: str, states: set[NodeState], action: str) -> int:
+        i = self.index_of(node)
+        cur = NodeState(int(self.a.state[i]))
+        if cur not in states:
+            raise ValueError(f"cannot {action} node {node!r}: it is {cur.label}")
+        return i
+
+    def _set(self, i: int, to: NodeState, now: float, reason: Reason, text: str = "") -> None:
+        src = NodeState(int(self.a.state[i]))
+        check_edge(src, to)
+        self.a.state[i] = to
+        self._pending.append(explain.operator_record(
+            self.a, self.thresholds, i, src, to, now, reason, int(self.signals.ewma["norm"].count[i]), text))
+

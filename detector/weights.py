@@ -1,0 +1,67 @@
+"""From states to the integer-scale weights a gateway applies.
+
+What a state means for traffic is :data:`detector.states.TRAFFIC`; within ``WEIGHTED`` states:
+
+- HEALTHY, FORCED_ACTIVE: ``base``;
+- DEGRADED: ``base * 2^-(Z - degrade_z)`` (the seed's soft degrade), clipped to
+  ``[min_weight_fraction * base, base]``; ``Z`` is the largest of any signal, so a node judged slow
+  that also built a queue gets little new work until it drains (why, with figures:
+  :mod:`detector.detectors.zscore`);
+- WARMING: a linear ramp from ``warmup_min_weight_fraction`` to 1 over ``warmup_samples`` (slow start);
+- RECOVERING: ``recovery_steps[step] * base``;
+
+``FLOOR`` states get ``min_weight_fraction * base``, ``DRAIN`` states 0; an operator's pin overrides
+all of it. When every node would get 0, the least slow node (lowest Z; forced quarantines last) keeps
+its base weight: sending traffic nowhere is never better than sending it to the best node left.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from detector.moves import lookup
+from detector.nodes import NodeArrays
+from detector.states import TRAFFIC, NodeState, Traffic
+from detector.thresholds import Thresholds
+
+S = NodeState
+_FLOOR = lookup(s for s, rule in TRAFFIC.items() if rule is Traffic.FLOOR)
+_DRAIN = lookup(s for s, rule in TRAFFIC.items() if rule is Traffic.DRAIN)
+
+
+def weights(a: NodeArrays, t: Thresholds, score: np.ndarray) -> np.ndarray:
+    base, state = a.base, a.state
+    w = base.copy()
+    floor = t.min_weight_fraction * base
+    deg = state == S.DEGRADED
+    factor = np.power(2.0, -(np.nan_to_num(score, nan=t.degrade_z) - t.degrade_z))
+    w[deg] = np.clip(base * factor, floor, base)[deg]
+    warming = state == S.WARMING
+    ramp = t.warmup_min_weight_fraction + (1 - t.warmup_min_weight_fraction) * np.minimum(
+        a.warm_samples / max(t.warmup_samples, 1), 1.0
+    )
+    w[warming] = (base * ramp)[warming]
+    w[_FLOOR[state]] = floor[_FLOOR[state]]
+    w[_DRAIN[state]] = 0.0
+    rec = state == S.RECOVERING
+    steps = np.array(t.recovery_steps)
+    w[rec] = (base * steps[np.minimum(a.step, len(steps) - 1)])[rec]
+    pinned = np.isfinite(a.pin)
+    w[pinned] = a.pin[pinned]
+    return w
+
+
+def with_fallback(a: NodeArrays, t: Thresholds, score: np.ndarray, norm_mean: np.ndarray
+                  ) -> tuple[np.ndarray, str | None]:
+    """:func:`weights`, and the reason when every node was out and the least slow one was kept."""
+    w = weights(a, t, score)
+    if not len(w) or (w > 0).any():
+        return w, None
+    key = np.nan_to_num(score, nan=np.inf).copy()
+    key[a.state == S.FORCED_QUARANTINE] = np.inf
+    if np.isinf(key).all():
+        key = np.nan_to_num(norm_mean, nan=np.inf)
+    pick = int(np.argmin(key))
+    w[pick] = a.base[pick]
+    return w, (f"every node is unavailable; sending traffic to the least slow node {a.ids[pick]!r} "
+               "instead of nowhere")
