@@ -192,11 +192,12 @@ class GroupDetector(NodeActions):
         as tokens leave the node, where a completed request reports seconds later and only partly
         slowed when a fault began while it ran (completed requests keep feeding decode too).
 
-        A row is one sample of the EMA and of the evidence, whatever its number of streams: both ask
-        for persistence in *time*, and what stalls one stream of a node (a long prefill sharing the
-        batch, a host hiccup) stalls all of them. Toward ``quarantine_persistence`` a row counts its
-        ``k`` streams, so ``quarantine_min_evaluations`` rows decide. Invalid rows and rows of unknown
-        nodes are reported, not applied; rows with no tokens are counted as ignored.
+        A row is one sample of the EMA, of the evidence and of the quarantine count, whatever its
+        number of streams: on a continuous-batching engine every stream of a node shares one step
+        time, so what stalls one (a long prefill chunk, a host hiccup) stalls all of them, and ``k``
+        streams are one observation, not ``k``. Its evidence unit is the spread of rows across the
+        group (:meth:`_row_spread`). Invalid rows and rows of unknown nodes are reported, not applied;
+        rows with no tokens are counted as ignored.
         """
         keep, idx, rejected, unknown = self._admit(batch.node, *validate_progress(batch))
         empty = keep & (batch.tokens == 0)
@@ -209,20 +210,34 @@ class GroupDetector(NodeActions):
         a, t = self.a, self.thresholds
         self._touch(b.node, b.ts)
         learn = a.state[b.node] != S.WARMING
-        node, x, streams = b.node[learn], b.decode_ms()[learn], b.streams()[learn]
-        k = np.maximum(np.rint(streams), 1).astype(np.int64)
-        self.signals.update("decode", node, x, self._last.get("baseline:decode", math.nan))
+        node, x = b.node[learn], b.decode_ms()[learn]
+        base = self._last.get("baseline:decode", math.nan)
+        self.signals.update("decode", node, x, base)
+        self._row_spread(node, x, base)
         if zscore.evidence_signal(t, self._last) == "decode":
-            # A row of few streams is as noisy as those few requests, and the same requests fill the
-            # next rows: one slow request on a quiet node must not read as a slow node. Its unit is
-            # the per-request spread (of the normalised latency) over sqrt(streams), or more.
-            per_request = self._last.get("request_rel_sd:norm", math.nan)
-            sigma = self._last.get("request_rel_sd:decode", math.nan)
-            if math.isfinite(per_request):
-                sigma = np.maximum(sigma, per_request / np.sqrt(np.maximum(streams, 1.0)))
+            # Every stream of a node shares its step time (one batch), so a row is one observation:
+            # its unit is how much rows differ across the group, not a per-request spread / sqrt(k).
+            sigma = self._last.get("row_rel_sd:decode", self._last.get("request_rel_sd:decode", math.nan))
             zscore.feed_evidence(a, t, self._last, node, x, "decode", sigma)
-        a.new_samples += np.bincount(node, weights=k, minlength=len(a)).astype(np.int64)
+        a.new_samples += np.bincount(node, minlength=len(a))  # one sample of time per row
         return IngestResult(accepted, rejected, unknown, ignored=int(empty.sum()))
+
+    def _row_spread(self, node: np.ndarray, x: np.ndarray, base: float) -> None:
+        """The group's relative spread of progress rows: robust (1.4826 x MAD of ``log(row /
+        baseline)``) over the rows of healthy nodes in this batch, EW-averaged across batches and
+        floored at ``spread_floor``. It holds everything that makes one healthy node's row differ
+        from another's: the shared step time's noise, batch sizes, hardware spread."""
+        t = self.thresholds
+        healthy = self.a.state[node] == S.HEALTHY
+        if not (math.isfinite(base) and base > 0) or healthy.sum() < t.min_peers:
+            return
+        r = np.log(x[healthy] / base)
+        r = r[np.isfinite(r)]
+        if len(r) < t.min_peers:
+            return
+        sd = max(1.4826 * float(np.median(np.abs(r - np.median(r)))), t.spread_floor)
+        old = self._last.get("row_rel_sd:decode", sd)
+        self._last["row_rel_sd:decode"] = old + t.ema_alpha * (sd - old)
 
     def _admit(self, names: np.ndarray, valid: np.ndarray, rejected: list[tuple[int, RejectReason]]
                ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, RejectReason]], list[str]]:

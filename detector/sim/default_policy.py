@@ -32,14 +32,14 @@ class DefaultPolicy(Policy):
     wants_progress = True
 
     def __init__(self, ctx: GroupContext, thresholds: Any) -> None:
-        from detector import GroupDetector, NodeState, ProgressBatch, SampleBatch
+        from detector import GroupDetector, ProgressBatch, SampleBatch
+        from detector.states import OUT_OF_SERVICE
 
         super().__init__(ctx)
         self.tick_s = ctx.sim.scn.tick_s
         self._batch_cls = SampleBatch
         self._progress_cls = ProgressBatch
-        self._out_of_service = {int(NodeState.QUARANTINED), int(NodeState.PROBING),
-                                int(NodeState.FORCED_QUARANTINE)}
+        self._out_of_service = {int(s) for s in OUT_OF_SERVICE}  # the traffic table's DRAIN states
         members = [i for i in range(ctx.n) if ctx.members[i]]
         self.gd = GroupDetector(thresholds=thresholds, nodes=[ctx.node_ids[i] for i in members], now=EPOCH)
         self.base = 100.0

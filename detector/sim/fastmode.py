@@ -117,11 +117,12 @@ def run_fast(nodes: int = 64, hours: float = 1.0, rate_per_node: float = 3.0, ti
     ids = np.asarray([f"n{i}" for i in range(nodes)], dtype=object)
     gd = None
     if "default" in policies:
-        from detector import GroupDetector, NodeState, Thresholds
+        from detector import GroupDetector, Thresholds
+        from detector.states import OUT_OF_SERVICE
 
         th = Thresholds.from_dict(thresholds) if thresholds else Thresholds()
         gd = GroupDetector(thresholds=th, nodes=list(ids), now=EPOCH)
-        out_states = {int(NodeState.QUARANTINED), int(NodeState.PROBING), int(NodeState.FORCED_QUARANTINE)}
+        out_states = {int(s) for s in OUT_OF_SERVICE}  # the traffic table's DRAIN states
         prev_out = np.zeros(nodes, dtype=bool)
         prev_cut = np.zeros(nodes, dtype=bool)
     seed_vec = SeedZScoreVec(nodes) if "seed_zscore" in policies else None

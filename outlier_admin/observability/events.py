@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 from django.db.models import Max
 
+from detector.states import OUT_OF_SERVICE_LABELS
 from outlier_admin.control.models import AuditEvent, ProposalStatus, QuarantineProposal, Transition
 from outlier_admin.control.redis_conn import GroupLock, get_redis, weights_key
 from outlier_admin.fleet.models import ModelGroup
@@ -49,7 +50,9 @@ LOCK_KEY = PREFIX + "lock"
 OPEN_PROPOSALS_KEY = PREFIX + "proposals_open"
 SAFEGUARD_KEY = PREFIX + "safeguard"
 BATCH = 1000
-OUT_STATES = {"quarantined", "probing", "recovering", "forced_quarantine"}
+# A quarantine episode lasts from leaving service (the traffic table's DRAIN states) until the stepwise
+# restore ends: its alert resolves when the node is healthy again from any of these.
+OUT_STATES = OUT_OF_SERVICE_LABELS | {"recovering"}
 
 
 @dataclass

@@ -59,17 +59,18 @@ class Fleet:
     def progress(self, t_end: float, dt: float, *, streams: dict[int, int] | None = None, per_stream: float = 0.0,
                  stall: dict[int, float] | None = None) -> ProgressBatch:
         """What a streaming gateway saw over ``(t_end - dt, t_end]``: every node with 20 requests
-        decoding (or ``streams[i]``), each with its own noise, at its per-token cost times ``slow``, a
-        one-interval ``stall`` factor, and ``1 + per_stream * (streams - 20)`` (a bigger batch decodes
-        each token slower)."""
+        decoding (or ``streams[i]``) at its per-token cost times ``slow``, a one-interval ``stall``
+        factor, and ``1 + per_stream * (streams - 20)`` (a bigger batch decodes each token slower).
+        Every stream of a node shares one step time (one batch on a continuous-batching engine), so
+        its noise is one draw per node and interval, not one per stream."""
         k = np.full(self.n, 20)
         for i, s in (streams or {}).items():
             k[i] = s
         out_tokens = np.zeros(self.n)
         for i in range(self.n):
-            ms = self.decode_ms * self.speed[i] * self.rng.lognormal(0, self.jitter, k[i]) * self.surge
+            ms = self.decode_ms * self.speed[i] * self.rng.lognormal(0, self.jitter) * self.surge
             ms *= self.slow.get(i, 1.0) * (stall or {}).get(i, 1.0) * (1 + per_stream * (k[i] - 20))
-            out_tokens[i] = (dt * 1000.0 / ms).sum()
+            out_tokens[i] = k[i] * dt * 1000.0 / ms
         return ProgressBatch.from_columns(node=self.nodes, ts=np.full(self.n, t_end), interval_s=np.full(self.n, dt),
                                           tokens=out_tokens, token_ms=k * dt * 1000.0)
 
