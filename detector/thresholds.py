@@ -192,6 +192,8 @@ class Thresholds:
     def _check_range(name: str, value: Any, rng: dict[str, Any]) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ThresholdError(name, f"must be a number in {Thresholds._describe(rng)}, got {value!r}")
+        if isinstance(value, int) and abs(value) > 2**63:
+            raise ThresholdError(name, f"must be in {Thresholds._describe(rng)}, got an integer of {len(str(value))} digits")
         if rng["integer"] and not float(value).is_integer():
             raise ThresholdError(name, f"must be an integer in {Thresholds._describe(rng)}, got {value!r}")
         if not math.isfinite(value):

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Any
+
 import django_filters as filters
+from django.core.exceptions import ValidationError
+from django_filters.fields import IsoDateTimeField
 
 from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
 from outlier_admin.fleet.models import Node
@@ -20,9 +25,29 @@ class NodeFilter(filters.FilterSet):
         fields = ["group", "state", "address", "retired"]
 
 
+class UTCIsoDateTimeField(IsoDateTimeField):
+    """An ISO 8601 date-time, handed to the database in UTC. Python accepts UTC offsets up to 24 h but
+    PostgreSQL only up to 15:59 (``?since=2026-01-01T00:00:00+22:00`` was a 500: "time zone
+    displacement out of range"), and a date at the edge of Python's range may have no UTC equivalent
+    (``0001-01-01T00:00:00+10:00``): both are a 400 naming the value instead."""
+
+    def to_python(self, value: Any) -> datetime | None:
+        parsed = super().to_python(value)
+        if parsed is None:
+            return None
+        try:
+            return parsed.astimezone(UTC)
+        except OverflowError:
+            raise ValidationError(f"{value!r} is out of the supported date range", code="invalid") from None
+
+
+class UTCIsoDateTimeFilter(filters.IsoDateTimeFilter):
+    field_class = UTCIsoDateTimeField
+
+
 class _TimeFilter(filters.FilterSet):
-    since = filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte")
-    until = filters.IsoDateTimeFilter(field_name="at", lookup_expr="lt")
+    since = UTCIsoDateTimeFilter(field_name="at", lookup_expr="gte")
+    until = UTCIsoDateTimeFilter(field_name="at", lookup_expr="lt")
 
 
 class TransitionFilter(_TimeFilter):

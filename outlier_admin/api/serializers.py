@@ -7,6 +7,7 @@ errors the exception handler turns into 400s (:mod:`outlier_admin.api.errors`).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
@@ -62,13 +63,27 @@ class ThresholdChangeSerializer(serializers.ModelSerializer):
         fields = ["version", "changed_at", "actor", "reason", "diff", "old", "new"]
 
 
+class ThresholdChangesField(serializers.DictField):
+    """``{threshold: value}``; the values are judged by :class:`detector.Thresholds`. Refused here: an
+    integer beyond a double (``1`` followed by 400 zeros), which the range checks convert to float and
+    which raised ``OverflowError`` (a 500) in them."""
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        changes = super().to_internal_value(data)
+        for name, value in changes.items():
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, int) and not isinstance(item, bool) and abs(item) > sys.float_info.max:
+                    raise serializers.ValidationError({name: ["a number this large is not a threshold"]})
+        return changes
+
+
 class ThresholdUpdateSerializer(serializers.Serializer):
-    changes = serializers.DictField(help_text='{"quarantine_z": 4.0, ...}; see GET .../thresholds for ranges')
+    changes = ThresholdChangesField(help_text='{"quarantine_z": 4.0, ...}; see GET .../thresholds for ranges')
     reason = serializers.CharField(help_text="Why (goes into the audit log)")
 
 
 class ThresholdPreviewSerializer(serializers.Serializer):
-    changes = serializers.DictField()
+    changes = ThresholdChangesField()
     window_s = serializers.FloatField(default=3600.0, min_value=60.0, max_value=86400.0)
 
 

@@ -252,10 +252,15 @@ def parse_range(params: Any, *, now: datetime, default_hours: float = 1.0) -> tu
         raw = params.get(name)
         if not raw:
             return None
-        value = parse_datetime(raw)
-        if value is None:
-            raise RangeError(f"{name}: {raw!r} is not an ISO 8601 date-time (e.g. 2026-01-31T12:00:00Z)")
-        return make_aware(value) if is_naive(value) else value
+        try:
+            value = parse_datetime(raw)  # raises ValueError for a well-formed impossible date (02-30)
+            if value is None:
+                raise ValueError
+            # In UTC: PostgreSQL refuses offsets over 15:59 that Python accepts (up to 24 h).
+            return (make_aware(value) if is_naive(value) else value).astimezone(UTC)
+        except (ValueError, OverflowError):
+            raise RangeError(f"{name}: {raw!r} is not an ISO 8601 date-time in range "
+                             "(e.g. 2026-01-31T12:00:00Z)") from None
 
     end = when("end") or now
     start = when("start")
@@ -267,7 +272,10 @@ def parse_range(params: Any, *, now: datetime, default_hours: float = 1.0) -> tu
             raise RangeError(f"hours: {raw!r} is not a number") from None
         if not 0 < hours <= MAX_RANGE.total_seconds() / 3600:
             raise RangeError(f"hours must be in (0, {MAX_RANGE.days * 24}], got {raw}")
-        start = end - timedelta(hours=hours)
+        try:
+            start = end - timedelta(hours=hours)
+        except OverflowError:  # an end within hours of year 1
+            raise RangeError(f"end: {params.get('end')!r} minus {hours:g} hours is before year 1") from None
     if start >= end:
         raise RangeError("start must be before end")
     if end - start > MAX_RANGE:

@@ -1,4 +1,4 @@
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
@@ -18,4 +18,7 @@ urlpatterns = [
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    # Last: any other /api/.../ path is the API's JSON 404. Only paths ending in "/": a path missing
+    # its trailing slash must stay unmatched, so that APPEND_SLASH still redirects it to its endpoint.
+    re_path(r"^api/(?P<unmatched>[\s\S]*/)$", views.api_not_found, name="api-not-found"),
 ]

@@ -26,8 +26,9 @@ from rest_framework.response import Response
 
 from detector.thresholds import Thresholds
 from outlier_admin.api import filters, queries
-from outlier_admin.api.errors import error_body
 from outlier_admin.api import serializers as s
+from outlier_admin.api.errors import error_body
+from outlier_admin.api.inputs import PARSERS, Pagination
 from outlier_admin.api.permissions import CanRead, capability_permission
 from outlier_admin.api.preview import may_preview, preview_roles, preview_thresholds
 from outlier_admin.api.renderers import FastJSONRenderer
@@ -67,7 +68,15 @@ def _valid(serializer_class: type[serializers.Serializer], request: Request) -> 
     return dict(ser.validated_data)
 
 
-class GroupViewSet(viewsets.ReadOnlyModelViewSet):
+class ApiView:
+    """What every endpoint shares: a bounded page and a JSON parser that answers every unreadable body
+    with a 400 (:mod:`outlier_admin.api.inputs`)."""
+
+    pagination_class = Pagination
+    parser_classes = PARSERS
+
+
+class GroupViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     """Model groups: the peers each node is compared with, their thresholds and policy."""
 
     queryset = ModelGroup.objects.all()
@@ -141,7 +150,7 @@ class GroupViewSet(viewsets.ReadOnlyModelViewSet):
         return super().get_permissions()
 
 
-class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+class NodeViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     """Nodes with their state, weight and latest figures; overrides for on-call engineers."""
 
     serializer_class = s.NodeSerializer
@@ -245,7 +254,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
         return self._override(request, pk, "unpin")
 
 
-class TransitionViewSet(viewsets.ReadOnlyModelViewSet):
+class TransitionViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     """State changes with their explanation (evidence, thresholds in force, policy, safeguard)."""
 
     queryset = Transition.objects.select_related("node", "group")
@@ -254,7 +263,7 @@ class TransitionViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["at"]
 
 
-class ProposalViewSet(viewsets.ReadOnlyModelViewSet):
+class ProposalViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     """Quarantines waiting for a human (policy ``approval``, GPU hard faults)."""
 
     queryset = QuarantineProposal.objects.select_related("node", "group")
@@ -282,7 +291,7 @@ class ProposalViewSet(viewsets.ReadOnlyModelViewSet):
         return self._decide(request, pk, approve=False)
 
 
-class OverrideViewSet(viewsets.ReadOnlyModelViewSet):
+class OverrideViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     """Manual decisions about nodes (create them with ``POST /api/v1/nodes/<id>/<kind>``)."""
 
     queryset = Override.objects.select_related("node")
@@ -291,7 +300,7 @@ class OverrideViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["created_at"]
 
 
-class ProbeViewSet(viewsets.ReadOnlyModelViewSet):
+class ProbeViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     """Canary probes of quarantined / probing nodes and their verdicts."""
 
     queryset = CanaryProbe.objects.select_related("node")
@@ -300,7 +309,7 @@ class ProbeViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["at"]
 
 
-class GpuReadingViewSet(viewsets.ReadOnlyModelViewSet):
+class GpuReadingViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     """DCGM readings per GPU of a node."""
 
     queryset = GpuReading.objects.all()
@@ -309,7 +318,7 @@ class GpuReadingViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["at"]
 
 
-class AuditViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class AuditViewSet(ApiView, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Every change by a person or token: who, when, what, why, and before -> after in ``detail``."""
 
     queryset = AuditEvent.objects.select_related("group", "node")

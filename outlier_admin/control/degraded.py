@@ -47,7 +47,9 @@ from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.control.models import Transition as TransitionRow
 from outlier_admin.control.redis_conn import (
     WEIGHTS_CHANNEL,
+    GroupLock,
     degraded_key,
+    fenced,
     outbox_key,
     probes_key,
     snapshot_key,
@@ -305,7 +307,8 @@ class sql_or_outbox:  # lower case: used like transaction.atomic
 # --- the degraded tick ------------------------------------------------------------------------------
 
 
-def run_degraded_tick(r: redis.Redis, name: str, *, now: float | None, consumer: str, started: float) -> Any:
+def run_degraded_tick(r: redis.Redis, name: str, *, now: float | None, consumer: str, started: float,
+                      lock: GroupLock | None = None) -> Any:
     """One tick of ``name`` without PostgreSQL (call under the group lock). Returns a
     :class:`~outlier_admin.control.tick.TickResult` or None when the group has no snapshot or
     detector state yet (a group never ticked with PostgreSQL up cannot be ticked without it)."""
@@ -366,18 +369,21 @@ def run_degraded_tick(r: redis.Redis, name: str, *, now: float | None, consumer:
     write_all = raw[2] is None or int(raw[2]) != history_slot
     out_rows, proposals = rows_of_tick(ev, group, by_name, transitions, shadow=shadow, now=now, write_all=write_all)
 
-    # One MULTI: the weights document + notification, the detector state and this tick's SQL rows.
-    pipe = r.pipeline(transaction=True)
-    pipe.set(weights_key(name), orjson.dumps(doc))
-    pipe.publish(WEIGHTS_CHANNEL, orjson.dumps({"group": name, "version": version}))
-    pipe.hset(state_key(name), mapping={"detector": gd.to_bytes(), "last_id": last_id, "history_slot": history_slot})
-    pipe.delete(probes_key(name))
-    if ev.probes_due:
-        pipe.hset(probes_key(name), mapping={n: by_name[n].address for n in ev.probes_due if n in by_name})
-    if out_rows or proposals:
-        pipe.rpush(outbox_key(name), outbox_item(out_rows, proposals, {}))
-    pipe.set(degraded_key(name), version)
-    pipe.execute()
+    # One MULTI: the weights document + notification, the detector state and this tick's SQL rows,
+    # fenced like the normal tick's state write (only while this tick still holds the group).
+    def store(pipe: Any) -> None:
+        pipe.set(weights_key(name), orjson.dumps(doc))
+        pipe.publish(WEIGHTS_CHANNEL, orjson.dumps({"group": name, "version": version}))
+        pipe.hset(state_key(name), mapping={"detector": gd.to_bytes(), "last_id": last_id,
+                                            "history_slot": history_slot})
+        pipe.delete(probes_key(name))
+        if ev.probes_due:
+            pipe.hset(probes_key(name), mapping={n: by_name[n].address for n in ev.probes_due if n in by_name})
+        if out_rows or proposals:
+            pipe.rpush(outbox_key(name), outbox_item(out_rows, proposals, {}))
+        pipe.set(degraded_key(name), version)
+
+    fenced(r, lock, state_key(name), raw[1], store)
     if ack_ids:
         r.xack(skey, t.CONSUMER_GROUP, *ack_ids)
         r.xdel(skey, *ack_ids)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -131,6 +132,13 @@ class GroupLock:
             self._renewer.start()
         return self.held
 
+    def is_current(self, value: bytes | None) -> bool:
+        """Whether the lock key's ``value`` is this holder's token."""
+        return self.held and value is not None and value.decode() == self.token
+
+    def still_held(self) -> bool:
+        return self.is_current(self.client.get(self.key))
+
     def extend(self, ttl_ms: int | None = None) -> bool:
         """Reset the lease to ``ttl_ms`` (default: the lock's ttl) if we still hold it."""
         with self.client.pipeline() as pipe:
@@ -191,6 +199,36 @@ class GroupLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+class LeaseLost(RuntimeError):
+    """A tick's lock passed to another worker while it ran: its writes are dropped (see :func:`fenced`)."""
+
+
+def fenced(client: redis.Redis, lock: GroupLock | None, state: str, expected_last_id: bytes | None,
+           queue: Callable[[Any], None]) -> None:
+    """Run the commands ``queue`` adds to a pipeline in one MULTI/EXEC, only while ``lock`` is still
+    held by its holder and the detector state's ``last_id`` is still ``expected_last_id`` (both
+    WATCHed up to the EXEC); raises :class:`LeaseLost` otherwise.
+
+    Why: a tick that stalls past its lease (a VM or GC pause, a hung database call) while another
+    worker takes the group over, applies the same entries and newer ones, stores its state and
+    acknowledges them, must not resume and store its older state over its successor's: that
+    un-applies the successor's entries, which are gone from the stream (measured by the chaos probe:
+    250 of 30,000 records lost at one 7 s pause, 16,000 of 40,016 at four)."""
+    keys = [state] + ([lock.key] if lock is not None else [])
+    with client.pipeline() as pipe:
+        try:
+            pipe.watch(*keys)
+            if lock is not None and not lock.is_current(pipe.get(lock.key)):
+                raise LeaseLost(f"{lock.key}: held by another tick now")
+            if pipe.hget(state, "last_id") != expected_last_id:
+                raise LeaseLost(f"{state}: advanced by another tick")
+            pipe.multi()
+            queue(pipe)
+            pipe.execute()
+        except redis.WatchError:
+            raise LeaseLost(f"{state}: changed by another tick while this one wrote") from None
 
 
 def tick_lock(client: redis.Redis, group: str) -> GroupLock:

@@ -45,7 +45,16 @@ from outlier_admin.control.models import (
     QuarantineProposal,
 )
 from outlier_admin.control.models import Transition as TransitionRow
-from outlier_admin.control.redis_conn import get_redis, probes_key, state_key, stream_key, tick_lock
+from outlier_admin.control.redis_conn import (
+    GroupLock,
+    LeaseLost,
+    fenced,
+    get_redis,
+    probes_key,
+    state_key,
+    stream_key,
+    tick_lock,
+)
 from outlier_admin.fleet.models import ModelGroup, Node, Policy
 from outlier_admin.ingest.pipeline import decode_entry, decode_progress
 
@@ -309,11 +318,16 @@ def run_tick(group: ModelGroup | str, *, now: float | None = None, consumer: str
                 group = ModelGroup.objects.get(name=group)
             # Rows kept in Redis while PostgreSQL was down are written before this tick's own.
             degraded.drain(r, group)
-            return _tick_locked(r, group, now, consumer, started)
+            return _tick_locked(r, group, now, consumer, started, lock=lock)
         except degraded.DB_ERRORS as exc:
             # PostgreSQL unreachable: keep deciding and publishing from Redis (see control.degraded).
             log.warning("tick of %s without PostgreSQL: %s", name, exc)
-            return degraded.run_degraded_tick(r, name, now=now, consumer=consumer, started=started)
+            return degraded.run_degraded_tick(r, name, now=now, consumer=consumer, started=started, lock=lock)
+    except LeaseLost as exc:
+        # Another worker took the group over while this tick stalled: it applied these entries (or
+        # will: they stay pending); writing our older state would un-apply its work.
+        log.warning("tick of %s dropped: %s", name, exc)
+        return None
     finally:
         lock.release()
 
@@ -328,11 +342,13 @@ def apply_progress(gd: GroupDetector, entries: list[tuple[bytes, dict]]) -> int:
         node=node, ts=ts, interval_s=interval, tokens=tokens, token_ms=token_ms)).accepted
 
 
-def _tick_locked(r: redis.Redis, group: ModelGroup, now: float | None, consumer: str, started: float) -> TickResult:
+def _tick_locked(r: redis.Redis, group: ModelGroup, now: float | None, consumer: str, started: float,
+                 *, lock: GroupLock | None = None) -> TickResult:
     group.refresh_from_db()
     now = time.time() if now is None else now
     skey = stream_key(group.name)
     _ensure_consumer_group(r, skey)
+    started_from = r.hget(state_key(group.name), "last_id")  # what the state write is fenced on
     gd, last_id, _ = _load_detector(r, group, now)
     fresh_state = last_id == b"0-0" and not gd.nodes
     nodes = list(Node.objects.filter(group=group))
@@ -371,6 +387,8 @@ def _tick_locked(r: redis.Redis, group: ModelGroup, now: float | None, consumer:
     decided_at = time.perf_counter()
 
     view = published_view(ev, group, by_name)
+    if lock is not None and not lock.still_held():
+        raise LeaseLost(f"{lock.key}: lease lost before publishing")
     version = publish.publish_weights(group, view, safeguard=bool(ev.safeguard), now=now)
     result.publish_latency_ms = (time.perf_counter() - decided_at) * 1000.0
     result.version = version
@@ -380,23 +398,26 @@ def _tick_locked(r: redis.Redis, group: ModelGroup, now: float | None, consumer:
 
     history_slot = int(now // settings.HISTORY_EVERY_S)
     stored_slot = r.hget(state_key(group.name), "history_slot")
-    pipe = r.pipeline(transaction=True)
-    pipe.hset(
-        state_key(group.name),
-        mapping={
-            "detector": gd.to_bytes(),
-            "last_id": last_id,
-            "thresholds_version": group.thresholds_version,
-            "history_slot": history_slot,
-        },
-    )
-    # What a tick needs to run while PostgreSQL is down (control.degraded).
-    degraded.store_snapshot(pipe, group, nodes)
-    # Canary probes due now, for the canary task (replaced every tick).
-    pipe.delete(probes_key(group.name))
-    if ev.probes_due:
-        pipe.hset(probes_key(group.name), mapping={n: by_name[n].address for n in ev.probes_due if n in by_name})
-    pipe.execute()
+
+    def store(pipe: Any) -> None:
+        pipe.hset(
+            state_key(group.name),
+            mapping={
+                "detector": gd.to_bytes(),
+                "last_id": last_id,
+                "thresholds_version": group.thresholds_version,
+                "history_slot": history_slot,
+            },
+        )
+        # What a tick needs to run while PostgreSQL is down (control.degraded).
+        degraded.store_snapshot(pipe, group, nodes)
+        # Canary probes due now, for the canary task (replaced every tick).
+        pipe.delete(probes_key(group.name))
+        if ev.probes_due:
+            pipe.hset(probes_key(group.name), mapping={n: by_name[n].address for n in ev.probes_due if n in by_name})
+
+    # Only while this tick still holds the group (a stalled tick must not overwrite its successor's).
+    fenced(r, lock, state_key(group.name), started_from, store)
 
     shadow = group.policy == Policy.SHADOW
     transitions = [t for t in ev.transitions if t.node in by_name]

@@ -35,10 +35,10 @@ NODE_ID_MAX = 200
 ADDRESS_MAX = 300
 URL_MAX = 300
 
-_GROUP_NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_]{0,99}$")
-_NODE_ID = re.compile(r"^[A-Za-z0-9\[][A-Za-z0-9._:@\[\]-]{0,199}$")
-_DNS_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
-_URL_PATH = re.compile(r"^[A-Za-z0-9._~!$&'()*+,;=:@/%-]*$")
+GROUP_NAME_RE = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_]{0,99}")  # fullmatch: "$" would let "g1\n" through
+NODE_ID_RE = re.compile(r"[A-Za-z0-9\[][A-Za-z0-9._:@\[\]-]{0,199}")
+_DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+_URL_PATH = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=:@/%-]*")
 
 
 class NameError_(ValueError):
@@ -53,14 +53,14 @@ class NameError_(ValueError):
 def validate_group_name(name: object) -> str:
     """A group name: letters, digits, ``-`` and ``_``, up to 100 characters, starting with a letter
     or digit (it is a Redis key part and a URL path segment)."""
-    if not isinstance(name, str) or not _GROUP_NAME.match(name):
+    if not isinstance(name, str) or not GROUP_NAME_RE.fullmatch(name):
         raise NameError_("bad_group", f"group name {_show(name)} must match [A-Za-z0-9][-A-Za-z0-9_]{{0,99}}")
     return name
 
 
 def validate_node_id(node: object) -> str:
     """A node id: up to 200 of ``A-Z a-z 0-9 . _ : @ - [ ]`` (an id, never a URL)."""
-    if not isinstance(node, str) or not _NODE_ID.match(node):
+    if not isinstance(node, str) or not NODE_ID_RE.fullmatch(node):
         raise NameError_(
             "bad_node", f"node id {_show(node)} must be 1-{NODE_ID_MAX} of letters, digits and . _ : @ - [ ]"
         )
@@ -82,7 +82,7 @@ def _valid_host(host: str) -> str:
     except ValueError:
         name = host.lower().rstrip(".")
         labels = name.split(".")
-        if len(name) > 253 or not all(_DNS_LABEL.match(label) for label in labels):
+        if len(name) > 253 or not all(_DNS_LABEL.fullmatch(label) for label in labels):
             raise NameError_("bad_address", f"host {_show(host)} is neither an IP address nor a DNS name") from None
         if labels[-1].isdigit():
             raise NameError_("bad_address", f"host {_show(host)} is not a valid IPv4 address") from None
@@ -178,7 +178,7 @@ def validate_scrape_url(text: str) -> str:
         raise NameError_("bad_url", f"URL {_show(text)} must not carry user info")
     if parts.query or parts.fragment or "?" in text or "#" in text:
         raise NameError_("bad_url", f"URL {_show(text)} must not carry a query or a fragment")
-    if not _URL_PATH.match(parts.path):
+    if not _URL_PATH.fullmatch(parts.path):
         raise NameError_("bad_url", f"URL {_show(text)} has characters not allowed in a path")
     if port == 0:
         raise NameError_("bad_url", f"URL {_show(text)}: port must be 1-65535")

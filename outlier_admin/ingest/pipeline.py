@@ -25,6 +25,7 @@ record each: one XADD per group per request is what makes 20k records/s fit on t
 from __future__ import annotations
 
 import fnmatch
+import json
 import logging
 import threading
 import time
@@ -247,6 +248,15 @@ def _append(r: Any, per_group: dict[str, list[dict[str, Any]]]) -> dict[str, tup
     return result
 
 
+def _dump(obj: Any) -> str:
+    """A refused record as text; what orjson cannot write (a lone surrogate, an int over 64 bits)
+    is written with its escapes by the standard library."""
+    try:
+        return orjson.dumps(obj, default=str).decode()
+    except (orjson.JSONEncodeError, TypeError):
+        return json.dumps(obj, default=str)
+
+
 def _pg_text(text: str) -> str:
     # PostgreSQL text cannot hold NUL; a rejected record keeps everything else verbatim.
     return text.replace("\x00", "\\u0000")
@@ -318,7 +328,7 @@ def submit(
                     RejectedInput(
                         source=source[:100], source_ref=source_ref, line=line, reason=reason[:64],
                         detail=_pg_text(detail[:2000]),
-                        raw=_pg_text((raw if raw is not None else orjson.dumps(obj, default=str).decode())[:65536]),
+                        raw=_pg_text((raw if raw is not None else _dump(obj))[:65536]),
                     )
                     for line, reason, detail, obj, raw in rejects
                 ],
