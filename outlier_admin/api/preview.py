@@ -5,18 +5,13 @@ logs TTFT, else ``norm`` —: EMA, Z, evidence, recorded state; P50/P99 of the t
 against two :class:`detector.Thresholds` — the current ones and the proposed ones — and returns the
 simulated transitions of each, so an operator sees what a change *would have done* before saving it.
 
-Rules replayed (the detector's, on the history cadence of ``HISTORY_EVERY_S`` seconds):
-
-- degrade: ``Z >= degrade_z`` (robust mode also needs ``EMA >= degrade_materiality * baseline`` and
-  the recorded evidence ``>= degrade_evidence``, unless the row is of quarantine strength);
-  back to healthy when ``Z < degrade_z - degrade_hysteresis``;
-- quarantine: ``Z >= quarantine_z`` (robust: ``EMA >= quarantine_materiality * baseline``) for
-  ``quarantine_persistence`` rows in a row, or ``P99/P50 >= tail_ratio`` for ``tail_windows`` rows in
-  a row, or ``P50 >= cross_p50_ratio * median peer P50`` for ``tail_windows`` rows in a row;
-- without TTFT (``norm`` decides, its latency includes the queue): latency quarantines only a node
-  degraded for at least ``queue_drain_s``, counting its rows from then on;
-- safeguard: a quarantine is refused (``safeguard_blocked``) when it would put more than
-  ``floor(max_quarantine_fraction * nodes)`` nodes out of service; the node stays degraded.
+Rules replayed: the detector's own, not a copy. Each history step (``HISTORY_EVERY_S``) becomes a peer
+view of the recorded figures, and :func:`replay` hands it to the functions a tick decides with —
+:func:`detector.detectors.zscore.decide` (the deciding signal, the queue-drain rule for groups
+without TTFT), :mod:`detector.ejection` (persistence as a leaky count over evaluations, the evidence
+gate with flap damping, cause priority and ``dry_run``, the safeguard cap and its ``safeguard_blocked``
+hold, soft degrade with hysteresis, approval) and the tail and cross-P50 formulas of
+:mod:`detector.detectors`. A change of a rule in the detector is a change of the preview.
 
 ``baseline`` at a timestamp is the detector's own, stored by the tick with the history rows
 (:class:`~outlier_admin.control.models.GroupBaseline`, same ``at``); for rows written without one
@@ -25,10 +20,11 @@ healthy/degraded at that timestamp.
 
 Approximations, stated so nobody over-reads the preview: the evidence is replayed as recorded, i.e.
 as accumulated under the materiality and allowance in force then (a new ``degrade_evidence`` line is
-replayed exactly, a new ``degrade_materiality`` only through the EMA test); persistence is counted per history row (the
-detector counts per evaluation, i.e. per tick, so real quarantines come sooner); recovery needs canary
-probes, which are not replayed, so a simulated quarantine lasts to the end of the window; nodes the
-history shows warming, probing, recovering or forced by an operator are not judged at those rows.
+replayed exactly, a new ``degrade_materiality`` only through the EMA test); a history step counts as
+one sample and one evaluation (the detector counts every request and tick, so real quarantines come
+sooner); errors are not recorded in the history and not replayed; recovery needs canary probes, which
+are not replayed, so a simulated quarantine lasts to the end of the window; nodes the history shows
+warming, probing, recovering or forced by an operator are not judged at those rows.
 
 Who and how much: a preview reads a whole group's history into memory and replays it twice, so it
 is for the roles that act on thresholds and nodes (:data:`PREVIEW_CAPABILITIES`: operator, oncall),
@@ -53,6 +49,8 @@ import numpy as np
 from django.conf import settings
 from django.utils import timezone
 
+from detector import ejection
+from detector.detectors.cross_p50 import cross_p50_slow
 from detector.thresholds import Thresholds
 from outlier_admin.api.permissions import CAPABILITIES, user_can
 from outlier_admin.api.queries import decision_signal
@@ -65,7 +63,6 @@ PREVIEW_FIELDS = (
     "quarantine_materiality", "degrade_evidence", "queue_drain_s", "tail_ratio", "cross_p50_ratio",
     "tail_windows", "max_quarantine_fraction",
 )
-OUT_OF_SERVICE = frozenset({"quarantined", "probing", "forced_quarantine"})
 JUDGED = frozenset({"healthy", "degraded", "pending_approval"})
 #: Recorded states the replay always follows (membership and operator decisions, not thresholds).
 FOLLOWED = frozenset({"warming", "forced_quarantine", "forced_active"})
@@ -143,94 +140,92 @@ class Preview:
 
 # at, node, z, ema, p50, p99, state, evidence
 Row = tuple[datetime, str, float | None, float | None, float | None, float | None, str, float | None]
+_PAD = "\x00pad"  # nodes of the group without history rows: they count toward the safeguard's cap
 
 
 def replay(
     rows: list[Row], t: Thresholds, node_count: int, baselines: dict[datetime, float] | None = None, *,
     queue_laden: bool = False,
 ) -> list[SimTransition]:
-    """Simulated transitions of ``rows`` (sorted by ``at``) under thresholds ``t``. Pure function.
+    """Simulated transitions of ``rows`` (sorted by ``at``) under thresholds ``t``, decided by the
+    detector's own ejection layer (:mod:`detector.ejection`): the recorded figures of each history
+    step become a peer view, and the same functions that decide in a tick decide here — the deciding
+    signal and the queue-drain rule (:func:`detector.detectors.zscore.decide`), persistence as a leaky
+    count, the evidence gate with flap damping, tail and cross-P50 verdicts, cause priority and
+    ``dry_run``, the safeguard cap, soft degrade and hysteresis, approval. Pure function.
 
     ``node_count`` sizes the safeguard (the group's nodes, not only those with history);
     ``baselines``: the detector's stored baseline per timestamp (missing: median-EMA estimate);
-    ``queue_laden``: the rows are of ``norm`` in a group without TTFT, whose latency includes the
-    queue: as the detector does (robust mode), latency quarantines only a node cut (degraded) for at
-    least ``queue_drain_s``, counting its rows from then on."""
+    ``queue_laden``: the rows are of ``norm`` in a group without TTFT."""
+    from detector.detectors import cross_p50, zscore
+    from detector.detectors.tail import TailDetector, tail_step
+    from detector.detectors.verdict import Verdict
+    from detector.moves import Moves
+    from detector.nodes import NodeArrays
+    from detector.signals import SIGNALS
+    from detector.states import NodeState, Reason
+
     baselines = baselines or {}
-    drain = queue_laden and t.baseline_mode == "robust"
-    cut_since: dict[str, datetime] = {}
     by_at: dict[datetime, list[Row]] = defaultdict(list)
     for r in rows:
         by_at[r[0]].append(r)
-    state: dict[str, str] = {}
-    held: set[str] = set()
-    z_streak: dict[str, int] = defaultdict(int)
-    tail_streak: dict[str, int] = defaultdict(int)
-    p50_streak: dict[str, int] = defaultdict(int)
-    max_out = math.floor(t.max_quarantine_fraction * node_count + 1e-9)
-    robust = t.baseline_mode == "robust"
+    names = sorted({r[1] for r in rows})
+    a = NodeArrays(names + [f"{_PAD}{k}" for k in range(max(node_count - len(names), 0))])
+    a.state[:] = NodeState.HEALTHY
+    seen: set[str] = set()
+    k = SIGNALS.index("norm" if queue_laden else "decode")
+    none = np.zeros(len(a), dtype=bool)
     out: list[SimTransition] = []
     for at in sorted(by_at):
-        batch = by_at[at]
-        peers = [r for r in batch if r[6] in ("healthy", "degraded")]
-        emas = [r[3] for r in peers if r[3] is not None]
-        p50s = [r[4] for r in peers if r[4] is not None]
-        baseline = baselines.get(at)
-        if baseline is None:
-            baseline = float(np.median(emas)) if emas else None
-        median_p50 = float(np.median(p50s)) if p50s else None
-        for _, node, z, ema, p50, p99, recorded, evidence in batch:
-            if node in held:
-                continue  # quarantined by the simulation: canaries are not replayed
-            cur = state.get(node)
+        now = at.timestamp()
+        z, ema, p50, p99, evidence = (np.full(len(a), np.nan) for _ in range(5))
+        has = np.zeros(len(a), dtype=bool)
+        for _, node, rz, rema, rp50, rp99, recorded, rev in by_at[at]:
+            i = a.index[node]
+            cur = NodeState(int(a.state[i])).label
+            if node not in seen or (recorded not in JUDGED and (cur not in JUDGED or recorded in FOLLOWED)):
+                # Warming, forced by an operator, or in the detector's quarantine path: follow the
+                # record, except that a node the replay keeps in service stays there.
+                a.state[i] = NodeState.from_label(recorded)
+                seen.add(node)
             if recorded not in JUDGED:
-                # Warming, forced by an operator, or in the detector's quarantine path: no fresh
-                # figure to judge. Follow the record, except that a node the simulation keeps in
-                # service stays there (the new thresholds might not have quarantined it).
-                if cur is None or cur not in JUDGED or recorded in FOLLOWED:
-                    state[node] = recorded
                 continue
-            if cur is None or cur not in JUDGED:
-                cur = state[node] = "degraded" if recorded == "pending_approval" else recorded
-            if cur == "degraded":
-                cut_since.setdefault(node, at)
-            else:
-                cut_since.pop(node, None)
-            drained = not drain or (node in cut_since and (at - cut_since[node]).total_seconds() >= t.queue_drain_s)
-            zq = z is not None and z >= t.quarantine_z and (
-                not robust or baseline is None or (ema is not None and ema >= t.quarantine_materiality * baseline))
-            z_streak[node] = z_streak[node] + 1 if zq and drained else 0
-            tail = drained and p50 is not None and p99 is not None and p50 > 0 and p99 / p50 >= t.tail_ratio
-            tail_streak[node] = tail_streak[node] + 1 if tail else 0
-            slow50 = drained and p50 is not None and median_p50 is not None and median_p50 > 0 and (
-                p50 >= t.cross_p50_ratio * median_p50)
-            p50_streak[node] = p50_streak[node] + 1 if slow50 else 0
-            rule = ("z_quarantine" if z_streak[node] >= t.quarantine_persistence
-                    else "tail_ratio" if tail_streak[node] >= t.tail_windows
-                    else "cross_p50" if p50_streak[node] >= t.tail_windows else None)
-            if rule is not None:
-                n_out = sum(1 for s in state.values() if s in OUT_OF_SERVICE)
-                if n_out + 1 <= max_out:
-                    out.append(SimTransition(node, at, cur, "quarantined", rule))
-                    state[node] = "quarantined"
-                    held.add(node)
-                    continue
-                if cur != "degraded":
-                    out.append(SimTransition(node, at, cur, "degraded", "safeguard_blocked"))
-                    state[node] = "degraded"
-                continue
-            zd = z is not None and z >= t.degrade_z and (
-                not robust or baseline is None or (ema is not None and ema >= t.degrade_materiality * baseline))
-            # Robust mode cuts only on evidence too (rows from before it was recorded have none).
-            zd = zd and (not robust or zq or evidence is None or evidence >= t.degrade_evidence * (1 - 1e-9))
-            if cur == "healthy" and zd:
-                out.append(SimTransition(node, at, cur, "degraded", "z_degrade"))
-                state[node] = "degraded"
-                cut_since[node] = at
-            elif cur == "degraded" and (z is None or z < t.degrade_z - t.degrade_hysteresis):
-                out.append(SimTransition(node, at, cur, "healthy", "z_recovered"))
-                state[node] = "healthy"
-                cut_since.pop(node, None)
+            has[i] = True
+            z[i], ema[i], p50[i], p99[i] = (np.nan if v is None else v for v in (rz, rema, rp50, rp99))
+            evidence[i] = np.inf if rev is None else rev  # rows from before evidence was recorded: not gated
+        judged = has & (a.state != NodeState.QUARANTINED)
+        peers = judged & ((a.state == NodeState.HEALTHY) | (a.state == NodeState.DEGRADED))
+        baseline = baselines.get(at)
+        if baseline is None and np.isfinite(ema[peers]).any():
+            baseline = float(np.nanmedian(ema[peers]))
+        base = {s: math.nan for s in SIGNALS}
+        base[SIGNALS[k]] = math.nan if baseline is None else baseline
+        stack_z, stack_ema = np.full((len(SIGNALS), len(a)), np.nan), np.full((len(SIGNALS), len(a)), np.nan)
+        stack_z[k], stack_ema[k] = np.where(judged, z, np.nan), np.where(judged, ema, np.nan)
+        view = zscore.PeerView(z=stack_z, ema=stack_ema, baseline=base, spread=dict.fromkeys(SIGNALS, math.nan),
+                               peers={s: int(peers.sum()) for s in SIGNALS}, fresh=has)
+        a.evidence = np.where(judged, evidence, a.evidence)
+        a.new_samples = judged.astype(np.int64)  # one sample per history step
+        with np.errstate(invalid="ignore"):
+            a.new_drained = (judged & (now >= a.cut_at + t.queue_drain_s)).astype(np.int64)
+        d = zscore.decide(view, a, t, now)
+        lines = zscore.lines(d, t)
+        z_verdict = ejection.persistent_z(a, t, d, lines.over_q)
+        degrade_now = ejection.degrade_wanted(a, t, lines)
+        enough = np.where(judged & np.isfinite(p50), t.tail_min_samples, 0)
+        a.tail, a.tail_windows = tail_step(a.tail, a.tail_windows, p50, p99, enough, min_samples=t.tail_min_samples,
+                                           ratio=t.tail_ratio, windows=t.tail_windows)
+        a.cross_slow = cross_p50_slow(p50, peers, enough > 0, factor=t.cross_p50_ratio).astype(np.int8)
+        verdicts = [Verdict(Reason.CONSECUTIVE_ERRORS, none), Verdict(Reason.SUCCESS_RATE, none), z_verdict,
+                    d.gate(TailDetector.verdict(a), t), d.gate(cross_p50.verdict(a), t)]
+        moves = Moves(a.state)
+        ej = ejection.eject(a, t, now, verdicts, d, moves, lambda _reason, _i: "")
+        ejection.soft_degrade(a, now, degrade_now, lines, ej, moves)
+        ejection.end_of_tick(a, now)
+        for m in moves.taken:
+            if not a.ids[m.i].startswith(_PAD):
+                rule = "safeguard_blocked" if m.detail.startswith("safeguard") else m.reason.value
+                out.append(SimTransition(a.ids[m.i], at, m.src.label, m.dst.label, rule))
     return out
 
 

@@ -34,3 +34,17 @@ def test_without_ttft_quarantine_waits_for_the_drained_rows():
     assert [x.to_state for x in with_ttft][:1] == ["degraded"] == [x.to_state for x in without][:1]
     assert quarantined_at(with_ttft) == 9.0
     assert quarantined_at(without) == 19.0
+
+
+def test_the_replay_decides_with_the_detectors_ejection_layer():
+    """The preview has no rules of its own: dry run, the safeguard's cap and approval come from
+    detector.ejection, as in a tick."""
+    t = Thresholds()
+    baselines = {T0 + timedelta(seconds=i): 1.0 for i in range(40)}
+    assert quarantined_at(replay(rows(40), t, node_count=10, baselines=baselines)) == 9.0
+    dry = replay(rows(40), t.replace(dry_run=["z_quarantine"]), node_count=10, baselines=baselines)
+    assert quarantined_at(dry) is None and [x.to_state for x in dry] == ["degraded"]
+    capped = replay(rows(40), t, node_count=3, baselines=baselines)  # 30% of 3 nodes: none may go
+    assert quarantined_at(capped) is None
+    approval = replay(rows(40), t.replace(require_approval=True), node_count=10, baselines=baselines)
+    assert [(x.to_state, x.rule) for x in approval][-1] == ("pending_approval", "z_quarantine")
