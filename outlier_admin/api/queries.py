@@ -8,6 +8,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import OuterRef, QuerySet, Subquery
 
+from detector.states import OUT_OF_SERVICE_LABELS
 from outlier_admin.control.models import GroupBaseline, NodeHistory, QuarantineProposal
 from outlier_admin.fleet.models import ModelGroup, Node
 
@@ -17,7 +18,7 @@ STATE_ORDER = (
     "healthy", "degraded", "pending_approval", "quarantined", "probing", "recovering", "warming",
     "forced_quarantine", "forced_active",
 )
-OUT_OF_SERVICE = frozenset({"quarantined", "probing", "forced_quarantine"})
+OUT_OF_SERVICE = OUT_OF_SERVICE_LABELS  # the traffic table's DRAIN states (detector.states.TRAFFIC)
 
 
 def with_latest_figures(nodes: QuerySet[Node], signal: str = "norm") -> QuerySet[Node]:
@@ -82,7 +83,6 @@ def group_nodes(group: ModelGroup, sort: str = "name", signal: str = "norm") -> 
     return present + missing
 
 
-SIGNALS = ("norm", "prefill", "decode")
 SIGNAL_LABELS = {
     "decode": "decode time per output token (queue-free: what the detector decides on when TTFT is logged)",
     "norm": "normalised total latency (latency / the group's cost model)",

@@ -24,6 +24,7 @@ from rest_framework.renderers import BrowsableAPIRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from detector.signals import SIGNALS
 from detector.thresholds import Thresholds
 from outlier_admin.api import filters, queries
 from outlier_admin.api import serializers as s
@@ -186,8 +187,8 @@ class NodeViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
         except RangeError as exc:
             raise ValidationError({"range": [str(exc)]}) from None
         signal = request.query_params.get("signal", "norm")
-        if signal not in ("norm", "prefill", "decode"):
-            raise ValidationError({"signal": ["must be one of norm, prefill, decode"]})
+        if signal not in SIGNALS:
+            raise ValidationError({"signal": [f"must be one of {', '.join(SIGNALS)}"]})
         try:
             max_points = int(request.query_params.get("max_points", MAX_POINTS))
         except ValueError:

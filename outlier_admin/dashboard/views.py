@@ -20,6 +20,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
+from detector.signals import SIGNALS
 from detector.thresholds import ThresholdError
 from outlier_admin.api import queries
 from outlier_admin.api.filters import AuditFilter
@@ -98,7 +99,7 @@ def group_page(request: HttpRequest, name: str) -> HttpResponse:
     page = Paginator(queries.group_nodes(group, sort, signal=signal), GROUP_PAGE_SIZE).get_page(request.GET.get("page"))
     counts = queries.state_counts([group.pk]).get(group.pk, {})
     ctx = _ctx(request, group=group, nodes=node_rows(page.object_list), page=page, sort=sort,
-               signal=signal, signal_label=queries.SIGNAL_LABELS[signal], signals=queries.SIGNALS,
+               signal=signal, signal_label=queries.SIGNAL_LABELS[signal], signals=SIGNALS,
                baseline=queries.latest_baseline(group, signal),
                safeguard=queries.safeguard_status(group, counts), thresholds=group.thresholds().to_dict(),
                counts=[(s, counts.get(s, 0)) for s in queries.STATE_ORDER if counts.get(s)])
@@ -110,7 +111,7 @@ def group_page(request: HttpRequest, name: str) -> HttpResponse:
 def _signal(request: HttpRequest, group: ModelGroup) -> str:
     """``?signal=`` if valid, else the signal the detector decides on for the group."""
     asked = request.GET.get("signal")
-    return asked if asked in queries.SIGNALS else queries.decision_signal(group)
+    return asked if asked in SIGNALS else queries.decision_signal(group)
 
 
 @requires("read")
@@ -146,7 +147,7 @@ def node_page(request: HttpRequest, pk: int) -> HttpResponse:
         latest_gpu.setdefault(r.gpu, r)
     return render(request, "dashboard/node.html", _ctx(
         request, node=node, charts=charts, start=start, end=end, hours=request.GET.get("hours", "1"),
-        signal=signal, signals=queries.SIGNALS, signal_label=queries.SIGNAL_LABELS[signal],
+        signal=signal, signals=SIGNALS, signal_label=queries.SIGNAL_LABELS[signal],
         decision_signal=decision, points=len(points), transitions=Transition.objects.filter(node=node)[:50],
         probes=CanaryProbe.objects.filter(node=node)[:50], overrides=Override.objects.filter(node=node)[:50],
         gpus=sorted(latest_gpu.values(), key=lambda r: r.gpu), override_form=OverrideForm(),

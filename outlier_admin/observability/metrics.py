@@ -21,8 +21,8 @@ Series (labels):
                                             (group, node, state)
 ``outlier_node_weight`` / ``_base_weight``  published weight / configured base weight
 ``outlier_node_z``, ``outlier_node_ema``    latest Z-score and EMA per signal (group, node, signal)
-``outlier_group_baseline``                  median EMA of the group's healthy/degraded nodes
-                                            (the robust peer baseline; signal ``norm``)
+``outlier_group_baseline``                  the detector's stored peer baseline per group and
+                                            signal (what every Z was measured against)
 ``outlier_group_safeguard``                 1 while the 30 % safeguard holds quarantines back
 ``outlier_group_nodes``                     nodes per state (group, state)
 ``outlier_weights_version``                 version of the published weights document
@@ -52,9 +52,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import math
 import os
-import statistics
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -150,12 +148,17 @@ class FleetCollector(Collector):
     def _sql_families(self) -> tuple[list[Metric], list[str]]:
         """The SQL-backed families, all built before any is returned (a failure midway yields none),
         and the group names."""
-        from detector.states import BASELINE_STATES, NodeState
-        from outlier_admin.control.models import CanaryProbe, NodeHistory, ProposalStatus, QuarantineProposal
+        from detector.states import NodeState
+        from outlier_admin.control.models import (
+            CanaryProbe,
+            GroupBaseline,
+            NodeHistory,
+            ProposalStatus,
+            QuarantineProposal,
+        )
         from outlier_admin.fleet.models import ModelGroup, Node
 
         states = [s.label for s in NodeState]
-        baseline_labels = {s.label for s in BASELINE_STATES}
         m_state = GaugeMetricFamily("outlier_node_state", "1 for the node's current state, 0 otherwise.",
                                     labels=["group", "node", "state"])
         m_weight = GaugeMetricFamily("outlier_node_weight", "Published weight of the node.", labels=["group", "node"])
@@ -166,8 +169,9 @@ class FleetCollector(Collector):
         m_ema = GaugeMetricFamily("outlier_node_ema", "Latest EMA of the node's normalised latency.",
                                   labels=["group", "node", "signal"])
         m_baseline = GaugeMetricFamily("outlier_group_baseline",
-                                       "Median EMA (signal norm) of the group's healthy/degraded nodes.",
-                                       labels=["group"])
+                                       "The detector's peer baseline of the group, per signal (stored by the tick).",
+                                       labels=["group", "signal"])
+        baselines: dict[tuple[str, str], float] = {}
         m_nodes = GaugeMetricFamily("outlier_group_nodes", "Nodes of the group per state.", labels=["group", "state"])
         m_props = GaugeMetricFamily("outlier_proposals_pending", "Quarantine proposals waiting for a human.",
                                     labels=["group"])
@@ -203,15 +207,18 @@ class FleetCollector(Collector):
         rows = NodeHistory.objects.filter(at__gte=since, node_id__in=list(node_meta)).order_by("at")
         for node_id, signal, z, ema in rows.values_list("node_id", "signal", "z", "ema").iterator():
             latest[(node_id, signal)] = (z, ema)
-        norm_emas: dict[str, list[float]] = {}
         for (node_id, signal), (z, ema) in latest.items():
-            group, name, state = node_meta[node_id]
+            group, name, _state = node_meta[node_id]
             m_z.add_metric([group, name, signal], _num(z))
             m_ema.add_metric([group, name, signal], _num(ema))
-            if signal == "norm" and state in baseline_labels and ema is not None and math.isfinite(ema):
-                norm_emas.setdefault(group, []).append(float(ema))
-        for group, emas in norm_emas.items():
-            m_baseline.add_metric([group], statistics.median(emas))
+        # The detector's own baseline, as stored by the tick with the history rows: what every Z was
+        # measured against (a median recomputed here would differ: other nodes, another moment).
+        stored = GroupBaseline.objects.filter(at__gte=since, baseline__isnull=False).order_by("at")
+        for gid, signal, value in stored.values_list("group_id", "signal", "baseline").iterator():
+            if gid in groups:
+                baselines[(groups[gid], signal)] = value
+        for (group, signal), value in baselines.items():
+            m_baseline.add_metric([group, signal], float(value))
 
         pending: dict[str, int] = {g: 0 for g in groups.values()}
         for gid in QuarantineProposal.objects.filter(status=ProposalStatus.PENDING).values_list("group_id", flat=True):

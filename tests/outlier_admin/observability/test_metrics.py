@@ -9,7 +9,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from outlier_admin.control import publish
-from outlier_admin.control.models import CanaryProbe, NodeHistory
+from outlier_admin.control.models import CanaryProbe, GroupBaseline, NodeHistory
 from outlier_admin.fleet.models import Node
 from outlier_admin.observability import hooks, metrics
 
@@ -36,6 +36,9 @@ def test_fleet_state_is_read_from_the_database_and_the_weights_document(client, 
         NodeHistory.objects.create(node=node, signal="norm", at=now, ema=ema, z=z, weight=0, state="x")
     view = [{"node": n.name, "address": n.address, "weight": 0 if i == 0 else 100,
              "state": "quarantined" if i == 0 else "healthy"} for i, n in enumerate(nodes)]
+    # The detector's baseline of that tick, as stored with the history (not the median of the rows
+    # /metrics happens to see: it used to recompute that, 1.1 here, instead of the detector's 1.17).
+    GroupBaseline.objects.create(group=group, signal="norm", at=now, baseline=1.17, spread=0.05, peers=3)
     version = publish.publish_weights(group, view, safeguard=True, now=time.time() - 3.0)
     CanaryProbe.objects.create(node=nodes[0], ok=True, passed=True)
     CanaryProbe.objects.create(node=nodes[0], ok=False, passed=False)
@@ -51,7 +54,7 @@ def test_fleet_state_is_read_from_the_database_and_the_weights_document(client, 
     assert m[("outlier_group_nodes", (g, ("state", "quarantined")))] == 1
     assert m[("outlier_node_z", (g, ("node", "n0"), ("signal", "norm")))] == 40.0
     assert m[("outlier_node_ema", (g, ("node", "n3"), ("signal", "norm")))] == 1.3
-    assert m[("outlier_group_baseline", (g,))] == 1.1  # median of the healthy EMAs only
+    assert m[("outlier_group_baseline", (g, ("signal", "norm")))] == 1.17
     assert m[("outlier_group_safeguard", (g,))] == 1
     assert m[("outlier_weights_version", (g,))] == version
     assert 2.5 < m[("outlier_weights_age_seconds", (g,))] < 30
