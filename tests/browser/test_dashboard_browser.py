@@ -7,39 +7,24 @@ Screenshots go to ``reports/screenshots/`` (gitignored; CI keeps them as artefac
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from outlier_admin.control.models import Override, QuarantineProposal
+from tests.browser.conftest import chromium_page
 from tests.outlier_admin.api.conftest import make_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path(__file__).resolve().parents[2] / "reports" / "screenshots"
 
 
 @pytest.fixture
 def page():
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian chromium is not installed (scripts/ensure-system-packages.sh)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    # Playwright's sync API runs an event loop in this thread; the ORM calls of the test body are
-    # still plain synchronous calls, so Django's async-safety guard must be told so.
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
-        pg = ctx.new_page()
-        pg.set_default_timeout(10_000)
+    with chromium_page() as pg:
         yield pg
-        ctx.close()
-        browser.close()
-    os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
 
 
 def test_oncall_shift(live_server, fleet, page):

@@ -10,17 +10,14 @@ third-party validator badge only elsewhere — and production is elsewhere.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 from django.contrib.auth.models import Group
 
+from tests.browser.conftest import chromium_page
 from tests.outlier_admin.api.conftest import make_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM = "/usr/bin/chromium"
 HOST = "outlier.test"
 RECORD_VIOLATIONS = """
 window.__csp = [];
@@ -32,22 +29,9 @@ document.addEventListener("securitypolicyviolation", (e) => {
 
 @pytest.fixture
 def page(settings):
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian chromium is not installed (scripts/ensure-system-packages.sh)")
-    sync_api = pytest.importorskip("playwright.sync_api")
     settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, HOST]
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # see test_dashboard_browser.py
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                                           f"--host-resolver-rules=MAP {HOST} 127.0.0.1"])
-        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
-        pg = ctx.new_page()
-        pg.set_default_timeout(10_000)
+    with chromium_page(f"--host-resolver-rules=MAP {HOST} 127.0.0.1") as pg:
         yield pg
-        ctx.close()
-        browser.close()
-    os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
 
 
 def test_main_pages_raise_no_csp_violation(live_server, fleet, page):
