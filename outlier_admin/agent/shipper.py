@@ -57,6 +57,7 @@ class LogShipper:
         self.rejected_by_reason: Counter[str] = Counter()
         self.shipped = 0
         self.post_errors = 0
+        self.dropped = 0  # records the API refused for good (400/415, or one record over 413)
         self.last_response: dict[str, Any] | None = None
         self._lock = threading.Lock()
 
@@ -79,12 +80,21 @@ class LogShipper:
         return True
 
     def flush(self) -> int:
-        """POST everything buffered; returns how many records the API took (kept on failure)."""
-        with self._lock:
-            batch = list(self.buffer)
-            self.buffer.clear()
-        if not batch:
-            return 0
+        """POST everything buffered, ``batch_size`` records a request; returns how many records the
+        API took. Records a retry may still deliver are kept (see :meth:`_refused`)."""
+        sent = 0
+        while True:
+            with self._lock:
+                batch = [self.buffer.popleft() for _ in range(min(len(self.buffer), self.batch_size))]
+            if not batch:
+                return sent
+            outcome = self._post(batch)
+            if outcome is None:  # kept for the next flush
+                return sent
+            sent += outcome
+
+    def _post(self, batch: list[dict[str, Any]]) -> int | None:
+        """One POST: the number of records taken, 0 when refused for good, None when kept."""
         req = urllib.request.Request(
             self.ingest_url, data=json.dumps(batch).encode(), method="POST",
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"},
@@ -92,15 +102,39 @@ class LogShipper:
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 self.last_response = json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            return self._refused(batch, exc)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             self.post_errors += 1
             log.warning("ingest POST failed (%s); keeping %d records for retry", exc, len(batch))
-            with self._lock:
-                self.buffer.extendleft(reversed(batch))
-            return 0
+            self._keep(batch)
+            return None
         self.shipped += len(batch)
         return len(batch)
 
+    def _keep(self, batch: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self.buffer.extendleft(reversed(batch))
+
+    def _refused(self, batch: list[dict[str, Any]], exc: urllib.error.HTTPError) -> int | None:
+        """An HTTP answer other than 200. A body the API will never take must not block the records
+        behind it forever: 413 halves the batch size (one record over the limit is dropped, counted);
+        400 and 415 drop the batch (counted, logged with the API's reason). Everything else — 401/403
+        (a token an operator will fix), 408, 429, 5xx — keeps the records for the next flush."""
+        self.post_errors += 1
+        detail = exc.read()[:300].decode("utf-8", "replace") if exc.fp else ""
+        if exc.code == 413 and len(batch) > 1:
+            self.batch_size = max(1, len(batch) // 2)
+            log.warning("ingest answered 413 for %d records; sending batches of %d", len(batch), self.batch_size)
+            self._keep(batch)
+            return 0  # not kept back: the next, smaller request goes now
+        if exc.code in (400, 413, 415):
+            self.dropped += len(batch)
+            log.error("ingest refused %d records for good (HTTP %d: %s); dropped", len(batch), exc.code, detail)
+            return 0
+        log.warning("ingest answered HTTP %d (%s); keeping %d records for retry", exc.code, detail, len(batch))
+        self._keep(batch)
+        return None
 
 def serve_udp(shipper: LogShipper, sock: socket.socket, stop: threading.Event,
               flush_interval_s: float = 1.0) -> None:

@@ -94,3 +94,42 @@ def test_failed_post_keeps_records_and_retries(ingest_stub):
     shipper.ingest_url = url  # the API is back
     assert shipper.flush() == 2 and not shipper.buffer
     assert [r["request_id"] for r in posts[0][1]] == ["a", "b"]  # order kept
+
+
+def test_an_answer_the_api_will_never_change_does_not_block_the_records_behind_it():
+    """Finding of the chaos probe: any 4xx was retried forever (HTTPError is a URLError), so one body
+    the API refuses blocked every record after it. 413 now halves the batch, 400 drops the batch
+    (counted), 401 keeps the records for a fixed token."""
+    answers: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            ids = [r["request_id"] for r in body]
+            code = (401 if self.headers.get("Authorization") != "Bearer good" else 413 if len(body) > 2
+                    else 400 if "poison" in ids else 200)
+            answers.append(code)
+            out = json.dumps({"accepted": len(body)} if code == 200 else {"error": f"refused: {code}"}).encode()
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *args) -> None:
+            return
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/api/v1/ingest/requests"
+        shipper = LogShipper(url, "bad", timeout_s=2, batch_size=500, parser=nginx_format.parse_line)
+        for rid in ("a", "b", "poison", "c", "d"):
+            assert shipper.feed(LINE.format(port=9001, rid=rid))
+        assert shipper.flush() == 0 and len(shipper.buffer) == 5  # 401: kept until the token is fixed
+        shipper.token = "good"
+        assert shipper.flush() == 3  # 413 -> batches of 2: [a, b] 200, [poison, c] 400 dropped, [d] 200
+        assert (shipper.dropped, len(shipper.buffer), shipper.batch_size) == (2, 0, 2)
+        assert answers == [401, 413, 200, 400, 200]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
