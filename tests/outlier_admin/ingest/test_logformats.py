@@ -43,9 +43,9 @@ def test_nginx_fields_of_every_fixture_line():
     lines = (LOGS / "beats-nginx-ingress-controller-test.log").read_text().splitlines()
     fields = [nginx_fmt.parse_fields(line) for line in lines]
     assert len(fields) == 29
-    assert fields[0]["upstream_addr"] == ["172.17.0.5:8080"] and fields[0]["request_time"] == "0.001"
+    assert fields[0]["upstream_addr"] == ["127.17.0.5:8080"] and fields[0]["request_time"] == "0.001"
     retry = fields[22]
-    assert retry["upstream_addr"] == ["172.17.0.6:8080", "172.17.0.7:8080"]
+    assert retry["upstream_addr"] == ["127.17.0.6:8080", "127.17.0.7:8080"]
     assert retry["upstream_response_time"] == ["0.100", "0.004"] and retry["upstream_status"] == ["200", "203"]
 
 
@@ -56,7 +56,7 @@ def _with_tokens(line: str) -> str:
 def test_nginx_retry_line_describes_the_last_upstream():
     line = (LOGS / "beats-nginx-ingress-controller-test.log").read_text().splitlines()[22]
     rec = FORMATS["nginx"](_with_tokens(line))
-    assert rec["node"] == "172.17.0.7:8080" and rec["total_ms"] == pytest.approx(4.0) and rec["status"] == 203
+    assert rec["node"] == "127.17.0.7:8080" and rec["total_ms"] == pytest.approx(4.0) and rec["status"] == 203
     assert rec["ts"] == pytest.approx(1581076962.0)  # 07/Feb/2020:12:02:42 +0000
 
 
