@@ -34,6 +34,7 @@ module decides, in this order at every evaluation:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,14 +144,18 @@ class Ejection:
     safeguard_reason: str | None
 
 
+def enforced(v: Verdict, t: Thresholds) -> np.ndarray:
+    """The nodes ``v`` may act on: none while its detector is in ``dry_run``."""
+    return np.zeros(len(v.eject), dtype=bool) if v.reason.value in t.dry_run else v.eject
+
+
 def eject(a: NodeArrays, t: Thresholds, now: float, verdicts: list[Verdict], d: Decision, moves: Moves,
-          explain: object) -> Ejection:
+          explain: Callable[[Reason, int], str]) -> Ejection:
     """Steps 3 and 4 of the module docstring; ``explain(reason, i)`` words a cause for the record."""
     n = len(a)
     cause = np.full(n, -1, dtype=np.int8)
     for k, v in enumerate(verdicts):
-        if v.reason.value not in t.dry_run:
-            cause[(cause < 0) & v.eject] = k
+        cause[(cause < 0) & enforced(v, t)] = k
     latency = np.array([v.reason not in _ERRORS for v in verdicts] + [False])
     cause[(a.grace > 0) & latency[cause]] = -1  # latency causes wait out the post-warm-up grace
     want = _ACTIVE[a.state] & (cause >= 0)
@@ -170,7 +175,7 @@ def eject(a: NodeArrays, t: Thresholds, now: float, verdicts: list[Verdict], d: 
         )
     for i in allowed:
         reason = verdicts[cause[i]].reason
-        detail = explain(reason, i)  # type: ignore[operator]
+        detail = explain(reason, i)
         if t.require_approval:
             a.pending_since[i] = now
             moves.one(i, S.PENDING_APPROVAL, reason, f"{detail}; awaiting operator approval")

@@ -287,9 +287,9 @@ class GroupDetector(NodeActions):
         verdicts = [consecutive, success, z_verdict, d.gate(TailDetector.verdict(a), t), d.gate(cross_p50.verdict(a), t)]
         ej = ejection.eject(a, t, now, verdicts, d, moves, lambda r, i: explain.detail(r, a, i, t))
         ejection.soft_degrade(a, now, degrade_now, lines, ej, moves)
-        enforced = [v.eject if v.reason.value not in t.dry_run else np.zeros(len(a), bool) for v in verdicts]
-        ejection.restore(a, t, now, judged=self.signals.ewma["norm"].count > t.min_samples,
-                         failing=enforced[0] | enforced[2] | (ej.cause == 1), over_d=lines.over_d, moves=moves)
+        failing = ejection.enforced(consecutive, t) | ejection.enforced(success, t) | ejection.enforced(z_verdict, t)
+        ejection.restore(a, t, now, judged=self.signals.ewma["norm"].count > t.min_samples, failing=failing,
+                         over_d=lines.over_d, moves=moves)
         due = ejection.probes_due(a, t, now, moves)
         ejection.end_of_tick(a, now)
         weights, fallback_reason = weighing.with_fallback(a, t, d.weight_score, self.signals.ewma["norm"].mean)
