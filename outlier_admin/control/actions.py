@@ -400,11 +400,9 @@ def do_register_node(
     if not 1 <= base_weight <= 1_000_000:
         raise ActionError(f"base_weight must be in [1, 1000000], got {base_weight}")
     with transaction.atomic():
-        # The group row lock orders registrations of one group, so the cap holds under concurrency.
-        ModelGroup.objects.select_for_update().filter(pk=group.pk).exists()
-        live = Node.objects.filter(group=group, retired=False).count()
-        if live >= settings.MAX_NODES_PER_GROUP:
-            raise ActionError(f"group {group.name} already has {live} live nodes (MAX_NODES_PER_GROUP)")
+        if _room_locked(group) <= 0:
+            raise ActionError(f"group {group.name} already has {settings.MAX_NODES_PER_GROUP} live nodes "
+                              "(MAX_NODES_PER_GROUP)")
         if Node.objects.filter(group=group, name=node_id).exists():
             raise ActionError(f"group {group.name} already has a node {node_id!r}")
         node = Node.objects.create(
@@ -443,9 +441,8 @@ def do_register_nodes_from_ingest(
     if not wanted:
         return outcome
     with transaction.atomic():
-        ModelGroup.objects.select_for_update().filter(pk=group.pk).exists()
+        room = _room_locked(group)
         existing = set(Node.objects.filter(group=group, name__in=[n for n, _ in wanted]).values_list("name", flat=True))
-        room = settings.MAX_NODES_PER_GROUP - Node.objects.filter(group=group, retired=False).count()
         rows = []
         for node_id, addr in wanted:
             if node_id in existing:
@@ -465,6 +462,14 @@ def do_register_nodes_from_ingest(
             for node in created
         ])
     return outcome
+
+
+def _room_locked(group: ModelGroup) -> int:
+    """How many more live nodes ``group`` may take (``MAX_NODES_PER_GROUP``), with its row locked
+    until the transaction ends: registrations of one group are ordered, so the cap holds under
+    concurrent requests."""
+    ModelGroup.objects.select_for_update().get(pk=group.pk)
+    return settings.MAX_NODES_PER_GROUP - Node.objects.filter(group=group, retired=False).count()
 
 
 def do_retire_node(node: Node, *, actor: Actor, reason: str) -> Node:

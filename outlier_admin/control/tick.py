@@ -101,7 +101,9 @@ def apply_thresholds(gd: GroupDetector, wanted: Thresholds) -> None:
     gd.set_thresholds(wanted)
 
 
-def _load_detector(r: redis.Redis, group: ModelGroup, now: float) -> tuple[GroupDetector, bytes, int]:
+def _load_detector(r: redis.Redis, group: ModelGroup, now: float) -> tuple[GroupDetector, bytes, bytes | None]:
+    """The group's detector, the last stream entry it applied (``0-0``: none) and the ``last_id``
+    field as stored (None: no state yet), which the tick's state write is fenced on."""
     raw = r.hmget(state_key(group.name), ["detector", "last_id", "thresholds_version"])
     if raw[0]:
         gd = GroupDetector.from_bytes(raw[0])
@@ -113,7 +115,7 @@ def _load_detector(r: redis.Redis, group: ModelGroup, now: float) -> tuple[Group
         last_id, version = b"0-0", group.thresholds_version
     if version != group.thresholds_version:
         apply_thresholds(gd, group.thresholds())
-    return gd, last_id, version
+    return gd, last_id, raw[1]
 
 
 def _id_tuple(entry_id: bytes) -> tuple[int, int]:
@@ -348,8 +350,7 @@ def _tick_locked(r: redis.Redis, group: ModelGroup, now: float | None, consumer:
     now = time.time() if now is None else now
     skey = stream_key(group.name)
     _ensure_consumer_group(r, skey)
-    started_from = r.hget(state_key(group.name), "last_id")  # what the state write is fenced on
-    gd, last_id, _ = _load_detector(r, group, now)
+    gd, last_id, started_from = _load_detector(r, group, now)
     fresh_state = last_id == b"0-0" and not gd.nodes
     nodes = list(Node.objects.filter(group=group))
     by_name = {n.name: n for n in nodes}
