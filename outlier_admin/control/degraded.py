@@ -38,7 +38,7 @@ from typing import Any
 import orjson
 import redis
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import transaction
 from django.db.models import Model
 
 from detector import GroupDetector, NodeState
@@ -58,11 +58,12 @@ from outlier_admin.control.redis_conn import (
     weights_key,
 )
 from outlier_admin.fleet.models import ModelGroup, Node, Policy
+from outlier_admin.observability.outage import DB_OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
 
-# What "PostgreSQL is unreachable" looks like to the ORM (connection refused, reset, server gone).
-DB_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
+# What "PostgreSQL is unreachable" looks like (connection refused, reset, server gone): one owner.
+DB_ERRORS = DB_OUTAGE_ERRORS
 GROUPS_KEY = "outlier:groups"
 _MODELS: dict[str, type[Model]] = {"transition": TransitionRow, "history": NodeHistory, "baseline": GroupBaseline}
 _LABELS = {v: k for k, v in _MODELS.items()}

@@ -22,13 +22,13 @@ from typing import Any
 import orjson
 import redis
 from django.conf import settings
-from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from outlier_admin.fleet.auth import lookup_token, token_from_header
 from outlier_admin.fleet.models import TokenScope
 from outlier_admin.ingest.pipeline import submit
+from outlier_admin.observability.outage import DB_OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def _read_body(request: HttpRequest, limit: int) -> bytes:
 def ingest_requests(request: HttpRequest) -> HttpResponse:
     try:
         return _ingest_requests(request)
-    except (redis.ConnectionError, redis.TimeoutError, OperationalError, InterfaceError) as exc:
+    except (redis.ConnectionError, redis.TimeoutError, *DB_OUTAGE_ERRORS) as exc:
         # Redis (the stream) or PostgreSQL (tokens, groups, nodes, rejected records) is unreachable:
         # refuse the body rather than accept and drop it. Nothing was applied (the pipeline's point of
         # acceptance is one MULTI/EXEC inside the SQL transaction), so the client retries the body.
