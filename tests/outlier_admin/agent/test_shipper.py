@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -17,17 +18,18 @@ LINE = ('127.0.0.1 - - [03/Dec/2026:07:35:32 +0000] "POST /v1/completions HTTP/1
         '[outlier_llm] [] 127.0.0.1:{port} 180 0.070 200 {rid} prompt_tokens=12 completion_tokens=30 ttft_ms=7.4')
 
 
-@pytest.fixture
-def ingest_stub():
-    """A stand-in for the ingest API that records each POST (its bearer token and body)."""
-    posts: list[tuple[str, list]] = []
+@contextlib.contextmanager
+def serve_ingest(answer):
+    """A stand-in for the ingest API on loopback: ``answer(authorization, records)`` gives the HTTP
+    status of each POST; yields the URL."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            posts.append((self.headers.get("Authorization", ""), body))
-            out = json.dumps({"accepted": len(body), "rejected": 0, "duplicates": 0, "errors": []}).encode()
-            self.send_response(200)
+            code = answer(self.headers.get("Authorization", ""), body)
+            out = json.dumps({"accepted": len(body), "rejected": 0, "duplicates": 0, "errors": []} if code == 200
+                             else {"error": f"refused: {code}"}).encode()
+            self.send_response(code)
             self.send_header("Content-Length", str(len(out)))
             self.end_headers()
             self.wfile.write(out)
@@ -37,9 +39,24 @@ def ingest_stub():
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/api/v1/ingest/requests", posts
-    httpd.shutdown()
-    httpd.server_close()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/api/v1/ingest/requests"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture
+def ingest_stub():
+    """An ingest API that takes everything and records each POST (its bearer token and body)."""
+    posts: list[tuple[str, list]] = []
+
+    def take(auth: str, body: list) -> int:
+        posts.append((auth, body))
+        return 200
+
+    with serve_ingest(take) as url:
+        yield url, posts
 
 
 def wait_for(predicate, timeout_s=5.0):
@@ -102,26 +119,13 @@ def test_an_answer_the_api_will_never_change_does_not_block_the_records_behind_i
     (counted), 401 keeps the records for a fixed token."""
     answers: list[int] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            ids = [r["request_id"] for r in body]
-            code = (401 if self.headers.get("Authorization") != "Bearer good" else 413 if len(body) > 2
-                    else 400 if "poison" in ids else 200)
-            answers.append(code)
-            out = json.dumps({"accepted": len(body)} if code == 200 else {"error": f"refused: {code}"}).encode()
-            self.send_response(code)
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
+    def answer(auth: str, body: list) -> int:
+        ids = [r["request_id"] for r in body]
+        code = (401 if auth != "Bearer good" else 413 if len(body) > 2 else 400 if "poison" in ids else 200)
+        answers.append(code)
+        return code
 
-        def log_message(self, *args) -> None:
-            return
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{httpd.server_address[1]}/api/v1/ingest/requests"
+    with serve_ingest(answer) as url:
         shipper = LogShipper(url, "bad", timeout_s=2, batch_size=500, parser=nginx_format.parse_line)
         for rid in ("a", "b", "poison", "c", "d"):
             assert shipper.feed(LINE.format(port=9001, rid=rid))
@@ -130,6 +134,3 @@ def test_an_answer_the_api_will_never_change_does_not_block_the_records_behind_i
         assert shipper.flush() == 3  # 413 -> batches of 2: [a, b] 200, [poison, c] 400 dropped, [d] 200
         assert (shipper.dropped, len(shipper.buffer), shipper.batch_size) == (2, 0, 2)
         assert answers == [401, 413, 200, 400, 200]
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
