@@ -33,15 +33,13 @@ from django.conf import settings
 from django.utils import timezone
 
 from detector import GroupDetector, NodeState, ProgressBatch, SampleBatch, Thresholds, Transition
-from outlier_admin.control import degraded, publish
+from detector.states import Traffic, traffic_of
+from outlier_admin.control import degraded, operator_inputs, publish
 from outlier_admin.control.models import (
     CanaryProbe,
     GroupBaseline,
     NodeHistory,
     Override,
-    OverrideKind,
-    ProposalSource,
-    ProposalStatus,
     QuarantineProposal,
 )
 from outlier_admin.control.models import Transition as TransitionRow
@@ -164,63 +162,6 @@ def _batch(rows: list[list[Any]]) -> SampleBatch:
     )
 
 
-def _apply_operator_inputs(gd: GroupDetector, group: ModelGroup, now: float) -> tuple[list, list, list]:
-    """Apply unapplied overrides, decided proposals and probe results; return the rows applied."""
-    known = set(gd.nodes)
-    overrides = list(
-        Override.objects.filter(node__group=group, applied_at__isnull=True).select_related("node").order_by("created_at")
-    )
-    for o in overrides:
-        name = o.node.name
-        if name not in known:
-            continue
-        until = o.expires_at.timestamp() if o.expires_at else None
-        try:
-            if o.kind == OverrideKind.QUARANTINE:
-                gd.force_quarantine(name, now, until=until)
-            elif o.kind == OverrideKind.ACTIVATE:
-                gd.force_active(name, now, until=until)
-            elif o.kind == OverrideKind.RELEASE:
-                gd.release(name, now)
-            elif o.kind == OverrideKind.PIN:
-                gd.pin_weight(name, float(o.weight or 0), now, until=until)
-            elif o.kind == OverrideKind.UNPIN:
-                gd.unpin(name)
-        except ValueError as exc:  # e.g. an illegal edge: recorded on the row, not fatal to the tick
-            log.warning("override %s on %s not applicable: %s", o.kind, name, exc)
-    decided = list(
-        QuarantineProposal.objects.filter(
-            group=group, applied_at__isnull=True, status__in=[ProposalStatus.APPROVED, ProposalStatus.REJECTED]
-        ).select_related("node")
-    )
-    for p in decided:
-        name = p.node.name
-        if name not in known:
-            continue
-        try:
-            state = gd.state_of(name)
-            if p.source == ProposalSource.DETECTOR and state == NodeState.PENDING_APPROVAL:
-                (gd.approve if p.status == ProposalStatus.APPROVED else gd.reject)(name, now)
-            elif p.source == ProposalSource.GPU_FAULT and p.status == ProposalStatus.APPROVED:
-                gd.force_quarantine(name, now)
-        except ValueError as exc:
-            log.warning("proposal %s on %s not applicable: %s", p.pk, name, exc)
-    probes = list(
-        CanaryProbe.objects.filter(node__group=group, applied_at__isnull=True).select_related("node").order_by("at")
-    )
-    for pr in probes:
-        if pr.node.name not in known:
-            continue
-        pr.passed = gd.record_probe(
-            pr.node.name, pr.at.timestamp(), pr.prompt_tokens, pr.completion_tokens,
-            pr.ttft_ms, pr.total_ms, pr.ok,
-        )
-        # Stored on the scale the detector judged it on, beside the verdict (NULL if not computable).
-        value = gd.probe_value(pr.prompt_tokens, pr.completion_tokens, pr.ttft_ms, pr.total_ms) if pr.ok else None
-        pr.normalised_latency = value if value is not None and math.isfinite(value) else None
-    return overrides, decided, probes
-
-
 def published_view(ev: Any, group: ModelGroup, nodes_by_name: dict[str, Node]) -> list[dict[str, Any]]:
     """Per node: the weight (int) and state a gateway must apply.
 
@@ -234,7 +175,7 @@ def published_view(ev: Any, group: ModelGroup, nodes_by_name: dict[str, Node]) -
         weight = round(float(ev.weights[i]))
         if group.policy == Policy.SHADOW and state not in forced:
             state, weight = NodeState.HEALTHY, round(float(ev.base_weights[i]))
-        if state in (NodeState.QUARANTINED, NodeState.PROBING, NodeState.FORCED_QUARANTINE):
+        if traffic_of(state) is Traffic.DRAIN:
             weight = 0
         node = nodes_by_name.get(name)
         out.append(
@@ -383,7 +324,7 @@ def _tick_locked(r: redis.Redis, group: ModelGroup, now: float | None, consumer:
     if entries:
         last_id = max((eid for eid, _ in entries), key=_id_tuple)
 
-    overrides, decided, probes = _apply_operator_inputs(gd, group, now)
+    overrides, decided, probes = operator_inputs.apply(gd, group, now)
     ev = gd.evaluate(now)
     decided_at = time.perf_counter()
 
@@ -435,7 +376,7 @@ def _tick_locked(r: redis.Redis, group: ModelGroup, now: float | None, consumer:
         TransitionRow.objects.bulk_create([_transition_row(t, group, by_name[t.node], shadow, ev) for t in transitions])
         for t in transitions:
             if t.to_state == NodeState.PENDING_APPROVAL and not shadow:
-                _open_detector_proposal(by_name[t.node], t)
+                operator_inputs.open_detector_proposal(by_name[t.node], t)
         at = _ts(now)
         history = history_rows(ev, by_name, at, None if write_all else moved)
         NodeHistory.objects.bulk_create(history, batch_size=2000)
@@ -470,12 +411,3 @@ def _tick_locked(r: redis.Redis, group: ModelGroup, now: float | None, consumer:
         r.xdel(stream_key(group.name), *ack_ids)
     result.tick_ms = (time.perf_counter() - started) * 1000.0
     return result
-
-
-def _open_detector_proposal(node: Node, t: Transition) -> None:
-    from outlier_admin.control.actions import do_propose_quarantine
-
-    do_propose_quarantine(
-        node, actor="system:detector", source=ProposalSource.DETECTOR,
-        reason=f"{t.reason}: {t.detail}" if t.detail else t.reason, evidence=t.to_dict(),
-    )
