@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detector.detectors import cross_p50
+from detector.detectors import cross_p50, zscore
 from detector.detectors.errors import ErrorDetector
 from detector.detectors.tail import TailDetector
 from detector.detectors.verdict import Verdict
@@ -128,7 +128,7 @@ def degrade_wanted(a: NodeArrays, t: Thresholds, lines: Lines) -> np.ndarray:
     a.over_d = np.where(lines.over_d, a.over_d + a.new_samples, 0)
     if t.baseline_mode == "robust":
         # (tolerance: p capped increments of h/p sum to a hair under h in floating point)
-        held = a.evidence >= evidence_line(t, a.flaps) * (1 - 1e-9)
+        held = zscore.evidence(a) >= evidence_line(t, a.flaps) * (1 - 1e-9)
     else:
         held = a.over_d >= t.degrade_persistence
     return lines.over_d & (held | lines.over_q)
@@ -197,6 +197,7 @@ def soft_degrade(a: NodeArrays, now: float, degrade_now: np.ndarray, lines: Line
     back = (state == S.DEGRADED) & ~lines.still_d & ~ej.blocked & ~moves.moved
     a.flaps[back] += 1
     a.evidence[back] = 0.0  # back under the line: a new cut needs new evidence
+    a.evidence_prefill[back] = 0.0
     a.healthy_since[back] = now
     moves(back, S.HEALTHY, Reason.Z_RECOVERED)
     cleared = (state == S.PENDING_APPROVAL) & ~lines.over_d & (ej.cause < 0)
@@ -240,7 +241,9 @@ def end_of_tick(a: NodeArrays, now: float) -> None:
     """Evidence is about a node in service: out of it (or warming) it starts again from nothing.
     ``cut_at`` remembers when the node's weight was cut, for the queue-drain rule."""
     state = a.state
-    a.evidence[(state != S.HEALTHY) & (state != S.DEGRADED)] = 0.0
+    out = (state != S.HEALTHY) & (state != S.DEGRADED)
+    a.evidence[out] = 0.0
+    a.evidence_prefill[out] = 0.0
     cut = (state == S.DEGRADED) | (state == S.PENDING_APPROVAL)
     a.cut_at = np.where(cut, np.where(np.isfinite(a.cut_at), a.cut_at, now), np.nan)
     # Counted in completed requests: streamed rows of a node just out of warm-up come from the slow

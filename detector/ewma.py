@@ -17,6 +17,14 @@ so a tick's samples for all nodes are applied with one sort and two ``bincount``
 loop per sample, and give the same result as one-by-one updates (to float rounding). Signals are
 ratios near 1 or per-token times of a few ms, so ``q - m²`` loses no meaningful precision.
 
+**Weighted samples.** A sample may carry a weight ``w_j`` in (0, 1]: it enters with ``alpha_j = alpha *
+w_j`` (a noisier kind of sample moves the mean less: inverse-variance weighting, see
+:mod:`detector.signals`). The closed form generalises with cumulative log-decays per node run::
+
+    m_k = prod_j (1 - alpha_j) * m_0 + sum_j alpha_j * x_j * prod_{i > j} (1 - alpha_i)
+
+Unweighted batches keep the power form above (and its exact rounding).
+
 Ingest data is untrusted, so each sample may be clipped to ``[lo, hi]`` before it enters (winsorised:
 ``x_j -> min(max(x_j, lo), hi)``). The bounds are fixed for the whole batch (the caller derives them
 from the group's last peer baseline), so the update above stays closed-form and one batch still equals
@@ -46,9 +54,11 @@ class EwmaArrays:
     def variance(self) -> np.ndarray:
         return np.maximum(self.sq - self.mean**2, 0.0)
 
-    def update(self, node: np.ndarray, x: np.ndarray, clip: tuple[float, float] | None = None) -> None:
+    def update(self, node: np.ndarray, x: np.ndarray, clip: tuple[float, float] | None = None,
+               weight: np.ndarray | None = None) -> None:
         """Apply samples ``x`` of nodes ``node`` (indices). Within a node, array order is time order.
-        ``clip``: ``(lo, hi)`` every sample is clipped to first (see the module docstring)."""
+        ``clip``: ``(lo, hi)`` every sample is clipped to first; ``weight``: per-sample weights in
+        (0, 1] (see the module docstring)."""
         if len(x) == 0:
             return
         if clip is not None:
@@ -57,18 +67,26 @@ class EwmaArrays:
         order = node_order(node)
         if order is not None:
             node, x = node[order], x[order]
+            weight = None if weight is None else weight[order]
         per_node = np.bincount(node, minlength=n)
         starts = np.cumsum(per_node) - per_node
-        rank = np.arange(len(x)) - starts[node]  # 0-based position within the node's run
-        k = per_node[node]
-        a = self.alpha
-        decay_each = (1.0 - a) ** (k - 1 - rank)
+        if weight is None:
+            rank = np.arange(len(x)) - starts[node]  # 0-based position within the node's run
+            a = self.alpha
+            decay_each = (1.0 - a) ** (per_node[node] - 1 - rank)
+            decay_all = (1.0 - a) ** per_node
+        else:
+            a = self.alpha * np.clip(weight, 0.0, 1.0)
+            log_keep = np.cumsum(np.log1p(-np.minimum(a, 1.0 - 1e-12)))
+            run_end = log_keep[np.maximum(starts + per_node - 1, 0)]
+            run_start = np.where(starts > 0, log_keep[np.maximum(starts - 1, 0)], 0.0)
+            decay_each = np.exp(run_end[node] - log_keep)  # prod over the node's later samples
+            decay_all = np.where(per_node > 0, np.exp(run_end - run_start), 1.0)
         # Nodes with no history start from their first sample (seed semantics).
         fresh = self.count == 0
         first_idx = starts[fresh & (per_node > 0)]
         self.mean[fresh & (per_node > 0)] = x[first_idx]
         self.sq[fresh & (per_node > 0)] = x[first_idx] ** 2
-        decay_all = (1.0 - a) ** per_node
         self.mean = decay_all * self.mean + np.bincount(node, weights=a * decay_each * x, minlength=n)
         self.sq = decay_all * self.sq + np.bincount(node, weights=a * decay_each * x * x, minlength=n)
         self.count += per_node

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from detector.detectors import zscore
 from detector.detectors.zscore import Decision, PeerView
 from detector.ejection import evidence_line
 from detector.moves import Move
@@ -110,7 +111,7 @@ def detail(reason: Reason, a: NodeArrays, i: int, t: Thresholds) -> str:
     if reason is Reason.Z_QUARANTINE:
         return f"Z >= {t.quarantine_z} for {int(a.over_q[i])} samples (limit {t.quarantine_persistence})"
     if reason is Reason.Z_DEGRADE and t.baseline_mode == "robust":
-        return (f"evidence {float(a.evidence[i]):.1f} sd over {t.degrade_materiality:g}x the baseline "
+        return (f"evidence {float(zscore.evidence(a)[i]):.1f} sd over {t.degrade_materiality:g}x the baseline "
                 f"(cut at {float(evidence_line(t, a.flaps[i])):g}, or at once at quarantine strength)")
     return ""
 

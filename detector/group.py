@@ -167,12 +167,12 @@ class GroupDetector(NodeActions):
         a.warm_samples += np.where(a.state == S.WARMING, np.bincount(lat_node, minlength=n), 0)
         learn = state != S.WARMING
         learned, node = lat.take(learn), lat_node[learn]
-        signals = self.signals.per_request(learned)
+        signals = self.signals.per_request(learned, running=a.running[node])
         for s, x in signals.items():
-            self.signals.update(s, node, x, self._last.get(f"baseline:{s}", math.nan))
+            self.signals.update(s, node, x, self._last.get(f"baseline:{s}", math.nan),
+                                self.signals.sample_weights(s, learned))
         self.tail.ingest(node, signals, self._last.get("baseline:decode", math.nan))
-        s = zscore.evidence_signal(t, self._last)
-        if s is not None:
+        for s in zscore.evidence_signals(t, self._last):
             zscore.feed_evidence(a, t, self._last, node, signals[s], s)
         per_node = np.bincount(node, minlength=n)
         a.new_samples += per_node
@@ -188,19 +188,20 @@ class GroupDetector(NodeActions):
         return IngestResult(accepted, rejected, unknown, ignored=int((~counted).sum()))
 
     def ingest_progress(self, batch: ProgressBatch) -> IngestResult:
-        """Apply streamed decode progress (:class:`~detector.samples.ProgressBatch`): the decode signal
+        """Apply streamed progress rows (:class:`~detector.samples.ProgressBatch`): the decode signal
         as tokens leave the node, where a completed request reports seconds later and only partly
-        slowed when a fault began while it ran (completed requests keep feeding decode too).
+        slowed when a fault began while it ran (completed requests keep feeding decode too), and,
+        where the model server reports it, the queue-free prefill time.
 
         A row is one sample of the EMA, of the evidence and of the quarantine count, whatever its
         number of streams: on a continuous-batching engine every stream of a node shares one step
         time, so what stalls one (a long prefill chunk, a host hiccup) stalls all of them, and ``k``
         streams are one observation, not ``k``. Its evidence unit is the spread of rows across the
         group (:meth:`_row_spread`). Invalid rows and rows of unknown nodes are reported, not applied;
-        rows with no tokens are counted as ignored.
+        rows with neither tokens nor prefills are counted as ignored.
         """
         keep, idx, rejected, unknown = self._admit(batch.node, *validate_progress(batch))
-        empty = keep & (batch.tokens == 0)
+        empty = keep & (batch.tokens == 0) & ~(batch.prefills > 0)
         keep &= ~empty
         accepted = int(keep.sum())
         self.accepted_total += accepted
@@ -209,26 +210,34 @@ class GroupDetector(NodeActions):
         b = replace(batch, node=idx).take(self._node_time_order(keep, idx, batch.ts))
         a, t = self.a, self.thresholds
         self._touch(b.node, b.ts)
+        reported = np.isfinite(b.running)
+        a.running[b.node[reported]] = b.running[reported]  # time order within a node: the last one stays
         learn = a.state[b.node] != S.WARMING
-        node, x = b.node[learn], b.decode_ms()[learn]
-        base = self._last.get("baseline:decode", math.nan)
-        self.signals.update("decode", node, x, base)
-        self._row_spread(node, x, base)
-        if zscore.evidence_signal(t, self._last) == "decode":
-            # Every stream of a node shares its step time (one batch), so a row is one observation:
-            # its unit is how much rows differ across the group, not a per-request spread / sqrt(k).
-            sigma = self._last.get("row_rel_sd:decode", self._last.get("request_rel_sd:decode", math.nan))
-            zscore.feed_evidence(a, t, self._last, node, x, "decode", sigma)
+        healthy = a.state[b.node] == S.HEALTHY
+        self.signals.add_healthy_rows(b.take(healthy))
+        rows = b.take(learn)
+        node = rows.node
+        feeding = zscore.evidence_signals(t, self._last)
+        for s, x in self.signals.per_row(rows).items():
+            base = self._last.get(f"baseline:{s}", math.nan)
+            self.signals.update(s, node, x, base)
+            self._row_spread(s, node, x, base)
+            if s in feeding:
+                # Every stream of a node shares its step time (one batch), so a row is one
+                # observation: its unit is how much rows differ across the group, not a per-request
+                # spread / sqrt(k).
+                sigma = self._last.get(f"row_rel_sd:{s}", self._last.get(f"request_rel_sd:{s}", math.nan))
+                zscore.feed_evidence(a, t, self._last, node, x, s, sigma)
         a.new_samples += np.bincount(node, minlength=len(a))  # one sample of time per row
         return IngestResult(accepted, rejected, unknown, ignored=int(empty.sum()))
 
-    def _row_spread(self, node: np.ndarray, x: np.ndarray, base: float) -> None:
-        """The group's relative spread of progress rows: robust (1.4826 x MAD of ``log(row /
-        baseline)``) over the rows of healthy nodes in this batch, EW-averaged across batches and
-        floored at ``spread_floor``. It holds everything that makes one healthy node's row differ
-        from another's: the shared step time's noise, batch sizes, hardware spread."""
+    def _row_spread(self, s: str, node: np.ndarray, x: np.ndarray, base: float) -> None:
+        """The group's relative spread of progress rows of signal ``s``: robust (1.4826 x MAD of
+        ``log(row / baseline)``) over the rows of healthy nodes in this batch, EW-averaged across
+        batches and floored at ``spread_floor``. It holds everything that makes one healthy node's
+        row differ from another's: the shared step time's noise, batch sizes, hardware spread."""
         t = self.thresholds
-        healthy = self.a.state[node] == S.HEALTHY
+        healthy = (self.a.state[node] == S.HEALTHY) & np.isfinite(x)
         if not (math.isfinite(base) and base > 0) or healthy.sum() < t.min_peers:
             return
         r = np.log(x[healthy] / base)
@@ -236,8 +245,9 @@ class GroupDetector(NodeActions):
         if len(r) < t.min_peers:
             return
         sd = max(1.4826 * float(np.median(np.abs(r - np.median(r)))), t.spread_floor)
-        old = self._last.get("row_rel_sd:decode", sd)
-        self._last["row_rel_sd:decode"] = old + t.ema_alpha * (sd - old)
+        key = f"row_rel_sd:{s}"
+        old = self._last.get(key, sd)
+        self._last[key] = old + t.ema_alpha * (sd - old)
 
     def _admit(self, names: np.ndarray, valid: np.ndarray, rejected: list[tuple[int, RejectReason]]
                ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, RejectReason]], list[str]]:
@@ -303,7 +313,7 @@ class GroupDetector(NodeActions):
             p50=a.p50.copy(), p99=a.p99.copy(), counts=counts["norm"].copy(), transitions=records,
             safeguard=ej.safeguard_reason is not None, safeguard_reason=ej.safeguard_reason,
             fallback=fallback_reason is not None, fallback_reason=fallback_reason,
-            probes_due=[a.ids[i] for i in np.flatnonzero(due)], peers=view.peers, evidence=a.evidence.copy(),
+            probes_due=[a.ids[i] for i in np.flatnonzero(due)], peers=view.peers, evidence=zscore.evidence(a),
             decision_signal=d.name, verdicts={v.reason.value: v.eject.copy() for v in verdicts},
         )
 

@@ -14,8 +14,10 @@ Columns, by the part of the detector that owns them:
 - per-tick sample counts: ``new_samples`` (EMA samples; a streamed row counts its streams),
   ``new_requests`` (completed requests), ``new_drained`` (requests dispatched ``queue_drain_s`` after
   the node's weight was cut), ``warm_samples``, ``grace``;
-- Z persistence and the weight-cut gate: ``over_q``, ``over_q_evals``, ``over_d``, ``evidence``,
-  ``flaps``, ``cut_at``;
+- Z persistence and the weight-cut gate: ``over_q``, ``over_q_evals``, ``over_d``, ``evidence``
+  (the CUSUM on decode, or on norm when the group has no queue-free signal), ``evidence_prefill`` (on
+  the queue-free prefill time), ``flaps``, ``cut_at``;
+- the engine: ``running`` (the node's last reported running batch; NaN: never reported);
 - tail and cross-P50: ``tail``, ``tail_windows``, ``cross_slow``, ``p50``, ``p99``;
 - errors: ``consec_err``, ``int_requests``, ``int_success``;
 - quarantine, canary and restore: ``next_probe``, ``passes``, ``ejections``, ``step``,
@@ -66,6 +68,8 @@ FIELDS: dict[str, tuple[type, float]] = {
     "over_d": (np.int64, 0),
     "over_q_evals": (np.int64, 0),
     "flaps": (np.int64, 0),
+    "evidence_prefill": (np.float64, 0),
+    "running": (np.float64, NAN),
 }
 
 
@@ -107,6 +111,8 @@ class NodeArrays:
     over_d: np.ndarray
     over_q_evals: np.ndarray
     flaps: np.ndarray
+    evidence_prefill: np.ndarray
+    running: np.ndarray
 
     def __init__(self, ids: Iterable[str] = ()) -> None:
         self.ids: list[str] = list(ids)

@@ -38,6 +38,8 @@ from typing import Any, Self
 
 import numpy as np
 
+from detector.engine_metrics import ROW_FIELDS
+
 
 class RejectReason(enum.StrEnum):
     """Why a sample was refused. Every refused sample is counted under one of these codes."""
@@ -51,6 +53,18 @@ class RejectReason(enum.StrEnum):
 
 
 TIMEOUT_STATUSES = (0, 408, 504)
+
+
+#: The layout of a request row in a group's ingest stream (``outlier_admin.ingest.pipeline`` writes
+#: it, the tick reads it with :meth:`SampleBatch.from_rows`); rows of 7 predate the last two columns.
+REQUEST_ROW_FIELDS: tuple[str, ...] = (
+    "node", "ts", "prompt_tokens", "completion_tokens", "ttft_ms", "total_ms", "status", "cached_tokens", "queue_ms",
+)
+
+
+def _optional(values: Sequence[float] | np.ndarray | None, n: int) -> np.ndarray:
+    """An optional float column: ``None`` -> all NaN (unknown)."""
+    return np.full(n, np.nan) if values is None else np.asarray(values, dtype=np.float64)
 
 
 class _Columns:
@@ -84,6 +98,8 @@ class SampleBatch(_Columns):
     ttft_ms: np.ndarray  # float64, NaN when unknown
     total_ms: np.ndarray  # float64
     status: np.ndarray  # int64
+    cached_tokens: np.ndarray  # float64, prompt tokens served from the prefix cache; NaN when unknown
+    queue_ms: np.ndarray  # float64, the wait for a batch slot inside TTFT; NaN when unknown
 
     @classmethod
     def from_columns(
@@ -96,24 +112,52 @@ class SampleBatch(_Columns):
         total_ms: Sequence[float] | np.ndarray,
         ttft_ms: Sequence[float] | np.ndarray | None = None,
         status: Sequence[int] | np.ndarray | None = None,
+        cached_tokens: Sequence[float] | np.ndarray | None = None,
+        queue_ms: Sequence[float] | np.ndarray | None = None,
     ) -> SampleBatch:
         n = len(node)
-        ttft = np.full(n, np.nan) if ttft_ms is None else np.asarray(ttft_ms, dtype=np.float64)
         st = np.full(n, 200, dtype=np.int64) if status is None else np.asarray(status, dtype=np.int64)
         return cls(
             node=np.asarray(node, dtype=object),
             ts=np.asarray(ts, dtype=np.float64),
             prompt_tokens=np.asarray(prompt_tokens, dtype=np.float64),
             completion_tokens=np.asarray(completion_tokens, dtype=np.float64),
-            ttft_ms=ttft,
+            ttft_ms=_optional(ttft_ms, n),
             total_ms=np.asarray(total_ms, dtype=np.float64),
             status=st,
+            cached_tokens=_optional(cached_tokens, n),
+            queue_ms=_optional(queue_ms, n),
         )._checked()
 
     @classmethod
+    def from_rows(cls, rows: Sequence[Sequence[Any]]) -> SampleBatch:
+        """From rows laid out as :data:`REQUEST_ROW_FIELDS` (``None``: unknown, as a JSON ``null``);
+        shorter rows (written before the later columns existed) read their missing columns as
+        unknown."""
+        width = len(REQUEST_ROW_FIELDS)
+        padded = [list(r) + [None] * (width - len(r)) for r in rows]
+        if any(len(r) != width for r in padded):
+            raise ValueError(f"a request row has {width} fields at most")
+        cols = list(zip(*padded, strict=True)) if padded else [()] * width
+        num = {name: np.array([np.nan if v is None else v for v in col], dtype=np.float64)
+               for name, col in zip(REQUEST_ROW_FIELDS, cols, strict=True) if name not in ("node", "status")}
+        return cls.from_columns(node=cols[0], status=np.array(cols[6], dtype=np.int64), **num)
+
+    def latency_only(self) -> np.ndarray:
+        """Requests logged without token counts (both NaN): judged on their latency alone."""
+        return np.isnan(self.prompt_tokens) & np.isnan(self.completion_tokens)
+
+    def computed_prompt(self) -> np.ndarray:
+        """Prompt tokens the node actually computed: ``prompt - cached`` where the log reports cached
+        tokens (a prefix-cache hit makes prefill legitimately short), else ``prompt``."""
+        cached = np.where(np.isfinite(self.cached_tokens), self.cached_tokens, 0.0)
+        return np.maximum(self.prompt_tokens - np.minimum(cached, self.prompt_tokens), 0.0)
+
+    @classmethod
     def from_records(cls, records: Iterable[Mapping[str, Any]]) -> SampleBatch:
-        """Build from dicts with keys node, ts, prompt_tokens, completion_tokens, total_ms,
-        and optional ttft_ms (None/missing -> NaN) and status (missing -> 200)."""
+        """Build from dicts with keys node, ts, total_ms, and optional prompt_tokens and
+        completion_tokens (both missing: a latency-only record), ttft_ms, cached_tokens, queue_ms
+        (None/missing -> NaN) and status (missing -> 200)."""
         rows = list(records)
 
         def col(key: str, default: Any) -> list[Any]:
@@ -131,6 +175,8 @@ class SampleBatch(_Columns):
             ttft_ms=col("ttft_ms", np.nan),
             total_ms=col("total_ms", np.nan),
             status=col("status", 200),
+            cached_tokens=col("cached_tokens", np.nan),
+            queue_ms=col("queue_ms", np.nan),
         )
 
     @classmethod
@@ -141,23 +187,29 @@ class SampleBatch(_Columns):
 def validate(batch: SampleBatch) -> tuple[np.ndarray, list[tuple[int, RejectReason]]]:
     """Check every sample; return the boolean mask of valid ones and ``(index, reason)`` for the rest.
 
-    Rules: timestamps, token counts and total latency must be finite; no value may be negative; when
-    TTFT is known, ``total >= ttft``; a request with 0 prompt and 0 completion tokens carries no
-    signal; the status must be 0 or a valid HTTP code (100..599). The first failing rule is reported.
+    Rules: timestamps and total latency must be finite, token counts too unless both are missing (a
+    latency-only record: a log format without token counts); optional columns (TTFT, cached tokens,
+    queue time) finite when present; no value may be negative; when TTFT is known, ``total >= ttft``;
+    a request with 0 prompt and 0 completion tokens carries no signal; the status must be 0 or a
+    valid HTTP code (100..599). The first failing rule is reported.
     """
     with np.errstate(invalid="ignore"):
+        tokens_finite = np.isfinite(batch.prompt_tokens) & np.isfinite(batch.completion_tokens)
         finite = (
             np.isfinite(batch.ts)
-            & np.isfinite(batch.prompt_tokens)
-            & np.isfinite(batch.completion_tokens)
+            & (tokens_finite | batch.latency_only())
             & np.isfinite(batch.total_ms)
             & ~np.isinf(batch.ttft_ms)
+            & ~np.isinf(batch.cached_tokens)
+            & ~np.isinf(batch.queue_ms)
         )
         negative = (
             (batch.prompt_tokens < 0)
             | (batch.completion_tokens < 0)
             | (batch.total_ms < 0)
             | (batch.ttft_ms < 0)
+            | (batch.cached_tokens < 0)
+            | (batch.queue_ms < 0)
         )
         bad_status = (batch.status != 0) & ((batch.status < 100) | (batch.status > 599))
         return _first_failing(len(batch), [
@@ -195,6 +247,11 @@ def seed_norm(batch: SampleBatch, prompt_weight: float) -> np.ndarray:
         return np.where(denom > 0, batch.total_ms / denom, np.nan)
 
 
+def prefill_time_ms(batch: SampleBatch) -> np.ndarray:
+    """``ttft - queue``: the queue-free prefill time of a request whose log carries both (NaN else)."""
+    return np.where(batch.queue_ms <= batch.ttft_ms, batch.ttft_ms - batch.queue_ms, np.nan)
+
+
 def prefill_per_token(batch: SampleBatch) -> np.ndarray:
     """``ttft / max(prompt, 1)`` in ms per prompt token; NaN where TTFT is unknown."""
     return batch.ttft_ms / np.maximum(batch.prompt_tokens, 1.0)
@@ -222,11 +279,15 @@ def node_order(node: np.ndarray) -> np.ndarray | None:
 
 @dataclass(frozen=True)
 class ProgressBatch(_Columns):
-    """Columnar batch of streamed decode progress: one row per node and interval.
+    """Columnar batch of streamed progress: one row per node and interval (see
+    :mod:`detector.engine_metrics` for how a model server's ``/metrics`` becomes a row).
 
     ``tokens`` is the number of output tokens the node's in-flight requests streamed during the
     ``interval_s`` seconds that end at ``ts``; ``token_ms`` the sum of their inter-token gaps (ms),
-    i.e. the delta of a ``_sum`` and ``_count`` pair of an inter-token-latency histogram.
+    i.e. the delta of a ``_sum`` and ``_count`` pair of an inter-token-latency histogram. Optional
+    (NaN when the server does not report them): ``prefills`` requests whose queue-free prefill took
+    ``prefill_ms`` in all and computed ``prefill_tokens`` prompt tokens (cache hits excluded), and
+    ``running``, the size of the node's running batch at ``ts``.
     """
 
     node: np.ndarray  # object (str)
@@ -234,6 +295,10 @@ class ProgressBatch(_Columns):
     interval_s: np.ndarray  # float64
     tokens: np.ndarray  # float64 (integers)
     token_ms: np.ndarray  # float64
+    prefills: np.ndarray  # float64, NaN: unknown
+    prefill_ms: np.ndarray  # float64, NaN: unknown
+    prefill_tokens: np.ndarray  # float64, NaN: unknown
+    running: np.ndarray  # float64, NaN: unknown
 
     @classmethod
     def from_columns(
@@ -244,14 +309,35 @@ class ProgressBatch(_Columns):
         interval_s: Sequence[float] | np.ndarray,
         tokens: Sequence[float] | np.ndarray,
         token_ms: Sequence[float] | np.ndarray,
+        prefills: Sequence[float] | np.ndarray | None = None,
+        prefill_ms: Sequence[float] | np.ndarray | None = None,
+        prefill_tokens: Sequence[float] | np.ndarray | None = None,
+        running: Sequence[float] | np.ndarray | None = None,
     ) -> ProgressBatch:
+        n = len(node)
         return cls(
             node=np.asarray(node, dtype=object),
             ts=np.asarray(ts, dtype=np.float64),
             interval_s=np.asarray(interval_s, dtype=np.float64),
             tokens=np.asarray(tokens, dtype=np.float64),
             token_ms=np.asarray(token_ms, dtype=np.float64),
+            prefills=_optional(prefills, n),
+            prefill_ms=_optional(prefill_ms, n),
+            prefill_tokens=_optional(prefill_tokens, n),
+            running=_optional(running, n),
         )._checked()
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Sequence[Any]]) -> ProgressBatch:
+        """From rows laid out as :data:`detector.engine_metrics.ROW_FIELDS` (``None``: unknown); rows
+        of 5 (decode only, written before the prefill columns existed) are read too."""
+        width = len(ROW_FIELDS)
+        padded = [list(r) + [None] * (width - len(r)) for r in rows]
+        if any(len(r) != width for r in padded):
+            raise ValueError(f"a progress row has {width} fields at most")
+        cols = list(zip(*padded, strict=True)) if padded else [()] * width
+        numeric = [[np.nan if v is None else v for v in c] for c in cols[1:]]
+        return cls.from_columns(node=cols[0], **dict(zip(ROW_FIELDS[1:], numeric, strict=True)))
 
     def decode_ms(self) -> np.ndarray:
         """``token_ms / tokens``: the mean time per streamed output token, per row."""
@@ -264,10 +350,15 @@ class ProgressBatch(_Columns):
 
 
 def validate_progress(batch: ProgressBatch) -> tuple[np.ndarray, list[tuple[int, RejectReason]]]:
-    """Check every progress row, like :func:`validate`: all values finite, none negative, an interval
-    longer than 0. Rows with 0 tokens are valid (the node streamed nothing) and carry no signal."""
+    """Check every progress row, like :func:`validate`: all values finite (the optional ones when
+    present), none negative, an interval longer than 0. Rows with 0 tokens are valid (the node
+    streamed nothing) and carry no decode signal."""
+    optional = (batch.prefills, batch.prefill_ms, batch.prefill_tokens, batch.running)
     with np.errstate(invalid="ignore"):
         finite = (np.isfinite(batch.ts) & np.isfinite(batch.interval_s) & np.isfinite(batch.tokens)
                   & np.isfinite(batch.token_ms))
         negative = (batch.interval_s <= 0) | (batch.tokens < 0) | (batch.token_ms < 0)
+        for col in optional:
+            finite &= ~np.isinf(col)
+            negative |= col < 0
         return _first_failing(len(batch), [(~finite, RejectReason.NOT_FINITE), (negative, RejectReason.NEGATIVE)])

@@ -1,16 +1,50 @@
-"""The per-request signals of a group and each node's EW statistics of them.
+"""The signals of a group and each node's EW statistics of them.
 
-Three signals per request (see :mod:`detector.samples` for the formulas):
+Four signals (see :mod:`detector.samples` and :mod:`detector.engine_metrics` for where they come from):
 
 - ``norm``: total latency over the group's learned cost model ``a*prompt + b*completion + c``
   (:mod:`detector.costmodel`, a robust fit on healthy nodes' recent requests; ``normalization="seed"``
-  keeps seed 000's fixed ``T_total / (prompt*w + completion)``);
-- ``prefill``: TTFT over its own fit on the prompt length;
-- ``decode``: milliseconds per output token after the first, ``(total - ttft) / (completion - 1)``:
-  queue-free, since the wait for a batch slot ends before the first token.
+  keeps seed 000's fixed ``T_total / (prompt*w + completion)``). A **latency-only** record (a log
+  format without token counts) is judged as ``total / typical``, ``typical`` the median latency of the
+  healthy requests the fit is trained on, clipped to ``[1/2, 2]`` (:data:`LATENCY_ONLY_CLIP`: a long
+  request and a slow one look alike without tokens, so no one request may count for much), and it
+  enters the EMA with the weight ``(sd_ref / sd_latency)^2`` (inverse-variance weighting: request
+  sizes make it several times noisier than a token-normalised sample, so it takes that many more to
+  move the EMA as far). Without tokens only the peer comparison over enough samples evens out request
+  sizes: detection is slower, which the README states;
+- ``prefill``: TTFT over its own fit on the prompt length. It includes the wait for a batch slot;
+- ``decode``: milliseconds per output token after the first, ``(total - ttft) / (completion - 1)``,
+  or ``token_ms / tokens`` of a streamed progress row: queue-free, since the wait for a batch slot ends
+  before the first token;
+- ``prefill_time``: the **queue-free** prefill time over its fit on the prompt tokens actually
+  computed, ``prefill_ms ≈ a * computed_tokens + c``: per progress row, from the model server's own
+  prefill histogram (``prefill_ms / prefills`` against the mean computed tokens per prefill: for a
+  linear model the mean of the predictions is the prediction at the mean), and per request where the
+  log carries the queue time (``ttft - queue``). Prefix-cache hits are taken out of the prompt
+  (``computed = prompt - cached``) here and in the ``norm`` and ``prefill`` fits, so a node that
+  serves more cache hits does not look fast and its peers slow.
 
-:class:`SignalModel` owns the cost-model fits, the reservoir of healthy samples they are fitted on, and
-one :class:`~detector.ewma.EwmaArrays` per signal. Every sample enters a node's EMA clipped to
+``decode`` and ``prefill_time`` are the **queue-free** signals (:data:`QUEUE_FREE`): what decides a
+node's state (:mod:`detector.detectors.zscore`).
+
+**Decode at equal batch.** On a continuous-batching engine every stream of a node shares one step
+time, which grows with the batch: ``decode_ms ≈ c0 + c1 * running``. A busier healthy node looks
+slower. Where rows report the running batch, the group's curve is fitted across healthy nodes
+(the same robust fit, on rows of healthy nodes only: across nodes, load varies while health does not)
+and each decode sample is compared at the group's median batch ``B_ref``::
+
+    decode_eq = decode_ms * curve(B_ref) / curve(clip(B, B_p10, B_p90))
+
+The correction divides out the batch, not a fault: a node whose every step is ``k`` times slower
+decodes at ``k * curve(B)`` whatever its batch (and its batch grows, as its requests stay longer:
+Little's law), so it reads ``k * curve(B_ref)``, as slow as it is. The curve is fitted on healthy
+rows only and extrapolated at most to twice the largest healthy batch (:data:`BATCH_EXTRAPOLATION`):
+in a surge every node's batch grows together and the reservoir follows within a minute. A completed
+request is corrected with its node's last reported batch. ``Thresholds.decode_batch_curve`` switches
+it off.
+
+:class:`SignalModel` owns the fits, the reservoirs of healthy samples they are fitted on, and one
+:class:`~detector.ewma.EwmaArrays` per signal. Every sample enters a node's EMA clipped to
 ``[baseline / ema_clip, baseline * ema_clip]`` of the group's last peer baseline (ingest data is
 untrusted: one record, however extreme, moves an EMA by at most ``alpha * (ema_clip - 1)``
 baselines); before a baseline exists only ingest's own bounds apply.
@@ -24,21 +58,50 @@ import numpy as np
 
 from detector.costmodel import CostModel, Reservoir, fit_cost_model
 from detector.ewma import EwmaArrays
-from detector.samples import SampleBatch, decode_per_token, prefill_per_token, seed_norm
+from detector.samples import (
+    ProgressBatch,
+    SampleBatch,
+    decode_per_token,
+    prefill_per_token,
+    prefill_time_ms,
+    seed_norm,
+)
 from detector.thresholds import Thresholds
 
-SIGNALS: tuple[str, ...] = ("norm", "prefill", "decode")
+SIGNALS: tuple[str, ...] = ("norm", "prefill", "decode", "prefill_time")
+#: The signals measured after the wait for a batch slot: they decide (detectors.zscore).
+QUEUE_FREE: tuple[str, ...] = ("decode", "prefill_time")
+_FITS = ("norm", "prefill", "prefill_time", "batch")
+#: Healthy rows with a batch needed before the decode curve is fitted (two coefficients: a few dozen
+#: rows fix them; the robust fit ignores the odd stall).
+BATCH_CURVE_MIN_ROWS = 60
+#: The decode curve is extrapolated at most to this multiple of the largest healthy batch seen (P99).
+BATCH_EXTRAPOLATION = 2.0
+#: A latency-only sample counts at most this many times the typical latency, either way (see the
+#: module docstring).
+LATENCY_ONLY_CLIP = 2.0
+#: The relative per-request spread a latency-only sample is weighed against when the group has no
+#: token-normalised fit to measure it on (a learned cost model leaves 0.1-0.3).
+REFERENCE_SD = 0.25
 
 
 class SignalModel:
-    """Cost-model fits, their training reservoir and the per-node EW statistics of every signal."""
+    """Cost-model fits, their training reservoirs and the per-node EW statistics of every signal."""
 
     def __init__(self, thresholds: Thresholds, n: int = 0) -> None:
         self.thresholds = thresholds
         self.ewma = {s: EwmaArrays(n, thresholds.ema_alpha) for s in SIGNALS}
         self.fit_norm: CostModel | None = None
         self.fit_prefill: CostModel | None = None
+        self.fit_prefill_time: CostModel | None = None
+        self.fit_batch: CostModel | None = None
+        self.batch_range = (math.nan, math.nan, math.nan)  # (1, median, extrapolation limit)
+        self.batch_flat = False  # every healthy node at one batch: no curve needed
+        self.typical_ms = math.nan
+        self.latency_weight = 1.0
         self.reservoir = Reservoir(("p", "c", "t", "f"), thresholds.cost_model_reservoir)
+        # The engine's view: x computed tokens per prefill, y prefill ms; b running batch, d decode ms.
+        self.engine = Reservoir(("x", "y", "b", "d"), thresholds.cost_model_reservoir)
         self.fit_at = -math.inf
 
     # ------------------------------------------------------------------------------- membership
@@ -61,23 +124,65 @@ class SignalModel:
             e.alpha = thresholds.ema_alpha
         if thresholds.cost_model_reservoir != old.cost_model_reservoir:
             self.reservoir = self.reservoir.resized(thresholds.cost_model_reservoir)
+            self.engine = self.engine.resized(thresholds.cost_model_reservoir)
 
     # ---------------------------------------------------------------------------------- signals
-    def per_request(self, b: SampleBatch) -> dict[str, np.ndarray]:
-        """Per-request signals. ``norm`` is NaN until the cost model is fitted (learned mode)."""
+    def per_request(self, b: SampleBatch, running: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Per-request signals; NaN where a fit is missing (learned mode) or an input is unknown.
+        ``running``: each request's node's last reported batch (for decode at equal batch)."""
         t = self.thresholds
+        decode = decode_per_token(b)
         if t.normalization == "seed":
+            nan = np.full(len(b), np.nan)
             return {"norm": seed_norm(b, t.seed_prompt_weight), "prefill": prefill_per_token(b),
-                    "decode": decode_per_token(b)}
+                    "decode": decode, "prefill_time": nan}
+        prompt = b.computed_prompt()
         norm = np.full(len(b), np.nan)
         if self.fit_norm is not None:
-            pred = self.fit_norm.predict(np.column_stack([b.prompt_tokens, b.completion_tokens]))
-            norm = b.total_ms / np.maximum(pred, 1e-6)
-        prefill = np.full(len(b), np.nan)
-        if self.fit_prefill is not None:
-            pred = self.fit_prefill.predict(b.prompt_tokens[:, None])
-            prefill = b.ttft_ms / np.maximum(pred, 1e-6)
-        return {"norm": norm, "prefill": prefill, "decode": decode_per_token(b)}
+            pred = self.fit_norm.predict(np.column_stack([prompt, b.completion_tokens]))
+            with np.errstate(invalid="ignore"):
+                norm = b.total_ms / np.maximum(pred, 1e-6)
+        if math.isfinite(self.typical_ms):
+            lat = np.clip(b.total_ms / self.typical_ms, 1.0 / LATENCY_ONLY_CLIP, LATENCY_ONLY_CLIP)
+            norm = np.where(b.latency_only(), lat, norm)
+        return {
+            "norm": norm,
+            "prefill": self._over_fit(self.fit_prefill, b.ttft_ms, prompt),
+            "decode": decode * self.batch_factor(running) if running is not None else decode,
+            "prefill_time": self._over_fit(self.fit_prefill_time, prefill_time_ms(b), prompt),
+        }
+
+    def per_row(self, b: ProgressBatch) -> dict[str, np.ndarray]:
+        """Per progress row: ``decode`` (at equal batch) and ``prefill_time`` (NaN without prefills)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            per_prefill_ms = np.where(b.prefills > 0, b.prefill_ms / b.prefills, np.nan)
+            per_prefill_tokens = b.prefill_tokens / b.prefills
+        return {
+            "decode": b.decode_ms() * self.batch_factor(b.running),
+            "prefill_time": self._over_fit(self.fit_prefill_time, per_prefill_ms, per_prefill_tokens),
+        }
+
+    @staticmethod
+    def _over_fit(fit: CostModel | None, y: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        if fit is None:
+            return np.full(len(y), np.nan)
+        pred = fit.predict(np.where(np.isfinite(tokens), tokens, 0.0)[:, None])
+        with np.errstate(invalid="ignore"):
+            return np.where(np.isfinite(tokens), y / np.maximum(pred, 1e-6), np.nan)
+
+    def batch_factor(self, running: np.ndarray) -> np.ndarray:
+        """``curve(B_ref) / curve(clip(B, 1, hi))`` per sample; 1 where no curve is needed (switched
+        off, no batch reported, or every healthy node at one batch); NaN (not judged yet) for a
+        reported batch while the group's curve is still being learned: a busy healthy node must not
+        be cut in the seconds before the curve exists."""
+        fit = self.fit_batch
+        if not self.thresholds.decode_batch_curve or self.batch_flat:
+            return np.ones(len(running))
+        if fit is None:
+            return np.where(np.isfinite(running), np.nan, 1.0)
+        lo, ref, hi = self.batch_range
+        b = np.clip(np.where(np.isfinite(running), running, ref), lo, hi)
+        return fit.predict(np.array([[ref]]))[0] / np.maximum(fit.predict(b[:, None]), 1e-6)
 
     def probe_value(self, prompt_tokens: float, completion_tokens: float, ttft_ms: float | None,
                     total_ms: float | None) -> float:
@@ -90,41 +195,103 @@ class SignalModel:
         )
         return float(self.per_request(b)["norm"][0])
 
-    def update(self, s: str, node: np.ndarray, x: np.ndarray, baseline: float) -> None:
+    def sample_weights(self, s: str, b: SampleBatch) -> np.ndarray | None:
+        """Per-request EMA weights of signal ``s``: ``latency_weight`` for latency-only records of
+        ``norm``, 1 otherwise (``None``: all 1)."""
+        if s != "norm" or self.latency_weight >= 1.0:
+            return None
+        only = b.latency_only()
+        return np.where(only, self.latency_weight, 1.0) if only.any() else None
+
+    def update(self, s: str, node: np.ndarray, x: np.ndarray, baseline: float,
+               weight: np.ndarray | None = None) -> None:
         """Apply samples of signal ``s`` (grouped by node, time order within), clipped around
-        ``baseline`` (NaN: not clipped; see the module docstring)."""
+        ``baseline`` (NaN: not clipped; see the module docstring), weighted by ``weight``."""
         ok = np.isfinite(x)
         clip = None
         if math.isfinite(baseline) and baseline > 0:
             c = self.thresholds.ema_clip
             clip = (baseline / c, baseline * c)
-        self.ewma[s].update(node[ok], x[ok], clip)
+        self.ewma[s].update(node[ok], x[ok], clip, None if weight is None else weight[ok])
 
-    # ---------------------------------------------------------------------------------- cost model
+    # ---------------------------------------------------------------------------------- fits
     def add_healthy(self, b: SampleBatch) -> None:
-        """Keep healthy nodes' requests for the cost-model fit; fit it once there are enough."""
-        self.reservoir.add(p=b.prompt_tokens, c=b.completion_tokens, t=b.total_ms, f=b.ttft_ms)
+        """Keep healthy nodes' requests for the fits; fit them once there are enough."""
+        prompt = b.computed_prompt()
+        self.reservoir.add(p=prompt, c=b.completion_tokens, t=b.total_ms, f=b.ttft_ms)
+        queue_free = prefill_time_ms(b)
+        known = np.isfinite(queue_free)
+        if known.any():
+            nan = np.full(int(known.sum()), np.nan)
+            self.engine.add(x=prompt[known], y=queue_free[known], b=nan, d=nan)
         if self.fit_norm is None and self.reservoir.filled >= self.thresholds.cost_model_min_samples:
             self.refit()
 
+    def add_healthy_rows(self, b: ProgressBatch) -> None:
+        """Keep healthy nodes' progress rows for the prefill-time fit and the decode batch curve."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = np.where(b.prefills > 0, b.prefill_tokens / b.prefills, np.nan)
+            y = np.where(b.prefills > 0, b.prefill_ms / b.prefills, np.nan)
+            d = np.where(b.tokens > 0, b.decode_ms(), np.nan)
+        keep = np.isfinite(y) | (np.isfinite(b.running) & np.isfinite(d))
+        self.engine.add(x=x[keep], y=y[keep], b=b.running[keep], d=d[keep])
+        if keep.any() and ((self.fit_batch is None and not self.batch_flat) or self.fit_prefill_time is None):
+            self._refit_engine()  # the first fits as soon as there is enough (later: on the refit cadence)
+
     def refit(self, now: float | None = None) -> None:
-        """Refit both cost models on the reservoir (with ``now``: at most every ``cost_model_refit_s``)."""
-        if self.reservoir.filled < self.thresholds.cost_model_min_samples:
-            return
+        """Refit the models on the reservoirs (with ``now``: at most every ``cost_model_refit_s``)."""
+        t = self.thresholds
         if now is not None:
-            if now - self.fit_at < self.thresholds.cost_model_refit_s:
+            if now - self.fit_at < t.cost_model_refit_s:
                 return
             self.fit_at = now
-        r = self.reservoir.rows()
-        p, c, t, f = r["p"], r["c"], r["t"], r["f"]
-        fit = fit_cost_model(np.column_stack([p, c]), t, start=self.fit_norm)
+        if self.reservoir.filled >= t.cost_model_min_samples:
+            r = self.reservoir.rows()
+            p, c, total, f = r["p"], r["c"], r["t"], r["f"]
+            self.typical_ms = float(np.median(total))
+            tokens = np.isfinite(p) & np.isfinite(c)
+            if tokens.sum() >= t.cost_model_min_samples:
+                self.fit_norm = fit_cost_model(np.column_stack([p, c])[tokens], total[tokens],
+                                               start=self.fit_norm) or self.fit_norm
+            self._weigh_latency_only(total[~tokens])
+            has_ttft = np.isfinite(f) & np.isfinite(p)
+            if has_ttft.sum() >= t.cost_model_min_samples:
+                self.fit_prefill = fit_cost_model(p[has_ttft][:, None], f[has_ttft],
+                                                  start=self.fit_prefill) or self.fit_prefill
+        self._refit_engine()
+
+    def _weigh_latency_only(self, total: np.ndarray) -> None:
+        """``latency_weight = clip((sd_ref / sd_latency)^2, 0.01, 1)``: inverse-variance weighting of
+        a latency-only sample against a token-normalised one (``sd_ref``: the cost model's residual
+        spread, else :data:`REFERENCE_SD`; ``sd_latency``: the robust spread of the clipped
+        ``log(total / typical)`` of healthy latency-only requests)."""
+        if len(total) < self.thresholds.min_samples * 10:
+            return
+        r = np.log(np.clip(total / self.typical_ms, 1.0 / LATENCY_ONLY_CLIP, LATENCY_ONLY_CLIP))
+        sd = 1.4826 * float(np.median(np.abs(r - np.median(r))))
+        ref = self.fit_norm.residual_sd if self.fit_norm is not None else REFERENCE_SD
+        self.latency_weight = float(np.clip((ref / max(sd, 1e-6)) ** 2, 0.01, 1.0))
+
+    def _refit_engine(self) -> None:
+        t = self.thresholds
+        e = self.engine.rows()
+        x, y, b, d = e["x"], e["y"], e["b"], e["d"]
+        has_prefill = np.isfinite(x) & np.isfinite(y)
+        if has_prefill.sum() >= t.cost_model_min_samples:
+            self.fit_prefill_time = fit_cost_model(x[has_prefill][:, None], y[has_prefill],
+                                                   start=self.fit_prefill_time) or self.fit_prefill_time
+        has_batch = np.isfinite(b) & np.isfinite(d)
+        if has_batch.sum() < BATCH_CURVE_MIN_ROWS:
+            return
+        p10, ref, p90, p99 = np.percentile(b[has_batch], (10, 50, 90, 99))
+        # (Nearly) every healthy row at one batch size: nothing to learn, nothing to correct.
+        self.batch_flat = bool(p90 - p10 < 1.0)
+        if self.batch_flat:
+            return
+        fit = fit_cost_model(b[has_batch][:, None], d[has_batch], start=self.fit_batch)
         if fit is not None:
-            self.fit_norm = fit
-        has_ttft = np.isfinite(f)
-        if has_ttft.sum() >= self.thresholds.cost_model_min_samples:
-            fit_p = fit_cost_model(p[has_ttft][:, None], f[has_ttft], start=self.fit_prefill)
-            if fit_p is not None:
-                self.fit_prefill = fit_p
+            self.fit_batch = fit
+            self.batch_range = (1.0, float(ref), BATCH_EXTRAPOLATION * float(p99))
 
     # ---------------------------------------------------------------------------------- snapshot
     def arrays(self) -> dict[str, np.ndarray]:
@@ -133,23 +300,43 @@ class SignalModel:
             out[f"e.{s}.mean"], out[f"e.{s}.sq"], out[f"e.{s}.count"] = e.mean, e.sq, e.count
         for k, v in self.reservoir.columns.items():
             out[f"r.{k}"] = v
+        for k, v in self.engine.columns.items():
+            out[f"q.{k}"] = v
         for name, fit in self.fits().items():
             out[f"fit.{name}"] = fit.coef
         return out
 
     def fits(self) -> dict[str, CostModel]:
-        return {name: fit for name, fit in (("norm", self.fit_norm), ("prefill", self.fit_prefill)) if fit is not None}
+        found = ((name, getattr(self, f"fit_{name}")) for name in _FITS)
+        return {name: fit for name, fit in found if fit is not None}
 
     def meta(self) -> dict[str, object]:
         return {"res_pos": self.reservoir.pos, "res_filled": self.reservoir.filled, "fit_at": self.fit_at,
+                "engine_pos": self.engine.pos, "engine_filled": self.engine.filled,
+                "typical_ms": self.typical_ms, "latency_weight": self.latency_weight,
+                "batch_range": list(self.batch_range), "batch_flat": self.batch_flat,
                 "fits": {name: [fit.residual_sd, fit.n_samples] for name, fit in self.fits().items()}}
 
     def restore(self, z: dict[str, np.ndarray], meta: dict) -> None:
+        """Restore :meth:`arrays` and :meth:`meta`; a snapshot from before a signal, the engine
+        reservoir or a fit existed restores with them empty."""
+        n = len(z["e.norm.mean"])
         for s, e in self.ewma.items():
-            e.mean, e.sq, e.count = z[f"e.{s}.mean"].copy(), z[f"e.{s}.sq"].copy(), z[f"e.{s}.count"].copy()
+            if f"e.{s}.mean" in z:
+                e.mean, e.sq, e.count = z[f"e.{s}.mean"].copy(), z[f"e.{s}.sq"].copy(), z[f"e.{s}.count"].copy()
+            else:
+                e.mean, e.sq, e.count = np.zeros(n), np.zeros(n), np.zeros(n)
         for k in self.reservoir.columns:
             self.reservoir.columns[k] = z[f"r.{k}"].copy()
         self.reservoir.pos, self.reservoir.filled = meta["res_pos"], meta["res_filled"]
+        if "q.x" in z:
+            for k in self.engine.columns:
+                self.engine.columns[k] = z[f"q.{k}"].copy()
+            self.engine.pos, self.engine.filled = meta["engine_pos"], meta["engine_filled"]
+        self.typical_ms = meta.get("typical_ms", math.nan)
+        self.latency_weight = meta.get("latency_weight", 1.0)
+        self.batch_range = tuple(meta.get("batch_range", (math.nan,) * 3))
+        self.batch_flat = meta.get("batch_flat", False)
         # Snapshots before this module kept the fit time among the group's "last" values.
         self.fit_at = meta.get("fit_at", meta.get("last", {}).get("fit_at", -math.inf))
         for name, (sd, count) in meta["fits"].items():

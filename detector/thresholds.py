@@ -69,6 +69,9 @@ class Thresholds:
     """Refit the cost model at most this often (it drifts over minutes; a tick is 0.2-1 s)."""
     cost_model_reservoir: int = _f(4096, lo=100, hi=1_000_000, integer=True)
     """Most recent healthy samples kept for the cost-model fit."""
+    decode_batch_curve: bool = True
+    """Compare decode times at the group's median batch where model servers report their running
+    batch (:mod:`detector.signals`): a busier healthy node is not slower."""
 
     # --- per-node statistics ---------------------------------------------------------------------
     ema_alpha: float = _f(0.15, lo=0.0, hi=1.0, lo_open=True)
@@ -163,6 +166,8 @@ class Thresholds:
             raise ThresholdError("normalization", "must be 'learned' or 'seed'")
         if self.baseline_mode not in ("robust", "seed"):
             raise ThresholdError("baseline_mode", "must be 'robust' or 'seed'")
+        if not isinstance(self.decode_batch_curve, bool):
+            raise ThresholdError("decode_batch_curve", "must be true or false")
         if not isinstance(self.require_approval, bool):
             raise ThresholdError("require_approval", "must be true or false")
         if self.quarantine_z <= self.degrade_z:
@@ -223,6 +228,7 @@ class Thresholds:
         out["baseline_mode"] = "'robust' | 'seed'"
         out["recovery_steps"] = "increasing fractions in (0, 1] ending at 1.0"
         out["require_approval"] = "true | false"
+        out["decode_batch_curve"] = "true | false"
         out["dry_run"] = "list of " + " | ".join(DETECTORS)
         return out
 

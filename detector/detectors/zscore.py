@@ -5,14 +5,18 @@ Per signal, the baseline is the median of the EMAs of the nodes that may form it
 warmed up, fresh, with more than ``min_samples`` samples, not forced) and ``Z = (EMA - baseline) /
 spread`` (:mod:`detector.baseline`: robust, or seed 000's population Z in ``baseline_mode="seed"``).
 
-**The deciding signal** is one per group, stated here and used by everything that weighs, ranks or
-ejects a node on latency:
+**The deciding signal** is stated here and used by everything that weighs, ranks or ejects a node on
+latency:
 
-- ``decode`` once it has a peer baseline (the gateway logs TTFT or the model servers stream): the
-  per-token time is measured after the wait for a batch slot, so it is queue-free. TTFT and total
-  latency include the queue, and near saturation a node's queue grows by chance: cutting it on them
-  pushes its load onto peers whose queues then grow (a cascade a healthy fleet at 70% load does not
-  survive). A node without enough decode samples yet waits rather than be judged on its queue;
+- the **queue-free** signals (:data:`~detector.signals.QUEUE_FREE`) once one has a peer baseline:
+  ``decode`` (the gateway logs TTFT or the model servers stream) and ``prefill_time`` (the model
+  server's own prefill histogram, or TTFT minus queue time where the log has both). Both are measured
+  after the wait for a batch slot. A node is judged on the larger of their Z (a fault that slows only
+  prefill, as long prompts on a node with a degraded link, is caught without looking at the queue).
+  TTFT and total latency include the queue, and near saturation a node's queue grows by chance:
+  cutting it on them pushes its load onto peers whose queues then grow (a cascade a healthy fleet at
+  70% load does not survive). A node without enough queue-free samples yet waits rather than be
+  judged on its queue;
 - otherwise the largest Z over ``norm`` and ``prefill`` (``queue_laden``): then a node is cut on it,
   but quarantined only on requests dispatched ``queue_drain_s`` after its weight was cut (a slow GPU
   stays slow once its queue has drained; a queue does not), and the tail and cross-P50 verdicts count
@@ -30,8 +34,10 @@ in the simulator, weighing by the decode Z alone raised the healthy 64-node hour
 44 to 112 and, in ``warmup-scaleout-12``, the TTFT P99 from 1.2 s to 3.4 s (a node back from warm-up
 kept being fed into its backlog).
 
-The detector also feeds each node's sequential evidence (:mod:`detector.evidence`) on the deciding
-signal as samples arrive; the ejection layer gates a weight cut on it.
+The detector also feeds each node's sequential evidence (:mod:`detector.evidence`) on each queue-free
+signal (or on ``norm`` when there is none) as samples arrive: one CUSUM per queue-free signal
+(``evidence``, ``evidence_prefill``); the ejection layer gates a weight cut on the larger
+(:func:`evidence`).
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from detector.detectors.verdict import Verdict
 from detector.evidence import cusum_update, excess_over_line
 from detector.moves import lookup
 from detector.nodes import NodeArrays
-from detector.signals import SIGNALS, SignalModel
+from detector.signals import QUEUE_FREE, SIGNALS, SignalModel
 from detector.states import BASELINE_STATES, OUT_OF_SERVICE, NodeState
 from detector.thresholds import Thresholds
 
@@ -55,6 +61,7 @@ _OUT = lookup(OUT_OF_SERVICE)
 _BASELINE = lookup(BASELINE_STATES)
 _FORCED = lookup((S.FORCED_ACTIVE, S.FORCED_QUARANTINE))
 DECODE = SIGNALS.index("decode")
+_QUEUE_FREE_ROWS = np.array([SIGNALS.index(s) for s in QUEUE_FREE])
 
 
 @dataclass
@@ -125,8 +132,7 @@ class Decision:
     excess: np.ndarray
     which: np.ndarray
     weight_score: np.ndarray  # the largest Z of any signal: how far a degraded node's weight is cut
-    queue_free: np.ndarray  # judged on decode
-    decode_excess: np.ndarray
+    queue_free: np.ndarray  # judged on a queue-free signal
     queue_laden: np.ndarray  # judged on a signal that includes the queue
     new: np.ndarray  # this tick's samples that count toward persistence
     drained_over: np.ndarray  # cut queue_drain_s ago and still over the degrade line
@@ -135,7 +141,7 @@ class Decision:
     def gate(self, v: Verdict, t: Thresholds) -> Verdict:
         """A latency verdict (tail, cross-P50) stands only where the deciding signal agrees: over the
         degrade materiality on decode, or, queue-laden, for a node whose queue has drained."""
-        keep = (~self.queue_free | (self.decode_excess >= t.degrade_materiality))
+        keep = (~self.queue_free | (self.excess >= t.degrade_materiality))
         keep &= ~self.queue_laden | self.drained_over
         return Verdict(v.reason, v.eject & keep)
 
@@ -145,24 +151,35 @@ def decide(view: PeerView, a: NodeArrays, t: Thresholds, now: float) -> Decision
     score, which = _nan_max(view.z)
     base = np.array([view.baseline[s] for s in SIGNALS])
     cols = np.arange(n)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        excess = np.where(which >= 0, view.ema[np.maximum(which, 0), cols] / base[np.maximum(which, 0)], np.nan)
-        dec_excess = view.ema[DECODE] / base[DECODE] if t.baseline_mode == "robust" else np.full(n, np.inf)
     if t.baseline_mode == "seed":
-        excess = np.where(np.isnan(excess), np.nan, np.inf)  # the seed has no materiality floor
-        queue_free = np.zeros(n, dtype=bool)  # seed 000 judges its one signal as it is
+        # Seed 000 judges its one signal as it is, with no materiality floor.
+        q_score, q_which = score, which
+        q_excess = np.where(which >= 0, np.inf, np.nan)
+        queue_free = np.zeros(n, dtype=bool)
     else:
-        queue_free = np.full(n, math.isfinite(view.baseline["decode"]))
-    q_score = np.where(queue_free, view.z[DECODE], score)
-    q_excess = np.where(queue_free, dec_excess, excess)
-    q_which = np.where(queue_free & np.isfinite(q_score), DECODE, np.where(queue_free, -1, which))
+        rows = _QUEUE_FREE_ROWS[np.isfinite(base[_QUEUE_FREE_ROWS])]
+        queue_free = np.full(n, len(rows) > 0)
+        if len(rows):
+            q_score, arg = _nan_max(view.z[rows])
+            q_which = np.where(arg >= 0, rows[np.maximum(arg, 0)], -1)
+        else:
+            q_score, q_which = score, which
+        with np.errstate(invalid="ignore", divide="ignore"):
+            k = np.maximum(q_which, 0)
+            q_excess = np.where(q_which >= 0, view.ema[k, cols] / base[k], np.nan)
     queue_laden = ~queue_free & (t.baseline_mode == "robust")
     cut_long = np.isfinite(a.cut_at) & (now - a.cut_at >= t.queue_drain_s)
     drained_over = cut_long & np.isfinite(q_score) & (q_score >= t.degrade_z) & (q_excess >= t.degrade_materiality)
-    name = None if t.baseline_mode == "seed" else "decode" if queue_free.any() else "norm"
     return Decision(score=q_score, excess=q_excess, which=q_which, weight_score=score, queue_free=queue_free,
-                    decode_excess=dec_excess, queue_laden=queue_laden,
-                    new=np.where(queue_laden, a.new_drained, a.new_samples), drained_over=drained_over, name=name)
+                    queue_laden=queue_laden, new=np.where(queue_laden, a.new_drained, a.new_samples),
+                    drained_over=drained_over, name=_group_signal(view, t))
+
+
+def _group_signal(view: PeerView, t: Thresholds) -> str | None:
+    """The group's deciding signal, for the explanation: the first queue-free one with a baseline."""
+    if t.baseline_mode == "seed":
+        return None
+    return next((s for s in QUEUE_FREE if math.isfinite(view.baseline[s])), "norm")
 
 
 @dataclass
@@ -187,19 +204,26 @@ def lines(d: Decision, t: Thresholds) -> Lines:
 # --- sequential evidence on the deciding signal ------------------------------------------------------
 
 
-def evidence_signal(t: Thresholds, last: dict[str, float]) -> str | None:
-    """The signal the evidence CUSUM follows: decode once its baseline exists, else norm (robust mode
-    only; seed mode has no evidence)."""
+def evidence_signals(t: Thresholds, last: dict[str, float]) -> tuple[str, ...]:
+    """The signals whose samples feed the evidence CUSUMs: the queue-free ones with a baseline, else
+    ``norm`` (robust mode only; seed mode has no evidence)."""
     if t.baseline_mode != "robust":
-        return None
-    return "decode" if math.isfinite(last.get("baseline:decode", math.nan)) else "norm"
+        return ()
+    qf = tuple(s for s in QUEUE_FREE if math.isfinite(last.get(f"baseline:{s}", math.nan)))
+    return qf or ("norm",)
+
+
+def evidence(a: NodeArrays) -> np.ndarray:
+    """Each node's evidence toward a weight cut: the larger of its CUSUMs."""
+    return np.maximum(a.evidence, a.evidence_prefill)
 
 
 def feed_evidence(a: NodeArrays, t: Thresholds, last: dict[str, float], node: np.ndarray, v: np.ndarray, s: str,
                   sigma: float | np.ndarray | None = None) -> None:
-    """Feed each sample's excess over the degrade materiality line into its node's CUSUM, against the
-    last tick's baseline, in units of ``sigma`` (default: the group's per-request spread of ``s``;
-    per sample when an array). ``node`` is grouped by node, time order within."""
+    """Feed each sample's excess over the degrade materiality line into its node's CUSUM of signal
+    ``s`` (``evidence_prefill`` for ``prefill_time``, ``evidence`` otherwise), against the last
+    tick's baseline, in units of ``sigma`` (default: the group's per-request spread of ``s``; per
+    sample when an array). ``node`` is grouped by node, time order within."""
     base = last.get(f"baseline:{s}", math.nan)
     if sigma is None:
         sigma = last.get(f"request_rel_sd:{s}", math.nan)
@@ -208,5 +232,6 @@ def feed_evidence(a: NodeArrays, t: Thresholds, last: dict[str, float], node: np
         return
     ok = np.isfinite(v) & (v > 0) & np.isfinite(sigma) & (sigma > 0)
     x = excess_over_line(v[ok], base, t.degrade_materiality, sigma[ok])
-    a.evidence = cusum_update(a.evidence, node[ok], x, allowance=t.evidence_allowance,
-                              cap=t.degrade_evidence / t.degrade_persistence + t.evidence_allowance)
+    column = "evidence_prefill" if s == "prefill_time" else "evidence"
+    setattr(a, column, cusum_update(getattr(a, column), node[ok], x, allowance=t.evidence_allowance,
+                                    cap=t.degrade_evidence / t.degrade_persistence + t.evidence_allowance))

@@ -154,12 +154,8 @@ def _read_entries(r: redis.Redis, key: str, consumer: str, last_id: bytes) -> tu
 
 
 def _batch(rows: list[list[Any]]) -> SampleBatch:
-    cols = list(zip(*rows, strict=True)) if rows else [[]] * 7
-    ttft = np.array([np.nan if v is None else v for v in cols[4]], dtype=np.float64)
-    return SampleBatch.from_columns(
-        node=cols[0], ts=cols[1], prompt_tokens=cols[2], completion_tokens=cols[3],
-        ttft_ms=ttft, total_ms=cols[5], status=cols[6],
-    )
+    # null (unknown) -> NaN: a TTFT the gateway does not log; token counts of a latency-only record.
+    return SampleBatch.from_rows(rows)
 
 
 def published_view(ev: Any, group: ModelGroup, nodes_by_name: dict[str, Node]) -> list[dict[str, Any]]:
@@ -280,9 +276,7 @@ def apply_progress(gd: GroupDetector, entries: list[tuple[bytes, dict]]) -> int:
     rows = [row for _eid, fields in entries for row in decode_progress(fields)]
     if not rows:
         return 0
-    node, ts, interval, tokens, token_ms = zip(*rows, strict=True)
-    return gd.ingest_progress(ProgressBatch.from_columns(
-        node=node, ts=ts, interval_s=interval, tokens=tokens, token_ms=token_ms)).accepted
+    return gd.ingest_progress(ProgressBatch.from_rows(rows)).accepted
 
 
 def _tick_locked(r: redis.Redis, group: ModelGroup, now: float | None, consumer: str, started: float,

@@ -25,52 +25,13 @@ import httpx
 import orjson
 import redis
 from django.conf import settings
-from prometheus_client.parser import text_string_to_metric_families
 
+from detector.engine_metrics import EngineCounters, parse, progress_row
 from outlier_admin.control.redis_conn import get_redis, itl_key, stream_key
 from outlier_admin.fleet.models import Node
 from outlier_admin.fleet.names import validate_scrape_url
 from outlier_admin.ingest.models import RejectedInput
 from outlier_admin.ingest.pipeline import STREAM_MAXLEN
-
-ITL_HISTOGRAMS = (
-    "vllm:inter_token_latency_seconds",
-    "vllm:time_per_output_token_seconds",
-    "sglang:inter_token_latency_seconds",
-)
-
-
-def parse_itl(text: str) -> tuple[float, float] | None:
-    """``(sum_seconds, count)`` of the first :data:`ITL_HISTOGRAMS` family present, over all its
-    label sets; ``None`` when the text has none of them. Raises ``ValueError`` on unparsable text."""
-    found: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name not in ITL_HISTOGRAMS:
-            continue
-        acc = found.setdefault(family.name, [0.0, 0.0, 0])
-        for sample in family.samples:
-            if sample.name.endswith("_sum"):
-                acc[0] += float(sample.value)
-                acc[2] += 1
-            elif sample.name.endswith("_count"):
-                acc[1] += float(sample.value)
-    for name in ITL_HISTOGRAMS:
-        if name in found and found[name][2]:  # a family without _sum (trimmed capture) says nothing
-            return found[name][0], found[name][1]
-    return None
-
-
-def progress_row(node: str, prev: tuple[float, float, float] | None,
-                 cur: tuple[float, float, float]) -> list[Any] | None:
-    """The progress row ``[node, ts, interval_s, tokens, token_ms]`` between two scrapes
-    ``(ts, sum_seconds, count)``, or ``None``: first scrape, no time passed, or a counter reset."""
-    if prev is None:
-        return None
-    interval = cur[0] - prev[0]
-    d_sum, d_count = cur[1] - prev[1], cur[2] - prev[2]
-    if not interval > 0 or d_sum < 0 or d_count < 0:
-        return None
-    return [node, cur[0], interval, d_count, d_sum * 1000.0]
 
 
 def record_scrape(r: redis.Redis, node: Node, text: str, now: float) -> list[Any] | None:
@@ -78,17 +39,21 @@ def record_scrape(r: redis.Redis, node: Node, text: str, now: float) -> list[Any
 
     Raises ``ValueError`` when the text is not Prometheus exposition or has no inter-token histogram.
     """
-    itl = parse_itl(text)
-    if itl is None:
-        raise ValueError(f"no inter-token latency histogram ({', '.join(ITL_HISTOGRAMS)})")
-    cur = (now, itl[0], itl[1])
+    cur = parse(text)
+    if cur is None:
+        raise ValueError("no inter-token latency histogram (vllm:inter_token_latency_seconds, "
+                         "vllm:time_per_output_token_seconds, sglang:inter_token_latency_seconds)")
     key = itl_key(node.group.name)
     raw = r.hget(key, node.name)
-    prev = tuple(orjson.loads(raw)) if raw else None
-    row = progress_row(node.name, prev, cur)
+    prev = None
+    if raw:
+        # [ts, *counters]; before the prefill columns it was [ts, itl_sum_s, itl_count].
+        stored = orjson.loads(raw)
+        prev = (stored[0], EngineCounters.from_list(stored[1:]))
+    row = progress_row(node.name, prev, now, cur)
     pipe = r.pipeline(transaction=True)
-    pipe.hset(key, node.name, orjson.dumps(cur))
-    if row is not None and row[3] > 0:
+    pipe.hset(key, node.name, orjson.dumps([now, *cur.to_list()]))
+    if row is not None and (row[3] > 0 or (row[5] or 0) > 0):
         pipe.xadd(stream_key(node.group.name), {"progress": orjson.dumps([row])},
                   maxlen=STREAM_MAXLEN, approximate=True)
     pipe.execute()

@@ -33,7 +33,11 @@ class Fleet:
         self.slow: dict[int, float] = {}
         self.wait_ms: dict[int, float] = {}  # queueing: added to a node's latency, not scaled by tokens
         self.logs_ttft = True
+        self.logs_tokens = True
+        self.logs_queue = False
         self.surge = 1.0
+        self.prefill_slow: dict[int, float] = {}  # a fault that slows only prefill (decode unchanged)
+        self.cache_hit: dict[int, float] = {}  # fraction of a node's prompt tokens served from its cache
 
     def batch(self, t0: float, dt: float, *, status: dict[int, int] | None = None) -> SampleBatch:
         k = max(int(self.rate * dt), 1)
@@ -43,36 +47,59 @@ class Fleet:
         f = self.speed[node] * self.rng.lognormal(0, self.jitter, k) * self.surge
         for i, factor in self.slow.items():
             f = np.where(node == i, f * factor, f)
-        ttft = (p * self.prefill_ms + self.overhead_ms) * f
+        pf = np.array([self.prefill_slow.get(i, 1.0) for i in node])
+        cached = np.round(p * np.array([self.cache_hit.get(i, 0.0) for i in node]))
+        ttft = ((p - cached) * self.prefill_ms + self.overhead_ms) * f * pf
         total = ttft + c * self.decode_ms * f
+        queue = np.zeros(k)
         for i, wait in self.wait_ms.items():
-            ttft = np.where(node == i, ttft + wait, ttft)
-            total = np.where(node == i, total + wait, total)
+            queue = np.where(node == i, wait, queue)
+        ttft, total = ttft + queue, total + queue
         st = np.full(k, 200)
         for i, code in (status or {}).items():
             st[node == i] = code
         return SampleBatch.from_columns(
             node=[self.nodes[i] for i in node], ts=t0 + np.sort(self.rng.uniform(0, dt, k)),
-            prompt_tokens=p, completion_tokens=c, ttft_ms=ttft if self.logs_ttft else None, total_ms=total, status=st,
+            prompt_tokens=p if self.logs_tokens else np.full(k, np.nan),
+            completion_tokens=c if self.logs_tokens else np.full(k, np.nan),
+            ttft_ms=ttft if self.logs_ttft else None, total_ms=total, status=st,
+            cached_tokens=cached if self.cache_hit else None, queue_ms=queue if self.logs_queue else None,
         )
 
     def progress(self, t_end: float, dt: float, *, streams: dict[int, int] | None = None, per_stream: float = 0.0,
-                 stall: dict[int, float] | None = None) -> ProgressBatch:
+                 stall: dict[int, float] | None = None, prefill: bool = False,
+                 running: bool = False) -> ProgressBatch:
         """What a streaming gateway saw over ``(t_end - dt, t_end]``: every node with 20 requests
         decoding (or ``streams[i]``) at its per-token cost times ``slow``, a one-interval ``stall``
         factor, and ``1 + per_stream * (streams - 20)`` (a bigger batch decodes each token slower).
         Every stream of a node shares one step time (one batch on a continuous-batching engine), so
-        its noise is one draw per node and interval, not one per stream."""
+        its noise is one draw per node and interval, not one per stream.
+
+        ``prefill``: also the model server's queue-free prefill columns (the node's share of the
+        group's arrivals, each prefill ``(computed tokens * prefill_ms + overhead)`` times its speed,
+        ``slow`` and ``prefill_slow``; cache hits are not computed). ``running``: report the batch."""
         k = np.full(self.n, 20)
         for i, s in (streams or {}).items():
             k[i] = s
         out_tokens = np.zeros(self.n)
+        prefills, prefill_ms, prefill_tokens = np.zeros(self.n), np.zeros(self.n), np.zeros(self.n)
         for i in range(self.n):
             ms = self.decode_ms * self.speed[i] * self.rng.lognormal(0, self.jitter) * self.surge
             ms *= self.slow.get(i, 1.0) * (stall or {}).get(i, 1.0) * (1 + per_stream * (k[i] - 20))
             out_tokens[i] = k[i] * dt * 1000.0 / ms
-        return ProgressBatch.from_columns(node=self.nodes, ts=np.full(self.n, t_end), interval_s=np.full(self.n, dt),
-                                          tokens=out_tokens, token_ms=k * dt * 1000.0)
+            if prefill:
+                m = self.rng.poisson(self.rate * dt / self.n)
+                p = np.minimum(self.rng.lognormal(np.log(1000), 1.0, m), 16000).round()
+                computed = np.round(p * (1.0 - self.cache_hit.get(i, 0.0)))
+                f = self.speed[i] * self.rng.lognormal(0, self.jitter, m) * self.surge
+                f *= self.slow.get(i, 1.0) * self.prefill_slow.get(i, 1.0)
+                prefills[i], prefill_tokens[i] = m, computed.sum()
+                prefill_ms[i] = float(((computed * self.prefill_ms + self.overhead_ms) * f).sum())
+        return ProgressBatch.from_columns(
+            node=self.nodes, ts=np.full(self.n, t_end), interval_s=np.full(self.n, dt), tokens=out_tokens,
+            token_ms=k * dt * 1000.0, prefills=prefills if prefill else None,
+            prefill_ms=prefill_ms if prefill else None, prefill_tokens=prefill_tokens if prefill else None,
+            running=k.astype(float) if running else None)
 
 
 def run(gd, fleet: Fleet, t0: float, seconds: float, tick: float = 0.2, probe=None):

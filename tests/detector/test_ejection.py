@@ -31,7 +31,7 @@ def _decision(score: np.ndarray) -> Decision:
     n = len(score)
     no = np.zeros(n, dtype=bool)
     return Decision(score=score, excess=np.ones(n), which=np.full(n, 2), weight_score=score, queue_free=~no,
-                    decode_excess=np.ones(n), queue_laden=no, new=np.ones(n, dtype=np.int64), drained_over=no,
+                    queue_laden=no, new=np.ones(n, dtype=np.int64), drained_over=no,
                     name="decode")
 
 

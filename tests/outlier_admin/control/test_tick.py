@@ -8,6 +8,7 @@ import numpy as np
 import orjson
 import pytest
 
+from detector.signals import SIGNALS
 from outlier_admin.control.actions import do_release, do_set_group_policy
 from outlier_admin.control.models import AuditEvent, NodeHistory, Transition
 from outlier_admin.control.publish import read_weights
@@ -87,7 +88,7 @@ def test_weights_document_and_notification(redis_client):
     assert orjson.loads(msg["data"]) == {"group": "g1", "version": 1}
     assert run_tick("g1").version == 2  # monotonic, one per publish
     # the tick wrote one history row per node and signal (first slot)
-    assert NodeHistory.objects.filter(node__group__name="g1").count() == 4 * 3
+    assert NodeHistory.objects.filter(node__group__name="g1").count() == 4 * len(SIGNALS)
     pubsub.close()
 
 

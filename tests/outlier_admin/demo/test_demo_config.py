@@ -53,8 +53,8 @@ def test_unreachable_redis_falls_back_to_the_in_process_stand_in():
 
 
 def test_a_node_metrics_count_the_tokens_streamed_so_far():
+    from detector.engine_metrics import parse
     from outlier_admin.demo.fleet import CanaryServer, SimulatedFleet
-    from outlier_admin.ingest.modelserver import parse_itl
 
     fleet = SimulatedFleet(DemoConfig.from_env({}), lambda gi: None)
     fleet.started -= 30.0  # 30 s of traffic to dispatch
@@ -72,5 +72,6 @@ def test_a_node_metrics_count_the_tokens_streamed_so_far():
         text = httpx.get(f"http://{server.address}/metrics", timeout=5).text
     finally:
         server.stop()
-    s, c = parse_itl(text)
+    counters = parse(text)
+    s, c = counters.itl_sum_s, counters.itl_count
     assert c >= later[3][1] and s == pytest.approx(fleet.itl(0, 3)[0], rel=0.5)
