@@ -4,6 +4,14 @@
     python -m detector.sim run scenarios/seed-drill-32.json --policies round_robin,default --quick --out /tmp/r.json
     python -m detector.sim suite scenarios --out reports/sim
     python -m detector.sim fast --hours 160 --tick 5 --out reports/sim/fast.json
+    python -m detector.sim suite scenarios --out reports/sim --quick --seeds 3 --cadence production
+    python -m detector.sim speed scenarios/healthy-64-long.json --duration 120 --out /tmp/speed.json
+
+``--seeds N`` (default 5 for ``run``, 10 for ``suite``) repeats each scenario over N seeds: the
+report keeps every run under ``policies[p].runs``, medians in the usual keys, and the table shows the
+median with its 90 % interval. ``--cadence production`` evaluates, scrapes and applies weights every
+1 s (the control plane's defaults) instead of the scenario's 200 ms tick. ``--quick`` cuts a run to
+60 s after its last fault onset (60 s without faults).
 
 Exit status 2 with a one-line message naming the field for a bad scenario file.
 """
@@ -17,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from detector.sim.policies import ALL_POLICIES
-from detector.sim.runner import run_scenario, stderr_progress
+from detector.sim.runner import run_seeds, stderr_progress
 from detector.sim.scenario import ScenarioError, load_scenario
 
 QUICK_S = 60.0
 TABLE_KEYS = ("p50_ms", "p99_ms", "p999_ms", "ttft_p99_ms", "timeouts", "errors", "false_degrades",
-              "false_quarantines")
+              "false_quarantines", "false_degrades_per_1000h", "false_quarantines_per_1000h")
+PRODUCTION_CADENCE = (1.0, 1.0, 1.0)  # tick, scrape, publish + agent apply (s)
 
 
 def _policies(arg: str | None) -> list[str]:
@@ -35,27 +44,43 @@ def _policies(arg: str | None) -> list[str]:
     return names
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: Any, interval: list[float] | None = None) -> str:
     if v is None:
         return "–"
-    if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
-    return str(v)
+    s = (f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}") if isinstance(v, float) else str(v)
+    if interval is not None and interval[0] != interval[1]:
+        s += f" [{_fmt(interval[0])}–{_fmt(interval[1])}]"
+    return s
+
+
+def _quick(scn: Any) -> Any:
+    onsets = [f.start_s for f in scn.faults]
+    return scn.with_duration(min(scn.duration_s, max(QUICK_S, max(onsets, default=0.0) + QUICK_S)))
+
+
+def _cadence(scn: Any, name: str | None) -> Any:
+    if name == "production":
+        return scn.with_cadence(*PRODUCTION_CADENCE)
+    return scn
 
 
 def markdown_table(report: dict[str, Any]) -> str:
     """One scenario's report as a markdown table (one row per policy, plus the baseline)."""
-    head = ["policy", *TABLE_KEYS, "detect (degrade/quarantine s)"]
+    head = ["policy", *TABLE_KEYS, "detect (degrade/quarantine s, x own floor)"]
     lines = [f"### {report['scenario']} ({report['requests']} requests)", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     b = report["baseline"]
     lines.append(f"| baseline (no fault) | {_fmt(b['p50_ms'])} | {_fmt(b['p99_ms'])} | {_fmt(b['p999_ms'])} | "
                  f"| {b['timeouts']} | | | | |")
     for name, r in report["policies"].items():
-        det = "; ".join(f"n{f['node']}:{_fmt(f['first_degrade_s'])}/{_fmt(f['quarantine_s'])}"
-                        + (f" ({_fmt(f['delay_vs_floor'])}x floor)" if f.get("delay_vs_floor") is not None else "")
-                        for f in r["faults"] if f["node"] != "all" and f["kind"] != "warmup")
-        lines.append("| " + " | ".join([name, *(_fmt(r[k]) for k in TABLE_KEYS), det or "–"]) + " |")
+        iv = r.get("interval", {})
+        det = "; ".join(
+            f"n{f['node']}:{_fmt(f['first_degrade_s'], f.get('interval', {}).get('first_degrade_s'))}"
+            f"/{_fmt(f['quarantine_s'], f.get('interval', {}).get('quarantine_s'))}"
+            + (f" ({_fmt(f['delay_vs_own_floor'])}x)" if f.get("delay_vs_own_floor") is not None else "")
+            + (f" {f['detected']}" if f.get("detected") else "")
+            for f in r["faults"] if f["node"] != "all" and f["kind"] != "warmup")
+        lines.append("| " + " | ".join([name, *(_fmt(r.get(k), iv.get(k)) for k in TABLE_KEYS), det or "–"]) + " |")
     cb = "; ".join(
         f"n{c['node']} ({c['kind']}): {_fmt(c['min_delay_s'])} s by samples, "
         f"{_fmt(c.get('observable_delay_s'))} s on completed records"
@@ -73,13 +98,13 @@ def _write(report: dict[str, Any], out: Path) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    scn = load_scenario(args.scenario)
+    scn = _cadence(load_scenario(args.scenario), args.cadence)
     if args.quick:
-        scn = scn.with_duration(min(scn.duration_s, QUICK_S))
+        scn = _quick(scn)
     if args.duration:
         scn = scn.with_duration(args.duration)
-    report = run_scenario(scn, _policies(args.policies), progress=None if args.quiet else stderr_progress,
-                          keep_sims=bool(args.plot))
+    report = run_seeds(scn, _policies(args.policies), args.seeds, progress=None if args.quiet else stderr_progress,
+                       keep_sims=bool(args.plot))
     _write(report, Path(args.out))
     if args.plot:
         from detector.sim.plot import plot_report
@@ -100,16 +125,17 @@ def cmd_suite(args: argparse.Namespace) -> int:
     tables = []
     summary: dict[str, Any] = {}
     for scn in scenarios:
+        scn = _cadence(scn, args.cadence)
         if args.quick:
-            scn = scn.with_duration(min(scn.duration_s, QUICK_S))
-        report = run_scenario(scn, _policies(args.policies), progress=None if args.quiet else stderr_progress,
-                              keep_sims=True)
+            scn = _quick(scn)
+        report = run_seeds(scn, _policies(args.policies), args.seeds,
+                           progress=None if args.quiet else stderr_progress, keep_sims=True)
         _write(report, out / f"{scn.name}.json")
         from detector.sim.plot import plot_report
 
         plot_report(report, report["_sims"], out / f"{scn.name}.png")
         tables.append(markdown_table(report))
-        summary[scn.name] = {name: {k: r[k] for k in (*TABLE_KEYS, "faults")}
+        summary[scn.name] = {name: {k: r.get(k) for k in (*TABLE_KEYS, "faults", "interval")}
                              for name, r in report["policies"].items()}
         summary[scn.name]["_baseline"] = {k: v for k, v in report["baseline"].items() if k != "timeline"}
         summary[scn.name]["_cusum_bound"] = report["cusum_bound"]
@@ -132,6 +158,32 @@ def cmd_fast(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_speed(args: argparse.Namespace) -> int:
+    """Simulated seconds per CPU second: the engine alone (``round_robin``) and with the detector
+    policies at the scenario's tick and at the production cadence (a benchmark: prints and writes JSON)."""
+    import time
+
+    from detector.sim.engine import Precomputed, Simulation
+    from detector.sim.policies import policy_factory
+    from detector.sim.workload import build_requests
+
+    base = load_scenario(args.scenario).with_duration(args.duration)
+    out: dict[str, Any] = {"scenario": base.name, "nodes": sum(g.nodes for g in base.groups), "sim_s": base.duration_s}
+    for label, scn, pol in (("round_robin", base, "round_robin"), ("default_logs", base, "default_logs"),
+                            (f"default@{base.tick_s:g}s", base, "default"),
+                            ("default@production", base.with_cadence(*PRODUCTION_CADENCE), "default")):
+        pre = Precomputed.build(scn, build_requests(scn))
+        out["requests"] = len(pre.requests)
+        c0 = time.process_time()
+        Simulation(scn, pre, policy_factory(pol)).run()
+        cpu = time.process_time() - c0
+        out[label] = {"cpu_s": round(cpu, 2), "realtime_factor": round(scn.duration_s / cpu, 1)}
+        print(f"{label}: {out[label]['realtime_factor']}x real time ({cpu:.1f} CPU s)")
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m detector.sim", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -141,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--policies", help=f"comma-separated subset of {','.join(ALL_POLICIES)}")
     r.add_argument("--out", required=True, help="report JSON path")
     r.add_argument("--plot", help="PNG path")
-    r.add_argument("--quick", action="store_true", help=f"cut the run to {QUICK_S:.0f} s")
+    r.add_argument("--quick", action="store_true", help=f"cut the run to {QUICK_S:.0f} s after the last fault onset")
+    r.add_argument("--seeds", type=int, default=5, help="runs over seeds seed..seed+N-1 (default 5)")
+    r.add_argument("--cadence", choices=("scenario", "production"), default="scenario",
+                   help="production: tick, scrape and weight apply every 1 s")
     r.add_argument("--duration", type=float, help="override duration_s")
     r.add_argument("--quiet", action="store_true")
     s = sub.add_parser("suite", help="every scenario of a folder: reports, plots and one summary table")
@@ -149,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out", required=True, help="output folder")
     s.add_argument("--policies")
     s.add_argument("--quick", action="store_true")
+    s.add_argument("--seeds", type=int, default=10, help="runs over seeds seed..seed+N-1 (default 10)")
+    s.add_argument("--cadence", choices=("scenario", "production"), default="scenario")
     s.add_argument("--quiet", action="store_true")
     f = sub.add_parser("fast", help="false quarantines per 1,000 node-hours on healthy samples")
     f.add_argument("--nodes", type=int, default=64)
@@ -159,9 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--no-streams", action="store_true", help="completed requests only (no streamed progress)")
     f.add_argument("--out")
     f.add_argument("--quiet", action="store_true")
+    sp = sub.add_parser("speed", help="simulated seconds per CPU second (engine alone and with the detector)")
+    sp.add_argument("scenario")
+    sp.add_argument("--duration", type=float, default=120.0)
+    sp.add_argument("--out")
     args = ap.parse_args(argv)
     try:
-        return {"run": cmd_run, "suite": cmd_suite, "fast": cmd_fast}[args.cmd](args)
+        return {"run": cmd_run, "suite": cmd_suite, "fast": cmd_fast, "speed": cmd_speed}[args.cmd](args)
     except ScenarioError as exc:
         print(f"error: bad scenario: {exc}", file=sys.stderr)
         return 2

@@ -8,7 +8,15 @@ vectorised here because the simulator picks ~10^6 times per run). Each node in `
 canary request of the scenario's probe size through the simulated node, reported with
 ``record_probe`` when it completes (at most one probe in flight per node). When the gateway streams
 (``gateway.streams``), each tick first hands the detector every node's streamed decode progress as a
-:class:`detector.ProgressBatch` (``ingest_progress``).
+:class:`detector.ProgressBatch` (``ingest_progress``). On the step engine that progress is what
+production computes: each node's ``/metrics`` page is rendered, parsed by
+:func:`detector.engine_metrics.parse` and turned into a row by :func:`detector.engine_metrics.progress_row`
+against the previous scrape (:meth:`DefaultPolicy.on_scrape`).
+
+``default_logs`` is the same detector fed only the access log (what the seeds get: one line per
+completed request, with TTFT when the gateway logs it), no streamed progress and no ``/metrics``: the
+like-for-like comparison with the seeds. Weights published at a tick reach the gateway
+``scenario.apply_delay_s`` later (publish + agent apply; 0 by default).
 
 Simulated time is offset by ``EPOCH`` so the detector sees realistic epoch timestamps.
 """
@@ -30,13 +38,22 @@ class DefaultPolicy(Policy):
     name = "default"
     wants_records = True
     wants_progress = True
+    reads_metrics = True
 
-    def __init__(self, ctx: GroupContext, thresholds: Any) -> None:
+    def __init__(self, ctx: GroupContext, thresholds: Any, logs_only: bool = False) -> None:
         from detector import GroupDetector, ProgressBatch, SampleBatch
         from detector.states import OUT_OF_SERVICE
 
         super().__init__(ctx)
+        if logs_only:
+            self.name = "default_logs"
+            self.wants_progress = False
+            self.reads_metrics = False
         self.tick_s = ctx.sim.scn.tick_s
+        self.scrape_s = ctx.sim.scn.scrape_s or self.tick_s
+        self.last_scrape = -1e18
+        self.apply_delay_s = ctx.sim.scn.apply_delay_s
+        self.pending: list[tuple[float, np.ndarray]] = []
         self._batch_cls = SampleBatch
         self._progress_cls = ProgressBatch
         self._out_of_service = {int(s) for s in OUT_OF_SERVICE}  # the traffic table's DRAIN states
@@ -51,6 +68,7 @@ class DefaultPolicy(Policy):
         self.probing: set[int] = set()
         self.last_eval: Any = None
         self.logs_ttft = ctx.sim.scn.logs_ttft
+        self.prev_scrape: dict[int, tuple[float, Any]] = {}
 
     def add_node(self, node: int, now: float) -> None:
         self.gd.add_node(self.ctx.node_ids[node], base_weight=self.base, now=now + EPOCH)
@@ -59,6 +77,8 @@ class DefaultPolicy(Policy):
         self.swrr.set_weights(w)
 
     def pick(self, now: float) -> int:
+        while self.pending and self.pending[0][0] <= now:
+            self.swrr.set_weights(self.pending.pop(0)[1])
         if self.swrr.total <= 0:
             return int(np.argmax(self.ctx.members))
         return self.swrr.pick()
@@ -82,6 +102,23 @@ class DefaultPolicy(Policy):
                 interval_s=[interval_s] * len(rows), tokens=[tokens[i] for i in rows],
                 token_ms=[token_ms[i] for i in rows]))
 
+    def on_scrape(self, now: float, scrapes: list[tuple[int, Any]]) -> None:
+        from detector.engine_metrics import progress_row
+
+        if now - self.last_scrape < self.scrape_s - 1e-9:
+            return  # the scraper's period (scenario ``scrape_s``) may be longer than the tick
+        self.last_scrape = now
+        ts = now + EPOCH
+        rows = []
+        for local, counters in scrapes:
+            nid = self.ctx.node_ids[local]
+            row = progress_row(nid, self.prev_scrape.get(local), ts, counters)
+            self.prev_scrape[local] = (ts, counters)
+            if row is not None and row[3] > 0 and nid in self.gd:
+                rows.append(row)
+        if rows:
+            self.gd.ingest_progress(self._progress_cls.from_rows(rows))
+
     def on_tick(self, now: float) -> None:
         ctx = self.ctx
         b = self.buf
@@ -103,7 +140,10 @@ class DefaultPolicy(Policy):
             if i in ctx.tracked:
                 z = float(ev.z[k])
                 ctx.trace(i, now, z if math.isfinite(z) else math.nan, frac)
-        self.swrr.set_weights(w)
+        if self.apply_delay_s > 0:
+            self.pending.append((now + self.apply_delay_s, w))
+        else:
+            self.swrr.set_weights(w)
         for nid in ev.probes_due:
             i = self.pos[nid]
             if i in self.probing:
@@ -123,13 +163,14 @@ class DefaultPolicy(Policy):
         return done
 
 
-def make_default_policy(options: dict[str, Any]):
-    """Factory for the engine. ``options`` may hold ``thresholds``: a dict for ``Thresholds.from_dict``."""
+def make_default_policy(options: dict[str, Any], logs_only: bool = False):
+    """Factory for the engine. ``options`` may hold ``thresholds``: a dict for ``Thresholds.from_dict``;
+    ``logs_only``: the ``default_logs`` policy."""
     from detector import Thresholds
 
     thresholds = Thresholds.from_dict(options["thresholds"]) if options.get("thresholds") else Thresholds()
 
     def factory(ctx: GroupContext) -> Policy:
-        return DefaultPolicy(ctx, thresholds)
+        return DefaultPolicy(ctx, thresholds, logs_only)
 
     return factory

@@ -1,6 +1,11 @@
 """Discrete-event simulation of an inference cluster behind a gateway (one policy, one run).
 
-Model (per node, ``scenarios/SCHEMA.md`` plus the calibrations below):
+Nodes run vLLM V1's step loop (:mod:`detector.sim.vllm`, step times from :mod:`detector.sim.profile`)
+unless their group selects ``engine.kind: per_request``; faults then act on the node's resources
+(:meth:`Simulation.node_state`, table in ``scenarios/SCHEMA.md``), and the streamed progress a policy
+gets is the engine's inter-token counters. The rest of this docstring describes the per-request model.
+
+Per-request model (per node, ``scenarios/SCHEMA.md`` plus the calibrations below):
 
 - A node runs at most ``max_concurrency`` requests; further requests wait in a FIFO queue.
 - Service time of a request that starts with ``b`` requests running (itself included)::
@@ -48,11 +53,14 @@ from typing import Any
 
 import numpy as np
 
+from detector.sim.profile import HEALTHY, Resources, step_model
 from detector.sim.scenario import Fault, Scenario
 from detector.sim.traces import healthy_vm_offsets, splitwise_decode_curve, vm_noise_spread
+from detector.sim.vllm import NodeEngine, NodeSettings
 from detector.sim.workload import Requests
 
-EV_RETRY, EV_COMPLETE, EV_TICK, EV_EDGE, EV_JOIN = 0, 1, 2, 3, 4
+EV_RETRY, EV_COMPLETE, EV_TICK, EV_EDGE, EV_JOIN, EV_NODE, EV_STALL = 0, 1, 2, 3, 4, 5, 6
+KV_SWAP_TOKENS_PER_SLOT = 2048  # kv_swap on the step engine: capacity = threshold * slots * this
 KIND_CLIENT, KIND_PROBE = 0, 1
 STATUS_OK, STATUS_TIMEOUT = 200, 0
 DRIFT_STEP_S = 1.0
@@ -188,6 +196,12 @@ class Policy:
         """Streamed decode progress of every node of the group over the last ``interval_s`` (called
         just before :meth:`on_tick` when the policy ``wants_progress`` and the gateway streams)."""
 
+    reads_metrics = False
+
+    def on_scrape(self, now: float, scrapes: list[tuple[int, Any]]) -> None:
+        """Instead of :meth:`on_progress` when the nodes run the step engine and the policy
+        ``reads_metrics``: each live node's parsed ``/metrics`` (``(local node, EngineCounters)``)."""
+
     def add_node(self, node: int, now: float) -> None:
         """A node joins the pool (scale-out / warm-up)."""
 
@@ -263,6 +277,8 @@ class Simulation:
         self.prog_s = [0.0] * n_all  # per node: inter-token time streamed since the last tick (s)
         self.prog_tok = [0.0] * n_all  # per node: tokens streamed since the last tick
         self.probe_cb: dict[int, Callable[[float, float, float, bool], None]] = {}
+        self.eng: list[NodeEngine | None] = [self._make_engine(n, pre) for n in range(n_all)]
+        self.prog_prev = [(0, 0.0)] * n_all  # per engine node: (itl_count, itl_sum_s) at the last tick
         # Client requests.
         req = pre.requests
         n_req = len(req)
@@ -284,8 +300,102 @@ class Simulation:
         self.deadlines: deque[tuple[float, int]] = deque()
         self.timeout = scn.client.timeout_s
         self.policies: list[Policy] = []
+        self.now = 0.0
 
     # ------------------------------------------------------------------------------------------
+    def _make_engine(self, n: int, pre: Precomputed) -> NodeEngine | None:
+        """The vLLM V1 step engine of node ``n`` (``None``: the group uses the per-request model)."""
+        g = self.scn.groups[self.node_group[n]]
+        e = g.engine
+        if e.kind != "vllm_v1":
+            return None
+        model = step_model(e.hardware, e.tp, e.max_num_batched_tokens + e.max_num_seqs)
+        cap = e.kv_cache_tokens if e.kv_cache_tokens is not None else model.kv_capacity_tokens
+        settings = NodeSettings(max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
+                                block_size=e.block_size, kv_capacity_tokens=cap, step_jitter_cv=e.step_jitter_cv)
+        sig = math.sqrt(math.log1p(e.step_jitter_cv**2))
+        rng = np.random.default_rng([self.scn.seed, 5, n])
+        pool = np.exp(sig * rng.standard_normal(4096) - sig**2 / 2).tolist()
+        pos = [0]
+
+        def jitter() -> float:
+            pos[0] = (pos[0] + 1) % len(pool)
+            return pool[pos[0]]
+
+        def admit(att: int, now: float) -> None:
+            self.a_start[att] = now
+            for f in self.node_faults[n]:
+                if f.kind == "ecc_replay" and f.active(now) and self.a_u[att] < f.param("stall_prob", 0.0):
+                    eng.pending_stall += f.param("stall_ms", 0.0) / 1000.0  # every stream of the node stops
+
+        def preempted(att: int, kv_tokens: int) -> None:
+            for f in self.node_faults[n]:
+                if f.kind == "kv_swap" and f.active(self.now):
+                    # the victim's cache goes out over the host link and will come back: both ways
+                    res, _, _ = self.node_state(n, self.now)
+                    eng.pending_stall += (2 * kv_tokens * model.host_ms_per_token * res.host
+                                          * f.param("swap_factor", 0.0) / 1000.0)
+
+        eng = NodeEngine(model, settings, self.speed[n], push=lambda t, ver: self.push(t, EV_NODE, n, ver),
+                         on_first_token=self._first_token, on_finish=self._finish,
+                         state=lambda now: self.node_state(n, now), jitter=jitter, on_admit=admit,
+                         on_preempt=preempted)
+        return eng
+
+    def node_state(self, n: int, now: float) -> tuple[Resources, float, float]:
+        """The faults of node ``n`` at ``now`` as resources (``scenarios/SCHEMA.md``, "Faults as
+        resources"): ``(Resources, kv_capacity_fraction, step_multiplier)``."""
+        faults = self.node_faults[n]
+        if not faults:
+            return HEALTHY, 1.0, 1.0
+        sm = hbm = net = host = pf = 1.0
+        frac = mult = 1.0
+        eng = self.eng[n]
+        for f in faults:
+            if not f.active(now):
+                continue
+            k = f.kind
+            if k == "thermal_throttle":
+                sm *= f.param("slowdown", 1.0)
+            elif k == "surge":
+                mult *= f.param("slowdown", 1.0)
+            elif k == "pcie_downgrade":
+                d = f.param("decode_slowdown", 1.0)
+                net *= d
+                host *= d
+                pf *= f.param("prefill_slowdown", 1.0)
+            elif k == "drift":
+                x = min(1.0, (now - f.start_s) / f.param("ramp_s", 1.0))
+                v = 1.0 + (f.param("slowdown", 1.0) - 1.0) * x
+                sm *= v
+                hbm *= v
+            elif k == "resource":
+                sm *= f.param("sm_slowdown", 1.0)
+                hbm *= f.param("hbm_slowdown", 1.0)
+                net *= f.param("net_slowdown", 1.0)
+                host *= f.param("host_slowdown", 1.0)
+                pf *= f.param("prefill_slowdown", 1.0)
+            elif k == "kv_loss":
+                frac *= 1.0 - f.param("fraction", 0.0)
+            elif k == "kv_swap" and eng is not None:
+                tokens = f.param("swap_threshold", 0.5) * self.maxc[n] * KV_SWAP_TOKENS_PER_SLOT
+                frac = min(frac, tokens / max(1.0, eng.cfg.kv_capacity_tokens))
+            elif k == "warmup" and eng is not None and eng.served < f.param("requests", 0.0):
+                mult *= f.param("slowdown", 1.0)
+        if sm == hbm == net == host == pf == 1.0:
+            return HEALTHY, frac, mult
+        return Resources(sm=sm, hbm=hbm, net=net, host=host, prefill=pf), frac, mult
+
+    def _first_token(self, att: int, t: float) -> None:
+        self.a_ttft[att] = t
+
+    def _finish(self, att: int, t: float) -> None:
+        self.a_end[att] = t
+        self.a_status[att] = STATUS_OK
+        self.a_service[att] = (t - self.a_start[att]) * 1000.0
+        if not self.a_done[att]:
+            self.gateway_record(att, t, STATUS_OK)
+
     def push(self, t: float, kind: int, a: int = 0, b: int = 0) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (t, self.seq, kind, a, b))
@@ -400,6 +510,8 @@ class Simulation:
             end = now + f.param("error_after_ms", 5.0) / 1000.0
             self.a_end[att] = end
             self.push(end, EV_COMPLETE, att, self.a_ver[att])
+        elif self.eng[n] is not None:
+            self.eng[n].submit(att, self.a_prompt_of(att), self.a_comp_of(att), now)
         elif self.running[n] < self.maxc[n]:
             self.start(att, n, now)
         else:
@@ -430,6 +542,8 @@ class Simulation:
         self.a_gw[att] = status
         self.a_gw_t[att] = now
         n = self.a_node[att]
+        if status == STATUS_TIMEOUT and self.eng[n] is not None:
+            self.eng[n].abort(att, now)  # the client went away: the server aborts the request
         gi = self.node_group[n]
         local = self.node_local[n]
         req = self.a_req[att]
@@ -483,6 +597,8 @@ class Simulation:
                 self.crashed[n] = f.active(now + eps)
                 if self.crashed[n]:
                     doomed = list(self.run_set[n]) + list(self.queue[n])
+                    if self.eng[n] is not None:
+                        doomed += self.eng[n].clear()
                     self.run_set[n].clear()
                     self.queue[n].clear()
                     self.running[n] = 0
@@ -493,6 +609,9 @@ class Simulation:
                         self.a_ver[att] += 1
                         self.a_status[att] = int(f.param("error_status", 503))
                         self.push(now + f.param("error_after_ms", 5.0) / 1000.0, EV_COMPLETE, att, self.a_ver[att])
+                continue
+            if self.eng[n] is not None:
+                self.eng[n].interrupt(now)  # the next step is planned under the new resources
                 continue
             if f.kind not in ("thermal_throttle", "pcie_downgrade", "surge", "drift"):
                 continue
@@ -520,12 +639,28 @@ class Simulation:
                 self.a_ver[att] += 1
                 self.push(end, EV_COMPLETE, att, self.a_ver[att])
 
+    def stall_event(self, fi: int, now: float) -> None:
+        """A ``periodic_stall``: every stream of the node stops for ``stall_ms`` at once."""
+        f = self.scn.faults[fi]
+        gi = next(i for i, g in enumerate(self.scn.groups) if g.name == f.group)
+        n = self.offset[gi] + (f.node or 0)
+        if self.eng[n] is not None and not self.crashed[n]:
+            self.eng[n].stall(f.param("stall_ms", 0.0) / 1000.0, now)
+
     def deliver_progress(self, gi: int, now: float, pol: Policy) -> None:
         """Hand group ``gi``'s streamed progress since the last tick to its policy, then reset it."""
         lo = self.offset[gi]
         hi = lo + self.scn.groups[gi].nodes
         a_done, a_tok_ms, a_acc = self.a_done, self.a_tok_ms, self.a_acc
         for n in range(lo, hi):  # stream_to inlined: this loop visits every running request each tick
+            eng = self.eng[n]
+            if eng is not None:  # the step engine's inter-token counters (what its /metrics shows)
+                eng.progress_to(now)
+                c0, s0 = self.prog_prev[n]
+                self.prog_tok[n] += eng.m.itl.total - c0
+                self.prog_s[n] += eng.m.itl.sum - s0
+                self.prog_prev[n] = (eng.m.itl.total, eng.m.itl.sum)
+                continue
             secs = tokens = 0.0
             for att in self.run_set[n]:
                 tm = a_tok_ms[att]
@@ -543,16 +678,40 @@ class Simulation:
                 self.log.progress.setdefault((gi, local), []).append((now, tokens[local], self.prog_s[lo + local]))
         self.prog_tok[lo:hi] = [0.0] * (hi - lo)
         self.prog_s[lo:hi] = [0.0] * (hi - lo)
-        pol.on_progress(now, pol.tick_s or 0.0, tokens, token_ms)
+        if self.eng[lo] is not None and getattr(pol, "reads_metrics", False):
+            pol.on_scrape(now, self.scrape(gi, now))
+        else:
+            pol.on_progress(now, pol.tick_s or 0.0, tokens, token_ms)
+
+    def scrape(self, gi: int, now: float) -> list[tuple[int, Any]]:
+        """``GET /metrics`` of every live node of group ``gi`` on the step engine: the page is rendered
+        and parsed back by the control plane's parser (:func:`detector.engine_metrics.parse`), so a
+        policy gets exactly the counters production would. ``[(local node, EngineCounters)]``."""
+        from detector.engine_metrics import parse
+
+        lo = self.offset[gi]
+        out = []
+        for local in range(self.scn.groups[gi].nodes):
+            eng = self.eng[lo + local]
+            if eng is None or self.crashed[lo + local]:
+                continue  # a crashed node's scrape fails
+            eng.progress_to(now)
+            counters = parse(eng.m.render())
+            if counters is not None:
+                out.append((local, counters))
+        return out
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> Simulation:
         scn = self.scn
         for gi in range(len(scn.groups)):
             self.policies.append(self.factory(GroupContext(self, gi)))
+        # The first tick at a random phase of the period (per seed): a fault onset at a round second
+        # must not always fall right before an evaluation.
+        phase = float(np.random.default_rng([scn.seed, 7]).random())
         for gi, pol in enumerate(self.policies):
             if pol.tick_s:
-                self.push(pol.tick_s, EV_TICK, gi)
+                self.push(pol.tick_s * (0.5 + phase), EV_TICK, gi)
         self.streaming = scn.streams and any(p.wants_progress and p.tick_s for p in self.policies)
         for fi, f in enumerate(scn.faults):
             if f.kind == "warmup":
@@ -562,6 +721,12 @@ class Simulation:
             self.push(f.start_s, EV_EDGE, fi)
             if f.end_s is not None:
                 self.push(f.end_s, EV_EDGE, fi)
+            if f.kind == "periodic_stall":
+                t = f.start_s
+                stop = min(f.end_s or math.inf, scn.duration_s)
+                while t < stop:
+                    self.push(t, EV_STALL, fi)
+                    t += f.param("period_s", 1.0)
             if f.kind == "drift":
                 t = f.start_s + DRIFT_STEP_S
                 stop = min(f.start_s + f.param("ramp_s", 1.0), f.end_s or math.inf, scn.duration_s)
@@ -590,6 +755,7 @@ class Simulation:
                 continue
             if now > end_all or now == inf:
                 break
+            self.now = now
             if t_ev <= t_arr:
                 t, _, kind, a, b = heapq.heappop(heap)
                 if kind == EV_COMPLETE:
@@ -598,6 +764,11 @@ class Simulation:
                     k = self.n_extra % len(self.retry_noise)
                     self.n_extra += 1
                     self.dispatch(a, t, self.retry_noise[k], self.retry_u[k])
+                elif kind == EV_NODE:
+                    self.now = t
+                    self.eng[a].phase_end(t, b)
+                elif kind == EV_STALL:
+                    self.stall_event(a, t)
                 elif kind == EV_TICK:
                     pol = self.policies[a]
                     if self.streaming and pol.wants_progress:

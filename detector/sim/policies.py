@@ -348,17 +348,17 @@ BASELINE_POLICIES = {
     "seed_zscore": SeedZScore,
     "seed_p99p50": SeedP99P50,
 }
-ALL_POLICIES = (*BASELINE_POLICIES, "default")
+ALL_POLICIES = (*BASELINE_POLICIES, "default_logs", "default")
 
 
 def policy_factory(name: str, options: dict | None = None):
     """Factory ``GroupContext -> Policy`` for a policy name (``default`` imports the detector lazily)."""
     if name in BASELINE_POLICIES:
         return BASELINE_POLICIES[name]
-    if name == "default":
+    if name in ("default", "default_logs"):
         from detector.sim.default_policy import make_default_policy
 
-        return make_default_policy(options or {})
+        return make_default_policy(options or {}, logs_only=name == "default_logs")
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(ALL_POLICIES)})")
 
 

@@ -17,6 +17,11 @@ Definitions (what an SRE reads in the report):
   node (see :func:`cusum_bounds`) and ``first_degrade_s`` over it. For a policy that read the
   streamed progress, also ``stream_floor_s`` / ``delay_vs_stream_floor``: the same oracle CUSUM on the
   node's per-tick streamed decode time (:func:`stream_floor`), the floor of a streaming detector.
+- ``own_floor_s`` / ``delay_vs_own_floor``: the floor of the signal the policy used (the streamed one
+  if it read the progress, else its records): the like-for-like comparison.
+- A detection made while more than 30 % (the safeguard's fraction) of the group's healthy nodes is out
+  of service earns no credit: its ``first_degrade_s`` / ``quarantine_s`` is ``null`` and the fault
+  lists it under ``uncredited``.
 - ``false_degrades`` / ``false_quarantines``: weight cuts / removals of nodes that are not in
   ``expect.faulty`` (events, not nodes). ``healthy_node_hours``: observation time of those nodes, the
   denominator of a false-alarm rate; ``healthy_out_of_service_node_hours``: how much of it they spent
@@ -35,6 +40,17 @@ from detector.sim.engine import KIND_CLIENT, STATUS_OK, STATUS_TIMEOUT, Simulati
 from detector.sim.scenario import Scenario
 
 TIMELINE_BIN_S = 5.0
+SAFEGUARD_FRACTION = 0.30  # detector.Thresholds.max_quarantine_fraction's default
+
+
+def healthy_out_fraction(scn: Scenario, sim: Simulation, gi: int, t: float) -> float:
+    """Fraction of group ``gi``'s nodes that are healthy (not in ``expect.faulty``) and out of
+    service at ``t``."""
+    faulty = {n for g, n in scn.faulty if _group_index(scn, g) == gi}
+    n = scn.groups[gi].nodes
+    out = sum(1 for node in range(n) if node not in faulty
+              and node_state_at(sim.log.changes.get((gi, node), []), t)[1])
+    return out / n
 
 
 def _pct(x: np.ndarray, q: float) -> float | None:
@@ -133,6 +149,8 @@ def policy_report(scn: Scenario, sim: Simulation) -> dict[str, Any]:
                 oos_hours += max(0.0, scn.duration_s - prev_t) / 3600.0
     out["false_degrades"] = false_deg
     out["false_quarantines"] = false_q
+    out["false_degrades_per_1000h"] = _r(1000 * false_deg / healthy_hours if healthy_hours else None, 1)
+    out["false_quarantines_per_1000h"] = _r(1000 * false_q / healthy_hours if healthy_hours else None, 1)
     out["healthy_node_hours"] = round(healthy_hours, 4)
     out["healthy_out_of_service_node_hours"] = round(oos_hours, 4)
     # Per fault.
@@ -147,6 +165,15 @@ def policy_report(scn: Scenario, sim: Simulation) -> dict[str, Any]:
             end = f.end_s if f.end_s is not None else scn.duration_s
             deg = next((ct for ct, cw, cq in changes if ct >= f.start_s and (cw < 0.999 or cq)), None)
             q = next((ct for ct, cw, cq in changes if ct >= f.start_s and cq), None)
+            # No credit for a detection made while more than the safeguard's fraction of healthy
+            # nodes is out: a sweep that removes everyone also "detects" the faulty node.
+            for name, when in (("first_degrade_s", deg), ("quarantine_s", q)):
+                if when is not None and healthy_out_fraction(scn, sim, gi, when) > SAFEGUARD_FRACTION:
+                    entry.setdefault("uncredited", []).append(name)
+            if "first_degrade_s" in entry.get("uncredited", ()):
+                deg = None
+            if "quarantine_s" in entry.get("uncredited", ()):
+                q = None
             entry["first_degrade_s"] = _r(deg - f.start_s if deg is not None else None)
             entry["quarantine_s"] = _r(q - f.start_s if q is not None else None)
             det = deg if deg is not None else q
@@ -168,6 +195,7 @@ def policy_report(scn: Scenario, sim: Simulation) -> dict[str, Any]:
         faults.append(entry)
     out["faults"] = faults
     out["timeline"] = timeline(sim)
+    out["read_progress"] = bool(sim.streaming and any(p.wants_progress for p in sim.policies))
     return out
 
 
@@ -339,6 +367,11 @@ def add_floor_ratios(scn: Scenario, sim: Simulation, policy: dict[str, Any], bou
             sfloor = stream_floor(ticks, entry["onset_s"], f.end_s)
             entry["stream_floor_s"] = sfloor
             entry["delay_vs_stream_floor"] = _r(det / sfloor) if det is not None and sfloor else None
+        # The floor of the signal the policy used: streamed progress if it read it, else its records.
+        if policy.get("read_progress") and entry.get("stream_floor_s") is not None:
+            entry["own_floor_s"], entry["delay_vs_own_floor"] = entry["stream_floor_s"], entry["delay_vs_stream_floor"]
+        else:
+            entry["own_floor_s"], entry["delay_vs_own_floor"] = entry["floor_s"], entry["delay_vs_floor"]
 
 
 def stream_floor(ticks: list[tuple[float, float, float]], onset: float, end: float | None,

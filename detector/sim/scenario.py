@@ -13,13 +13,17 @@ Fields this simulator adds to the schema (all optional, documented in ``scenario
 - ``groups[].speed_source``: ``"lognormal"`` (default, ``node_speed_spread`` is the sd of log speed) or
   ``"azure_vm_noise"`` (speed factors resampled from the measured per-VM latency offsets).
 - ``client.retry_backoff_s`` (default 0): delay before a retry re-enters the gateway.
-- ``tick_s`` (default 0.2): detector evaluation period for tick-based policies.
+- ``tick_s`` (default 0.2): detector evaluation period for tick-based policies; ``scrape_s`` (default:
+  every tick): the ``/metrics`` scrape period; ``apply_delay_s`` (default 0): a tick's weights reach
+  the gateway this much later (publish + agent apply). Ticks start at a random phase (per seed).
 - ``probe``: ``{"prompt_tokens": 256, "completion_tokens": 32}`` the canary request.
 - ``gateway.logs_ttft`` (default true): false models a gateway whose access log has no TTFT (nginx's
   default format): detector policies then see total latency only.
 - ``gateway.streams`` (default true): the gateway sees tokens as they stream (server-sent events, or
   the model server's inter-token-latency histogram); false: completed requests only.
 - fault ``error_status`` (crash, default 503).
+- ``groups[].engine``: the node engine (:class:`Engine`: vLLM V1 step loop by default) and the fault
+  kinds ``resource``, ``kv_loss``, ``periodic_stall`` (faults as resources, ``scenarios/SCHEMA.md``).
 """
 
 from __future__ import annotations
@@ -39,7 +43,11 @@ FAULT_KINDS = (
     "crash",
     "surge",
     "drift",
+    "resource",
+    "kv_loss",
+    "periodic_stall",
 )
+ENGINE_KINDS = ("vllm_v1", "per_request")
 
 
 class ScenarioError(ValueError):
@@ -62,6 +70,23 @@ class TokenDist:
 
 
 @dataclass(frozen=True)
+class Engine:
+    """A node's serving engine (``groups[].engine``). ``vllm_v1``: the step loop of
+    :mod:`detector.sim.vllm` on the profile ``hardware``/``tp`` (:mod:`detector.sim.profile`), vLLM's
+    defaults; ``per_request``: the earlier model (each request's service time fixed at admission,
+    ``max_concurrency`` slots), kept for tests of that formula and for comparison."""
+
+    kind: str = "vllm_v1"
+    hardware: str = "h100"
+    tp: int = 8
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    kv_cache_tokens: int | None = None  # None: from GPU memory (0.9 utilisation) minus weights
+    step_jitter_cv: float = 0.02
+
+
+@dataclass(frozen=True)
 class Group:
     name: str
     nodes: int
@@ -72,6 +97,7 @@ class Group:
     node_speed_spread: float
     decode_batch_curve: tuple[tuple[float, float], ...] | None = None  # None: Splitwise default
     speed_source: str = "lognormal"
+    engine: Engine = Engine()
 
 
 @dataclass(frozen=True)
@@ -121,6 +147,8 @@ class Scenario:
     faulty: tuple[tuple[str, int], ...]
     no_quarantine_of_healthy: bool = True
     tick_s: float = 0.2
+    scrape_s: float | None = None  # None: every tick
+    apply_delay_s: float = 0.0
     probe_prompt_tokens: int = 256
     probe_completion_tokens: int = 32
     logs_ttft: bool = True
@@ -139,6 +167,18 @@ class Scenario:
 
         return replace(self, faults=(), faulty=())
 
+    def with_cadence(self, tick_s: float, scrape_s: float | None, apply_delay_s: float) -> Scenario:
+        """A copy with the detector's evaluation period, the ``/metrics`` scrape period and the delay
+        from a tick to the gateway applying its weights (``--cadence``)."""
+        from dataclasses import replace
+
+        return replace(self, tick_s=tick_s, scrape_s=scrape_s, apply_delay_s=apply_delay_s)
+
+    def with_seed(self, seed: int) -> Scenario:
+        from dataclasses import replace
+
+        return replace(self, seed=seed)
+
     def with_duration(self, duration_s: float) -> Scenario:
         """A shortened copy (``--duration``/``--quick``): faults are kept, clipped to the new end."""
         from dataclasses import replace
@@ -156,6 +196,11 @@ _FAULT_PARAMS: dict[str, dict[str, tuple[float | None, float, bool]]] = {
     "crash": {"error_after_ms": (5.0, 0.0, False), "error_status": (503.0, 500.0, False)},
     "surge": {"slowdown": (None, 0.0, True)},
     "drift": {"slowdown": (None, 0.0, True), "ramp_s": (None, 0.0, True)},
+    "resource": {"sm_slowdown": (1.0, 0.0, True), "hbm_slowdown": (1.0, 0.0, True),
+                 "net_slowdown": (1.0, 0.0, True), "host_slowdown": (1.0, 0.0, True),
+                 "prefill_slowdown": (1.0, 0.0, True)},
+    "kv_loss": {"fraction": (None, 0.0, False)},
+    "periodic_stall": {"period_s": (None, 0.0, True), "stall_ms": (None, 0.0, False)},
 }
 
 
@@ -235,6 +280,36 @@ def _dist(v: Any, where: str) -> TokenDist:
     )
 
 
+def _engine(v: Any, where: str) -> Engine:
+    from detector.sim.profile import HARDWARE, TP_DEGREES
+
+    e = _obj(v, where)
+    kind = e.get("kind", "vllm_v1")
+    if not _one_of(kind, ENGINE_KINDS):
+        raise ScenarioError(f"{where}.kind", f"one of {', '.join(ENGINE_KINDS)}, got {kind!r}")
+    hw = e.get("hardware", "h100")
+    if not _one_of(hw, HARDWARE):
+        raise ScenarioError(f"{where}.hardware", f"one of {', '.join(HARDWARE)}, got {hw!r}")
+    tp = _num(e, "tp", where, default=8, integer=True, lo=1, hi=8)
+    if tp not in TP_DEGREES:
+        raise ScenarioError(f"{where}.tp", f"one of {TP_DEGREES} (the profiled degrees), got {tp}")
+    known = {"kind", "hardware", "tp", "max_num_seqs", "max_num_batched_tokens", "block_size",
+             "kv_cache_tokens", "step_jitter_cv", "comment"}
+    unknown = sorted(set(e) - known)
+    if unknown:
+        raise ScenarioError(f"{where}.{unknown[0]}", f"unknown engine field (known: {sorted(known)})")
+    kv = e.get("kv_cache_tokens")
+    return Engine(
+        kind=kind, hardware=hw, tp=tp,
+        max_num_seqs=_num(e, "max_num_seqs", where, default=256, lo=1, hi=4096, integer=True),
+        max_num_batched_tokens=_num(e, "max_num_batched_tokens", where, default=8192, lo=16, hi=65536,
+                                    integer=True),
+        block_size=_num(e, "block_size", where, default=16, lo=1, hi=256, integer=True),
+        kv_cache_tokens=None if kv is None else _num(e, "kv_cache_tokens", where, lo=16, hi=10**8, integer=True),
+        step_jitter_cv=_num(e, "step_jitter_cv", where, default=0.02, lo=0.0, hi=1.0),
+    )
+
+
 def parse_scenario(data: Any, source: str = "") -> Scenario:
     """Validate a decoded scenario document. Raises :class:`ScenarioError` naming the field."""
     from detector.sim.traces import TRACE_NAMES
@@ -265,6 +340,7 @@ def parse_scenario(data: Any, source: str = "") -> Scenario:
         if not _one_of(speed_source, ("lognormal", "azure_vm_noise")):
             raise ScenarioError(f"{w}.speed_source", f"'lognormal' or 'azure_vm_noise', got {speed_source!r}")
         groups.append(Group(
+            engine=_engine(g.get("engine", {}), f"{w}.engine"),
             name=gname,
             nodes=_num(g, "nodes", w, lo=1, integer=True, hi=10_000),
             prefill_ms_per_token=_num(g, "prefill_ms_per_token", w, lo=0.0),
@@ -324,7 +400,7 @@ def parse_scenario(data: Any, source: str = "") -> Scenario:
         params: dict[str, float] = {}
         for pname, (default, lo, lo_open) in _FAULT_PARAMS[kind].items():
             params[pname] = _num(f, pname, w, default=default if default is not None else ..., lo=lo,
-                                 lo_open=lo_open, hi=1.0 if pname == "stall_prob" else None)
+                                 lo_open=lo_open, hi=1.0 if pname in ("stall_prob", "fraction") else None)
         known = {"group", "node", "kind", "start_s", "end_s", "comment", *params}
         unknown = sorted(set(f) - known)
         if unknown:
@@ -352,6 +428,8 @@ def parse_scenario(data: Any, source: str = "") -> Scenario:
         faulty=tuple(faulty),
         no_quarantine_of_healthy=bool(e.get("no_quarantine_of_healthy", True)),
         tick_s=_num(d, "tick_s", "", default=0.2, lo=0.01, hi=60.0),
+        scrape_s=_num(d, "scrape_s", "", default=None, lo=0.01, hi=60.0),
+        apply_delay_s=_num(d, "apply_delay_s", "", default=0.0, lo=0.0, hi=60.0),
         probe_prompt_tokens=_num(probe, "prompt_tokens", "probe", default=256, lo=1, integer=True),
         probe_completion_tokens=_num(probe, "completion_tokens", "probe", default=32, lo=1, integer=True),
         logs_ttft=_flag(_obj(d.get("gateway", {}), "gateway"), "logs_ttft", "gateway", default=True),

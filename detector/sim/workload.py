@@ -1,8 +1,8 @@
 """Precomputed workload: every request of a scenario, built once and shared by all policies.
 
-Arrivals. With a ``trace``, the trace's inter-arrival gaps (its burstiness) are rescaled so their mean
-is ``1/rate_rps``; the trace is cycled, each cycle starting at a random rotation, when the run needs
-more requests than it holds. Without a trace, arrivals are Poisson. ``rate_profile`` steps
+Arrivals run until ``duration_s`` at the configured rate. With a ``trace``, the trace's inter-arrival
+gaps (its burstiness) are rescaled so the mean of the gaps used is ``1/rate_rps``; the trace is
+cycled, each cycle starting at a random rotation, when the run needs more requests than it holds. Without a trace, arrivals are Poisson. ``rate_profile`` steps
 ``[[t0, m0], [t1, m1], ...]`` are applied by time warping: arrivals are generated on the unit-rate
 clock ``s`` and mapped through the inverse of the cumulative intensity
 ``Λ(t) = ∫_0^t m(u) du`` (piecewise linear), so a multiplier of 2 doubles the rate from ``t_i`` on
@@ -86,23 +86,37 @@ def warp_inverse(t: float, profile: tuple[tuple[float, float], ...]) -> float:
 
 def build_group_requests(spec: WorkloadSpec, duration_s: float, rng: np.random.Generator
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(t, prompt, completion)`` of one workload entry over ``[0, duration_s)``."""
+    """``(t, prompt, completion)`` of one workload entry over ``[0, duration_s)``.
+
+    On the unit-rate clock the run lasts ``s_end = Λ(duration_s) * rate_rps``. Poisson: exponential
+    gaps are drawn until their sum passes ``s_end``. Trace: ``n = ceil(s_end)`` consecutive gaps from a
+    random rotation are rescaled so that *their own* sum is ``s_end`` (normalising by the whole trace's
+    mean gap instead made a busy slice of the trace run above the configured rate and run out of
+    requests before the end); the rate over the run is then exactly ``rate_rps``, the shape the
+    trace's.
+    """
     s_end = warp_inverse(duration_s, spec.rate_profile) * spec.rate_rps  # expected requests
-    n_need = int(s_end + 6 * np.sqrt(s_end) + 16)
     if spec.trace:
         gaps, p, c = load_trace(spec.trace)
         n_tr = len(gaps)
+        n_need = max(1, int(np.ceil(s_end)))
         cycles = -(-n_need // n_tr)
         # Each cycle starts at a random rotation so long runs do not replay one hour in lock step.
         idx = np.concatenate([np.roll(np.arange(n_tr), -int(rng.integers(n_tr))) for _ in range(cycles)])[:n_need]
-        unit_gaps = gaps[idx] / gaps.mean()
+        unit_gaps = gaps[idx] * (s_end / gaps[idx].sum())
         prompt = np.clip(p[idx], 1, spec.prompt_tokens.max)
         completion = np.clip(c[idx], 1, spec.completion_tokens.max)
     else:
-        unit_gaps = rng.exponential(1.0, n_need)
-        prompt = _lognormal_tokens(rng, spec.prompt_tokens, n_need)
-        completion = _lognormal_tokens(rng, spec.completion_tokens, n_need)
-    # Random phase for the first arrival so groups sharing a trace are not synchronised.
+        chunks = [rng.exponential(1.0, int(s_end + 6 * np.sqrt(s_end) + 16))]
+        total = float(chunks[0].sum())
+        while total <= s_end:  # rare (> 6 sd short): draw more until the run is covered
+            chunks.append(rng.exponential(1.0, int(np.sqrt(s_end) + 16)))
+            total += float(chunks[-1].sum())
+        unit_gaps = np.concatenate(chunks)
+        prompt = _lognormal_tokens(rng, spec.prompt_tokens, len(unit_gaps))
+        completion = _lognormal_tokens(rng, spec.completion_tokens, len(unit_gaps))
+    # Random phase for the first arrival so groups sharing a trace are not synchronised: the first
+    # gap is shortened by a uniform fraction (the arrivals stay inside the run).
     s = (np.cumsum(unit_gaps) - unit_gaps[0] * rng.random()) / spec.rate_rps
     t = warp_times(s, spec.rate_profile)
     keep = t < duration_s

@@ -1,4 +1,10 @@
-"""Helpers for the simulator tests: tiny deterministic scenarios."""
+"""Helpers for the simulator tests: tiny deterministic scenarios.
+
+``TINY`` selects the per-request engine (``engine.kind: per_request``): the tests built on it check
+that model's exact formula (service time = prefill + decode, fixed at admission). The vLLM step
+engine, the default, has its own tests (``test_sim_step_engine.py``); ``tiny_vllm()`` drops the
+selection.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +21,8 @@ TINY: dict[str, Any] = {
     "seed": 1,
     "duration_s": 60,
     "groups": [{"name": "g", "nodes": 2, "prefill_ms_per_token": 0.1, "decode_ms_per_token": 10.0,
-                "max_concurrency": 8, "jitter_cv": 0.0, "node_speed_spread": 0.0, "decode_batch_curve": "flat"}],
+                "max_concurrency": 8, "jitter_cv": 0.0, "node_speed_spread": 0.0, "decode_batch_curve": "flat",
+                "engine": {"kind": "per_request"}}],
     "workload": [{"group": "g", "rate_rps": 4,
                   "prompt_tokens": {"dist": "lognormal", "median": 1000, "sigma": 0.0, "max": 1000},
                   "completion_tokens": {"dist": "lognormal", "median": 50, "sigma": 0.0, "max": 50}}],
@@ -29,6 +36,13 @@ def tiny(**changes: Any) -> dict[str, Any]:
     d = copy.deepcopy(TINY)
     for k, v in changes.items():
         d[k] = v
+    return d
+
+
+def tiny_vllm(**changes: Any) -> dict[str, Any]:
+    """``tiny`` on the default engine (vLLM V1 step loop, h100 tp8 profile)."""
+    d = tiny(**changes)
+    del d["groups"][0]["engine"]
     return d
 
 
