@@ -9,10 +9,12 @@ Modules, one concept each (read in this order):
 
 - :mod:`detector.states` — node states, allowed edges, the traffic table, transition records
 - :mod:`detector.thresholds` — the validated per-group configuration
-- :mod:`detector.samples` — request samples and streamed decode progress, validation, the signal formulas
+- :mod:`detector.engine_metrics` — a model server's ``/metrics`` page -> streamed progress rows
+- :mod:`detector.samples` — request samples and streamed progress rows, validation, the signal formulas
 - :mod:`detector.costmodel` — the learned per-group cost model used to normalise latency
 - :mod:`detector.ewma` — vectorised EW mean/variance per node
-- :mod:`detector.signals` — per-request signals and each node's EW statistics of them
+- :mod:`detector.signals` — the four signals (two queue-free), their fits, decode at equal batch, and
+  each node's EW statistics of them
 - :mod:`detector.nodes` — the per-node state of a group as one typed table of columns
 - :mod:`detector.window` — per-node sliding windows and percentiles
 - :mod:`detector.baseline` — peer baseline and Z-score (seed and robust)

@@ -158,6 +158,9 @@ def eject(a: NodeArrays, t: Thresholds, now: float, verdicts: list[Verdict], d: 
         cause[(cause < 0) & enforced(v, t)] = k
     latency = np.array([v.reason not in _ERRORS for v in verdicts] + [False])
     cause[(a.grace > 0) & latency[cause]] = -1  # latency causes wait out the post-warm-up grace
+    # An operator rejected this node's latency proposal and silenced the case: it stays in service
+    # (soft degrade still weighs it down) until the silence ends.
+    cause[(a.silenced_until > now) & latency[cause]] = -1
     want = _ACTIVE[a.state] & (cause >= 0)
     held = int(_HELD_OUT[a.state].sum())
     slots = max(cap(t, n) - held, 0)

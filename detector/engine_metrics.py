@@ -5,7 +5,8 @@ model server measures what we need as it happens, without the queue, in Promethe
 counters. Between two scrapes of one node, the deltas of their cumulative values give one **progress
 row** (:data:`ROW_FIELDS`)::
 
-    [node, ts, interval_s, tokens, token_ms, prefills, prefill_ms, prefill_tokens, running]
+    [node, ts, interval_s, tokens, token_ms, prefills, prefill_ms, prefill_tokens, running, prefill_work,
+     kv_usage]
 
 - ``tokens``, ``token_ms``: Δcount and 1000·Δsum of the inter-token histogram (vLLM V1
   ``vllm:inter_token_latency_seconds``, V0 ``vllm:time_per_output_token_seconds``, SGLang
@@ -25,6 +26,12 @@ row** (:data:`ROW_FIELDS`)::
   ``sglang:{prompt,cached}_tokens_total``).
 - ``running``: the gauge of requests in the running batch (``vllm:num_requests_running``,
   ``sglang:num_running_reqs``) at the end of the interval.
+- ``prefill_work``: the prompt tokens the engine processed during the interval (Δ``vllm:prompt_tokens_total``,
+  ``sglang:prompt_tokens_total``). With chunked prefill every step carries prefill chunks next to the
+  decodes, and the step time, which every stream shares, grows with them: the decode signal is
+  compared at equal prefill work (:mod:`detector.signals`).
+- ``kv_usage``: the KV cache's fill at the end of the interval (``vllm:kv_cache_usage_perc``,
+  ``sglang:token_usage``): the context every decode step reads, the other load a step time grows with.
 
 Columns a server does not expose are ``None``. A counter that went down (a server restart) gives no
 row: the next scrape re-bases. All label sets of a family (one per served model) are summed.
@@ -48,6 +55,7 @@ from dataclasses import dataclass, fields
 #: are still read, their missing columns ``None``.
 ROW_FIELDS: tuple[str, ...] = (
     "node", "ts", "interval_s", "tokens", "token_ms", "prefills", "prefill_ms", "prefill_tokens", "running",
+    "prefill_work", "kv_usage",
 )
 
 # Each field: the sample names that give it, first found wins (current name first, then older ones and
@@ -75,6 +83,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
     "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs"),
     "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
     "preemptions": ("vllm:num_preemptions_total",),
+    "prompt_total": ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total"),
 }
 # The inter-token family must be one server's pair (a page mixing V0 and V1 series reports both).
 _ITL_PAIRS = tuple(zip(_SOURCES["itl_sum_s"], _SOURCES["itl_count"], strict=True))
@@ -103,6 +112,7 @@ class EngineCounters:
     waiting: float | None = None
     kv_usage: float | None = None
     preemptions: float | None = None
+    prompt_total: float | None = None  # appended last: a stored list of an older layout still reads
 
     def to_list(self) -> list[float | None]:
         """The values in field order (how the scraper keeps the previous scrape)."""
@@ -250,4 +260,4 @@ def progress_row(node: str, prev: tuple[float, EngineCounters] | None, ts: float
         return None
     prefills, prefill_ms = _prefill(before, cur)
     return [node, ts, interval, tokens, token_s * 1000.0, prefills, prefill_ms,
-            _computed_tokens(before, cur, prefills), cur.running]
+            _computed_tokens(before, cur, prefills), cur.running, _delta(before, cur, "prompt_total"), cur.kv_usage]

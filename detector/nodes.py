@@ -22,7 +22,8 @@ Columns, by the part of the detector that owns them:
 - errors: ``consec_err``, ``int_requests``, ``int_success``;
 - quarantine, canary and restore: ``next_probe``, ``passes``, ``ejections``, ``step``,
   ``step_started``, ``pending_since``;
-- operator overrides: ``override_until``, ``pin``, ``pin_until``.
+- operator overrides: ``override_until``, ``pin``, ``pin_until``, ``silenced_until`` (an operator
+  rejected a latency proposal and silenced the case: latency causes do not take the node out).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ FIELDS: dict[str, tuple[type, float]] = {
     "flaps": (np.int64, 0),
     "evidence_prefill": (np.float64, 0),
     "running": (np.float64, NAN),
+    "silenced_until": (np.float64, NAN),
 }
 
 
@@ -113,6 +115,7 @@ class NodeArrays:
     flaps: np.ndarray
     evidence_prefill: np.ndarray
     running: np.ndarray
+    silenced_until: np.ndarray
 
     def __init__(self, ids: Iterable[str] = ()) -> None:
         self.ids: list[str] = list(ids)

@@ -98,6 +98,15 @@ class NodeActions:
         ejection.reset_verdicts(self.a, i)
         self._set(i, S.HEALTHY, now, Reason.REJECTED)
 
+    def silence_latency(self, silences: dict[str, float]) -> None:
+        """The nodes whose latency case an operator silenced, each until an epoch time (the whole
+        set: a node not named is not silenced). Latency causes do not take them out of service."""
+        a = self.a
+        a.silenced_until[:] = np.nan
+        for node, until in silences.items():
+            if node in a.index:
+                a.silenced_until[a.index[node]] = until
+
     def force_quarantine(self, node: str, now: float, until: float | None = None) -> None:
         i = self.index_of(node)
         self.a.override_until[i] = np.nan if until is None else until

@@ -287,7 +287,9 @@ class ProgressBatch(_Columns):
     i.e. the delta of a ``_sum`` and ``_count`` pair of an inter-token-latency histogram. Optional
     (NaN when the server does not report them): ``prefills`` requests whose queue-free prefill took
     ``prefill_ms`` in all and computed ``prefill_tokens`` prompt tokens (cache hits excluded), and
-    ``running``, the size of the node's running batch at ``ts``.
+    ``running``, the size of the node's running batch at ``ts``, ``prefill_work``, the prompt
+    tokens it processed during the interval (prefill chunks share every step with the decodes), and
+    ``kv_usage``, its KV cache's fill at ``ts``.
     """
 
     node: np.ndarray  # object (str)
@@ -299,6 +301,8 @@ class ProgressBatch(_Columns):
     prefill_ms: np.ndarray  # float64, NaN: unknown
     prefill_tokens: np.ndarray  # float64, NaN: unknown
     running: np.ndarray  # float64, NaN: unknown
+    prefill_work: np.ndarray  # float64, prompt tokens processed in the interval; NaN: unknown
+    kv_usage: np.ndarray  # float64, KV-cache fill (0..1) at ts; NaN: unknown
 
     @classmethod
     def from_columns(
@@ -313,6 +317,8 @@ class ProgressBatch(_Columns):
         prefill_ms: Sequence[float] | np.ndarray | None = None,
         prefill_tokens: Sequence[float] | np.ndarray | None = None,
         running: Sequence[float] | np.ndarray | None = None,
+        prefill_work: Sequence[float] | np.ndarray | None = None,
+        kv_usage: Sequence[float] | np.ndarray | None = None,
     ) -> ProgressBatch:
         n = len(node)
         return cls(
@@ -325,6 +331,8 @@ class ProgressBatch(_Columns):
             prefill_ms=_optional(prefill_ms, n),
             prefill_tokens=_optional(prefill_tokens, n),
             running=_optional(running, n),
+            prefill_work=_optional(prefill_work, n),
+            kv_usage=_optional(kv_usage, n),
         )._checked()
 
     @classmethod
@@ -353,7 +361,8 @@ def validate_progress(batch: ProgressBatch) -> tuple[np.ndarray, list[tuple[int,
     """Check every progress row, like :func:`validate`: all values finite (the optional ones when
     present), none negative, an interval longer than 0. Rows with 0 tokens are valid (the node
     streamed nothing) and carry no decode signal."""
-    optional = (batch.prefills, batch.prefill_ms, batch.prefill_tokens, batch.running)
+    optional = (batch.prefills, batch.prefill_ms, batch.prefill_tokens, batch.running, batch.prefill_work,
+                batch.kv_usage)
     with np.errstate(invalid="ignore"):
         finite = (np.isfinite(batch.ts) & np.isfinite(batch.interval_s) & np.isfinite(batch.tokens)
                   & np.isfinite(batch.token_ms))

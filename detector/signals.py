@@ -27,21 +27,26 @@ Four signals (see :mod:`detector.samples` and :mod:`detector.engine_metrics` for
 ``decode`` and ``prefill_time`` are the **queue-free** signals (:data:`QUEUE_FREE`): what decides a
 node's state (:mod:`detector.detectors.zscore`).
 
-**Decode at equal batch.** On a continuous-batching engine every stream of a node shares one step
-time, which grows with the batch: ``decode_ms ≈ c0 + c1 * running``. A busier healthy node looks
-slower. Where rows report the running batch, the group's curve is fitted across healthy nodes
-(the same robust fit, on rows of healthy nodes only: across nodes, load varies while health does not)
-and each decode sample is compared at the group's median batch ``B_ref``::
+**Decode at equal load.** On a continuous-batching engine every stream of a node shares one step
+time, which grows with the batch, with the context every step reads from the KV cache, and, under
+chunked prefill, with the prompt tokens each step also processes:
+``decode_ms ≈ c0 + c1 * running + c2 * W + c3 * K``, ``W`` the prompt tokens processed per decode
+token in the interval (``prefill_work / tokens``), ``K`` the KV-cache usage (``kv_usage``). A busier healthy node, or one that just took a few
+long prompts, looks slower: in the simulator's vLLM engine a 200 ms row's ms/token has a robust sd of
+0.38 (log) across healthy nodes, 0.13 once divided by this curve. Where rows report the running batch
+(and the prefill work), the group's curve is fitted across healthy nodes (the same robust fit, on rows
+of healthy nodes only: across nodes, load varies while health does not) and each decode sample is
+compared at the group's median load::
 
-    decode_eq = decode_ms * curve(B_ref) / curve(clip(B, B_p10, B_p90))
+    decode_eq = decode_ms * curve(B_ref, W_ref, K_ref) / curve(clip(B), clip(W), clip(K))
 
-The correction divides out the batch, not a fault: a node whose every step is ``k`` times slower
-decodes at ``k * curve(B)`` whatever its batch (and its batch grows, as its requests stay longer:
-Little's law), so it reads ``k * curve(B_ref)``, as slow as it is. The curve is fitted on healthy
-rows only and extrapolated at most to twice the largest healthy batch (:data:`BATCH_EXTRAPOLATION`):
-in a surge every node's batch grows together and the reservoir follows within a minute. A completed
-request is corrected with its node's last reported batch. ``Thresholds.decode_batch_curve`` switches
-it off.
+The correction divides out the load, not a fault: a node whose every step is ``k`` times slower
+decodes at ``k * curve(load)`` whatever its load (and its batch grows, as its requests stay longer:
+Little's law), so it reads ``k * curve(ref)``, as slow as it is. The curve is fitted on
+healthy rows only and extrapolated at most to twice the largest healthy batch and work
+(:data:`BATCH_EXTRAPOLATION`): in a surge every node's batch grows together and the reservoir follows
+within a minute. A completed request is corrected with its node's last reported batch at the median
+work. ``Thresholds.decode_batch_curve`` switches it off.
 
 :class:`SignalModel` owns the fits, the reservoirs of healthy samples they are fitted on, and one
 :class:`~detector.ewma.EwmaArrays` per signal. Every sample enters a node's EMA clipped to
@@ -72,6 +77,9 @@ SIGNALS: tuple[str, ...] = ("norm", "prefill", "decode", "prefill_time")
 #: The signals measured after the wait for a batch slot: they decide (detectors.zscore).
 QUEUE_FREE: tuple[str, ...] = ("decode", "prefill_time")
 _FITS = ("norm", "prefill", "prefill_time", "batch")
+#: The load features of the decode curve: running batch, prompt tokens processed per decode token, and
+#: KV-cache usage (the context every decode step reads).
+LOAD_FEATURES: tuple[str, ...] = ("b", "w", "k")
 #: Healthy rows with a batch needed before the decode curve is fitted (two coefficients: a few dozen
 #: rows fix them; the robust fit ignores the odd stall).
 BATCH_CURVE_MIN_ROWS = 60
@@ -95,13 +103,16 @@ class SignalModel:
         self.fit_prefill: CostModel | None = None
         self.fit_prefill_time: CostModel | None = None
         self.fit_batch: CostModel | None = None
-        self.batch_range = (math.nan, math.nan, math.nan)  # (1, median, extrapolation limit)
-        self.batch_flat = False  # every healthy node at one batch: no curve needed
+        # The load features of fit_batch, in order, and each one's [median, extrapolation limit].
+        self.load_features: tuple[str, ...] = ()
+        self.load_ref: dict[str, list[float]] = {}
+        self.batch_flat = False  # every healthy node at one load: no curve needed
         self.typical_ms = math.nan
         self.latency_weight = 1.0
         self.reservoir = Reservoir(("p", "c", "t", "f"), thresholds.cost_model_reservoir)
-        # The engine's view: x computed tokens per prefill, y prefill ms; b running batch, d decode ms.
-        self.engine = Reservoir(("x", "y", "b", "d"), thresholds.cost_model_reservoir)
+        # The engine's view: x computed tokens per prefill, y prefill ms; the load features (b running
+        # batch, w prompt tokens processed per decode token, k KV-cache usage) and d decode ms.
+        self.engine = Reservoir(("x", "y", *LOAD_FEATURES, "d"), thresholds.cost_model_reservoir)
         self.fit_at = -math.inf
 
     # ------------------------------------------------------------------------------- membership
@@ -153,12 +164,13 @@ class SignalModel:
         }
 
     def per_row(self, b: ProgressBatch) -> dict[str, np.ndarray]:
-        """Per progress row: ``decode`` (at equal batch) and ``prefill_time`` (NaN without prefills)."""
+        """Per progress row: ``decode`` (at equal load) and ``prefill_time`` (NaN without prefills)."""
         with np.errstate(divide="ignore", invalid="ignore"):
             per_prefill_ms = np.where(b.prefills > 0, b.prefill_ms / b.prefills, np.nan)
             per_prefill_tokens = b.prefill_tokens / b.prefills
+            work = np.where(b.tokens > 0, b.prefill_work / b.tokens, np.nan)
         return {
-            "decode": b.decode_ms() * self.batch_factor(b.running),
+            "decode": b.decode_ms() * self.batch_factor(b.running, work, b.kv_usage),
             "prefill_time": self._over_fit(self.fit_prefill_time, per_prefill_ms, per_prefill_tokens),
         }
 
@@ -170,19 +182,26 @@ class SignalModel:
         with np.errstate(invalid="ignore"):
             return np.where(np.isfinite(tokens), y / np.maximum(pred, 1e-6), np.nan)
 
-    def batch_factor(self, running: np.ndarray) -> np.ndarray:
-        """``curve(B_ref) / curve(clip(B, 1, hi))`` per sample; 1 where no curve is needed (switched
-        off, no batch reported, or every healthy node at one batch); NaN (not judged yet) for a
-        reported batch while the group's curve is still being learned: a busy healthy node must not
-        be cut in the seconds before the curve exists."""
+    def batch_factor(self, running: np.ndarray, work: np.ndarray | None = None,
+                     kv_usage: np.ndarray | None = None) -> np.ndarray:
+        """``curve(ref) / curve(clip(load))`` per sample (an unknown feature: its median); 1 where no
+        curve is needed (switched off, no batch reported, or every healthy node at one load); NaN
+        (not judged yet) for a reported batch while the group's curve is still being learned: a busy
+        healthy node must not be cut in the seconds before the curve exists."""
         fit = self.fit_batch
         if not self.thresholds.decode_batch_curve or self.batch_flat:
             return np.ones(len(running))
         if fit is None:
             return np.where(np.isfinite(running), np.nan, 1.0)
-        lo, ref, hi = self.batch_range
-        b = np.clip(np.where(np.isfinite(running), running, ref), lo, hi)
-        return fit.predict(np.array([[ref]]))[0] / np.maximum(fit.predict(b[:, None]), 1e-6)
+        given = {"b": running, "w": work, "k": kv_usage}
+        cols, ref = [], []
+        for f in self.load_features:
+            median, limit = self.load_ref[f]
+            v = given[f]
+            v = np.full(len(running), median) if v is None else np.where(np.isfinite(v), v, median)
+            cols.append(np.clip(v, 1.0 if f == "b" else 0.0, limit))
+            ref.append(median)
+        return fit.predict(np.array([ref]))[0] / np.maximum(fit.predict(np.column_stack(cols)), 1e-6)
 
     def probe_value(self, prompt_tokens: float, completion_tokens: float, ttft_ms: float | None,
                     total_ms: float | None) -> float:
@@ -223,7 +242,7 @@ class SignalModel:
         known = np.isfinite(queue_free)
         if known.any():
             nan = np.full(int(known.sum()), np.nan)
-            self.engine.add(x=prompt[known], y=queue_free[known], b=nan, d=nan)
+            self.engine.add(x=prompt[known], y=queue_free[known], b=nan, w=nan, k=nan, d=nan)
         if self.fit_norm is None and self.reservoir.filled >= self.thresholds.cost_model_min_samples:
             self.refit()
 
@@ -233,8 +252,9 @@ class SignalModel:
             x = np.where(b.prefills > 0, b.prefill_tokens / b.prefills, np.nan)
             y = np.where(b.prefills > 0, b.prefill_ms / b.prefills, np.nan)
             d = np.where(b.tokens > 0, b.decode_ms(), np.nan)
+            w = np.where(b.tokens > 0, b.prefill_work / b.tokens, np.nan)
         keep = np.isfinite(y) | (np.isfinite(b.running) & np.isfinite(d))
-        self.engine.add(x=x[keep], y=y[keep], b=b.running[keep], d=d[keep])
+        self.engine.add(x=x[keep], y=y[keep], b=b.running[keep], w=w[keep], k=b.kv_usage[keep], d=d[keep])
         if keep.any() and ((self.fit_batch is None and not self.batch_flat) or self.fit_prefill_time is None):
             self._refit_engine()  # the first fits as soon as there is enough (later: on the refit cadence)
 
@@ -283,15 +303,27 @@ class SignalModel:
         has_batch = np.isfinite(b) & np.isfinite(d)
         if has_batch.sum() < BATCH_CURVE_MIN_ROWS:
             return
-        p10, ref, p90, p99 = np.percentile(b[has_batch], (10, 50, 90, 99))
-        # (Nearly) every healthy row at one batch size: nothing to learn, nothing to correct.
-        self.batch_flat = bool(p90 - p10 < 1.0)
+        # The batch always; prefill work and KV usage where most rows report them.
+        features = ["b"] + [f for f in LOAD_FEATURES[1:]
+                            if (has_batch & np.isfinite(e[f])).sum() >= max(BATCH_CURVE_MIN_ROWS, has_batch.sum() // 2)]
+        rows = has_batch.copy()
+        for f in features:
+            rows &= np.isfinite(e[f])
+        ref: dict[str, list[float]] = {}
+        spread = []
+        for f in features:
+            p10, median, p90, p99 = np.percentile(e[f][rows], (10, 50, 90, 99))
+            ref[f] = [float(median), BATCH_EXTRAPOLATION * float(p99)]
+            spread.append(p90 - p10 >= (1.0 if f == "b" else 1e-9))
+        # (Nearly) every healthy row at one load: nothing to learn, nothing to correct.
+        self.batch_flat = not any(spread)
         if self.batch_flat:
             return
-        fit = fit_cost_model(b[has_batch][:, None], d[has_batch], start=self.fit_batch)
+        x_load = np.column_stack([e[f][rows] for f in features])
+        same = self.fit_batch is not None and tuple(features) == self.load_features
+        fit = fit_cost_model(x_load, d[rows], start=self.fit_batch if same else None)
         if fit is not None:
-            self.fit_batch = fit
-            self.batch_range = (1.0, float(ref), BATCH_EXTRAPOLATION * float(p99))
+            self.fit_batch, self.load_features, self.load_ref = fit, tuple(features), ref
 
     # ---------------------------------------------------------------------------------- snapshot
     def arrays(self) -> dict[str, np.ndarray]:
@@ -314,7 +346,7 @@ class SignalModel:
         return {"res_pos": self.reservoir.pos, "res_filled": self.reservoir.filled, "fit_at": self.fit_at,
                 "engine_pos": self.engine.pos, "engine_filled": self.engine.filled,
                 "typical_ms": self.typical_ms, "latency_weight": self.latency_weight,
-                "batch_range": list(self.batch_range), "batch_flat": self.batch_flat,
+                "load_features": list(self.load_features), "load_ref": self.load_ref, "batch_flat": self.batch_flat,
                 "fits": {name: [fit.residual_sd, fit.n_samples] for name, fit in self.fits().items()}}
 
     def restore(self, z: dict[str, np.ndarray], meta: dict) -> None:
@@ -330,14 +362,17 @@ class SignalModel:
             self.reservoir.columns[k] = z[f"r.{k}"].copy()
         self.reservoir.pos, self.reservoir.filled = meta["res_pos"], meta["res_filled"]
         if "q.x" in z:
-            for k in self.engine.columns:
-                self.engine.columns[k] = z[f"q.{k}"].copy()
+            for k in self.engine.columns:  # a column an older snapshot lacks: unknown (NaN)
+                self.engine.columns[k] = z[f"q.{k}"].copy() if f"q.{k}" in z else np.full(len(z["q.x"]), np.nan)
             self.engine.pos, self.engine.filled = meta["engine_pos"], meta["engine_filled"]
         self.typical_ms = meta.get("typical_ms", math.nan)
         self.latency_weight = meta.get("latency_weight", 1.0)
-        self.batch_range = tuple(meta.get("batch_range", (math.nan,) * 3))
+        self.load_features = tuple(meta.get("load_features", ()))
+        self.load_ref = meta.get("load_ref", {})
         self.batch_flat = meta.get("batch_flat", False)
         # Snapshots before this module kept the fit time among the group's "last" values.
         self.fit_at = meta.get("fit_at", meta.get("last", {}).get("fit_at", -math.inf))
         for name, (sd, count) in meta["fits"].items():
             setattr(self, f"fit_{name}", CostModel(coef=z[f"fit.{name}"].copy(), residual_sd=sd, n_samples=count))
+        if self.fit_batch is not None and len(self.fit_batch.coef) != len(self.load_features) + 1:
+            self.fit_batch = None  # a curve of an older layout: learned again from the reservoir

@@ -13,6 +13,10 @@ latency:
   server's own prefill histogram, or TTFT minus queue time where the log has both). Both are measured
   after the wait for a batch slot. A node is judged on the larger of their Z (a fault that slows only
   prefill, as long prompts on a node with a degraded link, is caught without looking at the queue).
+  Prefill time cuts a node's weight on its evidence but is never at quarantine strength on its own
+  (no quarantine, no cut at once on one strong reading): under chunked prefill a request's prefill
+  shares each step's token budget with the decodes and with other prefills, so it also grows with
+  load (in the simulator's vLLM engine, enough to quarantine healthy nodes);
   TTFT and total latency include the queue, and near saturation a node's queue grows by chance:
   cutting it on them pushes its load onto peers whose queues then grow (a cascade a healthy fleet at
   70% load does not survive). A node without enough queue-free samples yet waits rather than be
@@ -61,6 +65,7 @@ _OUT = lookup(OUT_OF_SERVICE)
 _BASELINE = lookup(BASELINE_STATES)
 _FORCED = lookup((S.FORCED_ACTIVE, S.FORCED_QUARANTINE))
 DECODE = SIGNALS.index("decode")
+PREFILL_TIME = SIGNALS.index("prefill_time")
 _QUEUE_FREE_ROWS = np.array([SIGNALS.index(s) for s in QUEUE_FREE])
 
 
@@ -137,6 +142,7 @@ class Decision:
     new: np.ndarray  # this tick's samples that count toward persistence
     drained_over: np.ndarray  # cut queue_drain_s ago and still over the degrade line
     name: str | None  # the group's deciding signal, for the explanation
+    may_quarantine: np.ndarray  # not judged on prefill time alone (see the module docstring)
 
     def gate(self, v: Verdict, t: Thresholds) -> Verdict:
         """A latency verdict (tail, cross-P50) stands only where the deciding signal agrees: over the
@@ -172,7 +178,7 @@ def decide(view: PeerView, a: NodeArrays, t: Thresholds, now: float) -> Decision
     drained_over = cut_long & np.isfinite(q_score) & (q_score >= t.degrade_z) & (q_excess >= t.degrade_materiality)
     return Decision(score=q_score, excess=q_excess, which=q_which, weight_score=score, queue_free=queue_free,
                     queue_laden=queue_laden, new=np.where(queue_laden, a.new_drained, a.new_samples),
-                    drained_over=drained_over, name=_group_signal(view, t))
+                    drained_over=drained_over, name=_group_signal(view, t), may_quarantine=q_which != PREFILL_TIME)
 
 
 def _group_signal(view: PeerView, t: Thresholds) -> str | None:
@@ -186,7 +192,7 @@ def _group_signal(view: PeerView, t: Thresholds) -> str | None:
 class Lines:
     """Where each node's deciding signal stands against the lines, this tick."""
 
-    over_q: np.ndarray  # at quarantine strength (Z and materiality)
+    over_q: np.ndarray  # at quarantine strength (Z and materiality), on a signal that may quarantine
     over_d: np.ndarray  # over the degrade line
     still_d: np.ndarray  # not clearly back under it (hysteresis: leaving DEGRADED needs a margin)
 
@@ -194,7 +200,7 @@ class Lines:
 def lines(d: Decision, t: Thresholds) -> Lines:
     finite = np.isfinite(d.score)
     return Lines(
-        over_q=finite & (d.score >= t.quarantine_z) & (d.excess >= t.quarantine_materiality),
+        over_q=finite & (d.score >= t.quarantine_z) & (d.excess >= t.quarantine_materiality) & d.may_quarantine,
         over_d=finite & (d.score >= t.degrade_z) & (d.excess >= t.degrade_materiality),
         still_d=finite & (d.score >= t.degrade_z - t.degrade_hysteresis)
         & (d.excess >= 1.0 + (t.degrade_materiality - 1.0) / 2),

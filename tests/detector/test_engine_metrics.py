@@ -40,7 +40,7 @@ def test_a_page_mixing_v0_and_v1_takes_the_v1_inter_token_pair():
 
 
 def page(itl=(0.0, 0), prefill=(0.0, 0), computed=(0.0, 0), prompt=(0.0, 0), cache=(0, 0), running=0,
-         model="m") -> str:
+         model="m", processed=0) -> str:
     """A minimal vLLM V1 exposition, label sets for one model (two models: call twice and join)."""
     lab = f'{{model_name="{model}"}}'
     return "\n".join([
@@ -58,16 +58,19 @@ def page(itl=(0.0, 0), prefill=(0.0, 0), computed=(0.0, 0), prompt=(0.0, 0), cac
         f"vllm:request_prompt_tokens_count{lab} {prompt[1]}",
         f"vllm:prefix_cache_queries_total{lab} {cache[0]}",
         f"vllm:prefix_cache_hits_total{lab} {cache[1]}",
+        f"vllm:prompt_tokens_total{lab} {processed}",
     ]) + "\n"
 
 
 def test_row_between_two_scrapes_is_the_deltas_queue_free():
-    before = parse(page(itl=(10.0, 500), prefill=(2.0, 20), computed=(20_000, 20), running=7))
-    after = parse(page(itl=(10.6, 520), prefill=(2.5, 24), computed=(24_000, 24), running=9))
+    before = parse(page(itl=(10.0, 500), prefill=(2.0, 20), computed=(20_000, 20), running=7, processed=50_000))
+    after = parse(page(itl=(10.6, 520), prefill=(2.5, 24), computed=(24_000, 24), running=9, processed=53_072))
     row = progress_row("127.0.0.1:8000", (100.0, before), 100.25, after)
     assert dict(zip(ROW_FIELDS, row, strict=True)) == {
         "node": "127.0.0.1:8000", "ts": 100.25, "interval_s": 0.25, "tokens": 20, "token_ms": pytest.approx(600.0),
         "prefills": 4, "prefill_ms": pytest.approx(500.0), "prefill_tokens": 4000, "running": 9,
+        "prefill_work": 3072,  # prompt tokens processed in the interval (chunks of running prefills too)
+        "kv_usage": None,  # not on this page
     }
 
 

@@ -243,6 +243,25 @@ def test_approval_policy_holds_at_floor_until_approved_or_rejected():
         gd.approve(fleet.nodes[1], now=24)
 
 
+def test_a_rejected_and_silenced_node_stays_degraded_until_the_silence_ends():
+    """Finding: a rejected latency proposal came back 2 s later, and a silence that only rejected it
+    again left the node cycling through pending_approval at the floor weight. Silenced, latency
+    causes do not take the node out: it stays degraded at its computed weight."""
+    fleet = Fleet(12, seed=12, rate=120)
+    gd = GroupDetector(Thresholds(require_approval=True), fleet.nodes)
+    run(gd, fleet, 0, 15)
+    fleet.slow[0] = 3.0
+    assert run(gd, fleet, 15, 8)[-1].states[0] == S.PENDING_APPROVAL
+    gd.reject(fleet.nodes[0], now=23)
+    gd.silence_latency({fleet.nodes[0]: 53.0})
+    evs = run(gd, fleet, 23, 29)  # the silence ends at 53 s
+    states = {int(ev.states[0]) for ev in evs[5:]}
+    assert states == {S.DEGRADED}
+    assert sum(len(ev.transitions) for ev in evs[5:]) == 0  # no cycling, no records every few seconds
+    after = run(gd, fleet, 52, 10)
+    assert after[-1].states[0] == S.PENDING_APPROVAL  # the silence ended: proposed again
+
+
 def test_forced_states_expire_and_pins_override_weights():
     fleet = Fleet(6, seed=13, rate=60)
     gd = GroupDetector(Thresholds(), fleet.nodes)

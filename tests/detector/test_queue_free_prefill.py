@@ -37,10 +37,11 @@ def moved(evs) -> set[str]:
     return {t.node for ev in evs for t in ev.transitions}
 
 
-def test_a_fault_that_slows_only_prefill_is_cut_and_quarantined_from_the_model_servers_histogram():
+def test_a_fault_that_slows_only_prefill_is_cut_from_the_model_servers_histogram():
     """Finding: with TTFT logged every latency verdict was gated on decode, so a node whose prefill is
     5x slower and decode unchanged was never acted on. The model server's prefill histogram is
-    queue-free: it decides next to decode."""
+    queue-free: it decides next to decode. It cuts the node's weight (to the floor at this Z); it
+    does not quarantine on its own, since under chunked prefill it also grows with load."""
     fleet = Fleet(20, seed=21)
     gd = GroupDetector(Thresholds(), fleet.nodes)
     healthy = drive(gd, fleet, 0, 60, prefill=True)
@@ -48,10 +49,11 @@ def test_a_fault_that_slows_only_prefill_is_cut_and_quarantined_from_the_model_s
     evs = drive(gd, fleet, 60, 30, prefill=True)
     assert moved(healthy) == set()
     assert first(evs, 6, CUT) - 60 <= 3.0
-    assert first(evs, 6, OUT) - 60 <= 8.0
+    assert first(evs, 6, OUT) is None
     assert moved(evs) == {fleet.nodes[6]}
-    quarantine = next(t for ev in evs for t in ev.transitions if t.to_state == NodeState.QUARANTINED)
-    assert quarantine.signal == "prefill_time" and quarantine.z > Thresholds().quarantine_z
+    cut = next(t for ev in evs for t in ev.transitions if t.to_state == NodeState.DEGRADED)
+    assert cut.signal == "prefill_time" and cut.z > Thresholds().quarantine_z
+    assert evs[-1].weights[6] == pytest.approx(5.0)  # the floor: min_weight_fraction * base
 
 
 def test_a_sustained_thirty_percent_prefill_slowdown_is_cut():
@@ -173,7 +175,7 @@ def test_new_columns_survive_a_snapshot_and_an_older_snapshot_still_restores():
         arrays = {k: z[k] for k in z.files if not k.startswith(("e.prefill_time.", "q.", "fit.prefill_time",
                                                                 "fit.batch", "a.evidence_prefill", "a.running"))}
     meta = json.loads(arrays["meta"].tobytes().decode())
-    for k in ("engine_pos", "engine_filled", "typical_ms", "batch_range"):
+    for k in ("engine_pos", "engine_filled", "typical_ms", "load_features", "load_ref"):
         meta.pop(k)
     meta["fits"] = {k: v for k, v in meta["fits"].items() if k in ("norm", "prefill")}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
