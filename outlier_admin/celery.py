@@ -2,7 +2,8 @@
 
 Broker: ``CELERY_BROKER_URL`` or ``REDIS_URL``. Periodic tasks (see README "Entry points"):
 ticks of every group (``TICK_INTERVAL_MS``), canary probes (1 s), DCGM scrapes
-(``DCGM_SCRAPE_INTERVAL_S``), log tailing (``LOG_TAIL_INTERVAL_S``), retention (hourly).
+(``DCGM_SCRAPE_INTERVAL_S``), log tailing (``LOG_TAIL_INTERVAL_S``), retention (hourly). The beat's
+tick task enqueues nothing while event-driven tickers (``manage.py run_ticker``) are alive.
 """
 
 from __future__ import annotations

@@ -25,7 +25,11 @@ What the client does with it (fail static, then fail open)
 * A document is accepted when its version is newer than the last good one, or the same version with
   a newer ``generated_at`` (the control plane re-stamps an unchanged document on every tick, which is
   what keeps it fresh). Older versions are ignored; malformed documents are rejected with a reason and
-  the last good document is kept.
+  the last good document is kept. One malformed *node* (an address that is not ``host:port``, a
+  weight out of range, a duplicate) is skipped with a logged reason and the rest of the group is
+  applied: one bad record must not take a whole group's gateways out of the control plane's hands.
+  The control plane checks every document against this same contract before it publishes it
+  (:func:`check_document`, called by ``outlier_admin.control.publish``).
 * While Redis is unreachable or the control plane stops re-publishing, the last good document keeps
   being served (**fail static**): ``mode == "live"``.
 * Once ``now - generated_at > stale_after_s`` the client serves every node at its ``base_weight`` in
@@ -36,6 +40,7 @@ What the client does with it (fail static, then fail open)
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -48,11 +53,18 @@ from typing import Any
 import redis
 
 from detector.states import OUT_OF_SERVICE_LABELS, Traffic, traffic_of
+from outlier_admin.fleet.names import NameError_, parse_address  # plain Python, like detector.states
 
 log = logging.getLogger("outlier_admin.gateway_client")
 
 KEY_PREFIX = "outlier:weights:"
 CHANNEL = "outlier:weights"
+#: Hash ``outlier:applied:<group>``: field = a gateway's id, value = JSON ``{"version", "applied_at",
+#: "mode"}`` of the last document it applied (written by the agents, read by the dashboard's first
+#: screen: a published version no gateway applied is a control loop that is not closed).
+APPLIED_KEY_PREFIX = "outlier:applied:"
+#: The hash expires a day after its last report, so gateways that went away do not stay listed for ever.
+APPLIED_TTL_S = 86400
 DEFAULT_STALE_AFTER_S = 60.0
 DEFAULT_BASE_WEIGHT = 100
 
@@ -102,6 +114,8 @@ class WeightsDocument:
     stale_after_s: float
     safeguard: bool
     nodes: tuple[NodeWeight, ...]
+    #: Nodes left out, one reason each (``nodes[3] ('gpu-9'): address ... is not host:port``).
+    skipped: tuple[str, ...] = ()
 
     def age_s(self, now: float) -> float:
         return now - self.generated_at
@@ -134,19 +148,21 @@ class EffectiveWeights:
         )
 
 
+@functools.lru_cache(maxsize=65536)  # the same addresses arrive in every document (every tick)
 def split_address(address: str) -> tuple[str, int]:
     """``"10.0.0.7:8000"`` -> ``("10.0.0.7", 8000)``; ``"[::1]:8000"`` -> ``("::1", 8000)``.
 
-    Raises DocumentError for anything without a numeric port in 1..65535.
+    The rule is the control plane's (:func:`outlier_admin.fleet.names.parse_address`: an IP or a DNS
+    name, a port in 1..65535), without a scheme: the host ends up in a gateway's configuration
+    (an nginx ``server`` line), so nothing else may pass. Raises DocumentError with the reason.
     """
-    if not isinstance(address, str) or ":" not in address:
+    if not isinstance(address, str) or ":" not in address or "://" in address:
         raise DocumentError(f"address {address!r} is not host:port")
-    host, _, port_s = address.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not host or not port_s.isdigit() or not 0 < int(port_s) < 65536:
-        raise DocumentError(f"address {address!r} is not host:port")
-    return host, int(port_s)
+    try:
+        parsed = parse_address(address)
+    except NameError_ as exc:
+        raise DocumentError(f"address {address!r} is not host:port: {exc.detail}") from None
+    return parsed.host, parsed.port
 
 
 def _require(obj: dict[str, Any], name: str, kinds: type | tuple[type, ...], where: str) -> Any:
@@ -164,9 +180,11 @@ def _require(obj: dict[str, Any], name: str, kinds: type | tuple[type, ...], whe
 def parse_document(raw: bytes | str, *, expected_group: str | None = None) -> WeightsDocument:
     """Validate a JSON weights document; raise DocumentError(reason) if it cannot be used.
 
-    Integral floats (``35.0``) are accepted as integers; fractional weights, negative weights, weights
-    above ``base_weight``, duplicate nodes or addresses, and a group other than ``expected_group``
-    are rejected: applying half a document is worse than keeping the last good one.
+    A document is refused whole when its own fields are wrong (not JSON, no version, a group other
+    than ``expected_group``, no ``nodes`` list) or when none of its nodes is valid. A node is skipped
+    (its reason in ``skipped``) for a fractional, negative or above-``base_weight`` weight, an address
+    that is not ``host:port``, or a node name or address already seen: applying the group without it
+    is better than leaving the whole group on old weights. Integral floats (``35.0``) are integers.
     """
     try:
         data = json.loads(raw)
@@ -186,35 +204,69 @@ def parse_document(raw: bytes | str, *, expected_group: str | None = None) -> We
         raise DocumentError(f"document: stale_after_s {stale_raw!r} is not a positive number")
     safeguard = bool(data.get("safeguard", False))
     nodes_raw = _require(data, "nodes", list, "document")
-    nodes: list[NodeWeight] = []
+    kept, skipped = _parse_nodes(nodes_raw)
+    if nodes_raw and not kept:
+        raise DocumentError(f"no valid node in the document: {skipped[0]}")
+    return WeightsDocument(group, version, generated_at, float(stale_raw), safeguard,
+                           tuple(n for _, n in kept), tuple(skipped))
+
+
+def _parse_nodes(items: list[Any]) -> tuple[list[tuple[int, NodeWeight]], list[str]]:
+    """``([(index, node), ...], [reason, ...])``: the valid nodes in order, and why each other one
+    was skipped (a later duplicate of a node name or address is the one skipped)."""
+    kept: list[tuple[int, NodeWeight]] = []
+    skipped: list[str] = []
     seen_nodes: set[str] = set()
     seen_addr: set[tuple[str, int]] = set()
-    for i, item in enumerate(nodes_raw):
-        where = f"nodes[{i}]"
-        if not isinstance(item, dict):
-            raise DocumentError(f"{where} is not an object")
-        name = _require(item, "node", str, where)
-        address = _require(item, "address", str, where)
-        addr = split_address(address)
-        weight = _as_int(_require(item, "weight", (int, float), where), f"{where}: weight")
-        if "base_weight" in item:
-            base = _as_int(item["base_weight"], f"{where}: base_weight")
-        else:
-            # Documents without base_weight: the default scale, stretched if a node is above it.
-            base = max(DEFAULT_BASE_WEIGHT, weight)
-        state = item.get("state") or ("quarantined" if weight == 0 else "healthy")
-        if not isinstance(state, str):
-            raise DocumentError(f"{where}: state is not a string")
-        if base <= 0:
-            raise DocumentError(f"{where}: base_weight {base} must be positive")
-        if not 0 <= weight <= base:
-            raise DocumentError(f"{where}: weight {weight} outside 0..{base}")
-        if name in seen_nodes or addr in seen_addr:
-            raise DocumentError(f"{where}: duplicate node {name!r} or address {address!r}")
-        seen_nodes.add(name)
+    for i, item in enumerate(items):
+        label = f"nodes[{i}]"
+        if isinstance(item, dict) and isinstance(item.get("node"), str):
+            label += f" ({item['node'][:60]!r})"
+        try:
+            node = _parse_node(item, f"nodes[{i}]")
+            addr = (node.host, node.port)
+            if node.node in seen_nodes or addr in seen_addr:
+                raise DocumentError(f"nodes[{i}]: duplicate node {node.node!r} or address {node.address!r}")
+        except DocumentError as exc:
+            skipped.append(f"{label}: {exc}")
+            continue
+        seen_nodes.add(node.node)
         seen_addr.add(addr)
-        nodes.append(NodeWeight(name, address, weight, state, base))
-    return WeightsDocument(group, version, generated_at, float(stale_raw), safeguard, tuple(nodes))
+        kept.append((i, node))
+    return kept, skipped
+
+
+def _parse_node(item: Any, where: str) -> NodeWeight:
+    if not isinstance(item, dict):
+        raise DocumentError(f"{where} is not an object")
+    name = _require(item, "node", str, where)
+    address = _require(item, "address", str, where)
+    split_address(address)
+    weight = _as_int(_require(item, "weight", (int, float), where), f"{where}: weight")
+    if "base_weight" in item:
+        base = _as_int(item["base_weight"], f"{where}: base_weight")
+    else:
+        # Documents without base_weight: the default scale, stretched if a node is above it.
+        base = max(DEFAULT_BASE_WEIGHT, weight)
+    state = item.get("state") or ("quarantined" if weight == 0 else "healthy")
+    if not isinstance(state, str):
+        raise DocumentError(f"{where}: state is not a string")
+    if base <= 0:
+        raise DocumentError(f"{where}: base_weight {base} must be positive")
+    if not 0 <= weight <= base:
+        raise DocumentError(f"{where}: weight {weight} outside 0..{base}")
+    return NodeWeight(name, address, weight, state, base)
+
+
+def check_document(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The publisher's side of the contract: ``(document without its invalid nodes, reasons)``,
+    judged exactly as a gateway will judge it (:func:`parse_document`). Raises DocumentError when the
+    document itself is unusable (then nothing should be published)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
+        raise DocumentError("document is not an object with a nodes list")
+    parse_document(json.dumps({**doc, "nodes": []}))  # the document's own fields
+    kept, skipped = _parse_nodes(doc["nodes"])
+    return {**doc, "nodes": [doc["nodes"][i] for i, _ in kept]}, skipped
 
 
 def _as_int(value: Any, where: str) -> int:
@@ -243,6 +295,7 @@ class ClientStats:
     fetches: int = 0
     redis_errors: int = 0
     rejected_documents: int = 0
+    skipped_nodes: int = 0  # nodes left out of the current document (see WeightsDocument.skipped)
     last_error: str = ""
     last_rejection: str = ""
     last_fetch_ok_at: float | None = None
@@ -293,6 +346,11 @@ class GatewayClient:
                 log.info("ignored older weights version %s < %s for group %s", doc.version, cur.version,
                          self.group)
             return False
+        if doc.skipped and (cur is None or doc.skipped != cur.skipped):
+            # Logged when the set changes, not at every re-stamp of the same document (every tick).
+            for why in doc.skipped:
+                log.warning("skipped a node of group %s (the rest of the group is applied): %s", self.group, why)
+        self.stats.skipped_nodes = len(doc.skipped)
         self.document = doc
         return True
 
@@ -324,6 +382,35 @@ class GatewayClient:
         except (ValueError, TypeError, AttributeError):
             return True  # unreadable notice: a pull is cheap and settles it
         return self.document is None or version >= self.document.version
+
+    def report_applied(self, gateway: str, version: int, applied_at: float, mode: str) -> bool:
+        """Tell the control plane which version this gateway applied (:data:`APPLIED_KEY_PREFIX`).
+        Best effort: a Redis error is counted and logged, never raised (applying matters, reporting
+        does not). True when written."""
+        body = json.dumps({"version": int(version), "applied_at": round(float(applied_at), 3), "mode": mode})
+        key = f"{APPLIED_KEY_PREFIX}{self.group}"
+        try:
+            pipe = self.redis_client.pipeline(transaction=False)
+            pipe.hset(key, gateway[:200], body)
+            pipe.expire(key, APPLIED_TTL_S)
+            pipe.execute()
+        except redis.RedisError as exc:
+            self.stats.redis_errors += 1
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"
+            log.warning("cannot report the applied version to %s: %s", key, exc)
+            return False
+        return True
+
+    def weights(self) -> dict[str, int]:
+        """Pull once and return ``{address: weight}`` to apply now: 0 for a node to drain, the last
+        good document while Redis is unreachable, base weights once it is older than
+        ``stale_after_s``; ``{}`` before any good document. (The simple way; a gateway that must
+        react within a second uses :meth:`run`.)"""
+        self.refresh()
+        eff = self.effective()
+        if eff is None:
+            return {}
+        return {n.address: 0 if n.quarantined else n.weight for n in eff.nodes}
 
     def effective(self, now: float | None = None) -> EffectiveWeights | None:
         """The weights to apply now (see ``effective_weights``); None before any good document."""

@@ -111,6 +111,7 @@ INSTALLED_APPS = [
     "axes",
     "csp",
     "rest_framework",
+    "drf_standardized_errors",
     "outlier_admin.fleet",
     "outlier_admin.ingest",
     "outlier_admin.control",
@@ -135,10 +136,14 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "outlier_admin.urls"
+# The wheel ships the top-level templates/ as outlier_admin/templates (setup.py); a checkout has them at
+# the top. The package's copy first: an installed BASE_DIR is site-packages, whose templates/ is not ours.
+TEMPLATES_DIR = next((d for d in (Path(__file__).resolve().parent / "templates", BASE_DIR / "templates")
+                      if d.is_dir()), BASE_DIR / "templates")
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [TEMPLATES_DIR],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -219,16 +224,22 @@ CANARY_MAX_TOKENS = envint("CANARY_MAX_TOKENS", 32, minimum=1)
 CANARY_MODEL = envstr("CANARY_MODEL") or ""
 DCGM_SCRAPE_INTERVAL_S = envint("DCGM_SCRAPE_INTERVAL_S", 15, minimum=1)
 DCGM_TIMEOUT_S = envint("DCGM_TIMEOUT_S", 5, minimum=1)
-# Model-server /metrics scrapes (Node.metrics_url): the streamed decode signal, so scrape often.
-METRICS_SCRAPE_INTERVAL_MS = envint("METRICS_SCRAPE_INTERVAL_MS", 1000, minimum=100)
-METRICS_TIMEOUT_MS = envint("METRICS_TIMEOUT_MS", 800, minimum=50)
+# Model-server /metrics scrapes (Node.metrics_url): the streamed decode signal, so scrape often
+# (outlier_admin.ingest.scraper: the scrape_metrics service, or one round per beat entry below).
+METRICS_SCRAPE_INTERVAL_MS = envint("METRICS_SCRAPE_INTERVAL_MS", 250, minimum=50)
+METRICS_TIMEOUT_MS = envint("METRICS_TIMEOUT_MS", 800, minimum=50)  # per request, to the last byte
+METRICS_MAX_CONNECTIONS = envint("METRICS_MAX_CONNECTIONS", 1024, minimum=1)  # per scraper process
+METRICS_MAX_BYTES = envint("METRICS_MAX_BYTES", 4 * 1024 * 1024, minimum=1024)  # one page
 LOG_TAIL_INTERVAL_S = envint("LOG_TAIL_INTERVAL_S", 2, minimum=1)
 
 CELERY_BEAT_SCHEDULE = {
     "tick-all-groups": {"task": "control.tick_all_groups", "schedule": TICK_INTERVAL_MS / 1000.0},
     "canary-probes": {"task": "control.run_due_canaries", "schedule": 1.0},
     "dcgm-scrape": {"task": "ingest.scrape_all_dcgm", "schedule": float(DCGM_SCRAPE_INTERVAL_S)},
-    "metrics-scrape": {"task": "ingest.scrape_all_metrics", "schedule": METRICS_SCRAPE_INTERVAL_MS / 1000.0},
+    # A round not started within one period is dropped, not run late; it steps aside while a
+    # scrape_metrics service runs.
+    "metrics-scrape": {"task": "ingest.scrape_all_metrics", "schedule": METRICS_SCRAPE_INTERVAL_MS / 1000.0,
+                       "options": {"expires": METRICS_SCRAPE_INTERVAL_MS / 1000.0}},
     "tail-logs": {"task": "ingest.tail_all_logs", "schedule": float(LOG_TAIL_INTERVAL_S)},
     "retention": {"task": "control.retention", "schedule": 3600.0},
 }
@@ -243,11 +254,16 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
+        "outlier_admin.api.filters.StrictFilterBackend",  # django-filter's, refusing unknown parameters
         "rest_framework.filters.OrderingFilter",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "outlier_admin.api.errors.exception_handler",
+    # Errors as RFC 9457 problems (application/problem+json), one shape: see outlier_admin.api.errors.
+    "EXCEPTION_HANDLER": "drf_standardized_errors.handler.exception_handler",
+}
+DRF_STANDARDIZED_ERRORS = {
+    "EXCEPTION_HANDLER_CLASS": "outlier_admin.api.errors.ProblemHandler",
+    "EXCEPTION_FORMATTER_CLASS": "outlier_admin.api.errors.ProblemFormatter",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "outlier-admin API",
@@ -258,6 +274,8 @@ SPECTACULAR_SETTINGS = {
     # Swagger UI assets are served from our own static files (no CDN at run time).
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    # A proposal's source and a silence's cause are one choice set: one enum in the schema.
+    "ENUM_NAME_OVERRIDES": {"ProposalSourceEnum": "outlier_admin.control.models.ProposalSource"},
     # The enum hook is drf-spectacular's default; ours documents every operation's errors and adds the
     # ingest endpoint (a plain Django view the generator cannot see), its bounds read from the settings.
     "POSTPROCESSING_HOOKS": [
@@ -300,4 +318,8 @@ ALERT_RETRIES = envint("ALERT_RETRIES", 2, minimum=0)
 # Base URL of the dashboard, for links in alerts (generatorURL).
 ALERT_EXTERNAL_URL = envstr("ALERT_EXTERNAL_URL") or ""
 EVENT_SCAN_INTERVAL_S = envint("EVENT_SCAN_INTERVAL_S", 5, minimum=1)
-CELERY_BEAT_SCHEDULE["scan-events"] = {"task": "observability.scan_events", "schedule": float(EVENT_SCAN_INTERVAL_S)}
+# Active alerts are re-sent to Alertmanager this often, each with endsAt = now + 4 x this
+# (observability.alerts); the scan runs at least this often so no resend is late.
+ALERT_RESEND_S = envint("ALERT_RESEND_S", 60, minimum=1)
+CELERY_BEAT_SCHEDULE["scan-events"] = {"task": "observability.scan_events",
+                                       "schedule": float(min(EVENT_SCAN_INTERVAL_S, ALERT_RESEND_S))}

@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--status-file", default=_env("status_file"),
                    help="JSON status (version, mode, safeguard, ...) for local admission control")
     p.add_argument("--once", action="store_true", help="pull, apply once and exit (exit 1 on failure)")
+    p.add_argument("--gateway-id", default=_env("gateway_id"),
+                   help="this gateway's name in the applied-versions report the dashboard shows (default host/kind)")
     p.add_argument("--log-level", default=_env("log_level", "INFO"))
     h = p.add_argument_group("HAProxy")
     h.add_argument("--haproxy-socket", default=_env("haproxy_socket", "/run/haproxy/admin.sock"),
@@ -95,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     applier = build_applier(args)
     client = GatewayClient.from_url(args.redis_url, args.group, key_prefix=args.key_prefix,
                                     channel=args.channel, poll_interval_s=args.poll_interval)
-    agent = Agent(client, applier, status_file=args.status_file)
+    agent = Agent(client, applier, status_file=args.status_file, gateway_id=args.gateway_id)
     if args.once:
         try:
             return 0 if agent.run_once() else 1

@@ -1,7 +1,9 @@
 """The agent: watch one group's weights (``GatewayClient.run``) and hand them to one applier.
 
 Per update it applies, logs every change, passes the safeguard flag on, keeps counters for the
-``outlier_agent_*`` metrics, and (optionally) writes a status file for local admission control. An
+``outlier_agent_*`` metrics, (optionally) writes a status file for local admission control, and
+reports the version it applied back to the control plane (``GatewayClient.report_applied``: the
+first screen shows, per group, what the gateways really run). An
 apply error is counted, logged, and retried on the next loop turn (at most about once a second);
 the gateway keeps its previous configuration meanwhile. Every ``resync_interval_s`` the current
 weights are applied again even if nothing changed: appliers only send differences, so this is cheap
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from collections import deque
@@ -55,9 +58,12 @@ class Agent:
         status_file: str | None = None,
         clock: Callable[[], float] = time.time,
         latency_window: int = 10_000,
+        gateway_id: str | None = None,
     ) -> None:
         self.client = client
         self.applier = applier
+        #: How this gateway is named in the applied-versions report (host and gateway kind by default).
+        self.gateway_id = gateway_id or f"{socket.gethostname()}/{applier.name}"
         self.status_file = Path(status_file) if status_file else None
         self.clock = clock
         self.state = AgentState(group=client.group, gateway=applier.name)
@@ -122,6 +128,7 @@ class Agent:
             st.safeguard, st.applied_at = weights.safeguard, done
             st.unknown, st.missing, st.last_error = result.unknown, result.missing, ""
             self._write_status()
+            self.client.report_applied(self.gateway_id, weights.version, done, weights.mode)
 
     def age_s(self) -> float | None:
         """Seconds since the last good document was generated (None before the first one)."""

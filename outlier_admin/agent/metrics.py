@@ -12,6 +12,7 @@ nothing. Metrics (labels ``group``, ``gateway``):
 * ``outlier_agent_applies_total``              applies that changed the gateway
 * ``outlier_agent_redis_errors_total``         failed Redis reads/subscriptions
 * ``outlier_agent_rejected_documents_total``   malformed documents rejected (last good one kept)
+* ``outlier_agent_skipped_nodes``              invalid nodes left out of the current document (reasons logged)
 * ``outlier_agent_unknown_servers``            gateway servers that match no node (left alone)
 * ``outlier_agent_missing_nodes``              nodes with no gateway server
 """
@@ -69,6 +70,8 @@ class AgentCollector:
         yield gauge("outlier_agent_unknown_servers", "Gateway servers matching no node (left alone).",
                     len(st.unknown))
         yield gauge("outlier_agent_missing_nodes", "Nodes of the group with no gateway server.", len(st.missing))
+        yield gauge("outlier_agent_skipped_nodes", "Invalid nodes left out of the current weights document.",
+                    stats.skipped_nodes)
         yield counter("outlier_agent_apply_errors", "Applies that failed.", st.apply_errors)
         yield counter("outlier_agent_applies", "Applies that changed the gateway.", st.applies)
         yield counter("outlier_agent_redis_errors", "Failed Redis reads or subscriptions.", stats.redis_errors)

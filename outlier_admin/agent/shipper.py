@@ -1,16 +1,25 @@
-"""HAProxy log shipper: HAProxy's UDP syslog -> ingest records -> ``POST /api/v1/ingest/requests``.
+"""Gateway log shipper: access-log lines -> ingest records -> ``POST /api/v1/ingest/requests``.
 
-Runs next to HAProxy (``log 127.0.0.1:5514 local0`` in its ``global`` section) and next to the
-agent; standard library only (plus the ``outlier_admin.ingest.logformats`` parsers, which need
-``orjson``). Each datagram is parsed with ``outlier_admin.ingest.logformats.haproxy.parse_line``;
-parsed records are batched and POSTed as a JSON array with ``Authorization: Bearer <token>``.
+Runs on the gateway host, next to the agent; standard library only (plus the
+``outlier_admin.ingest.logformats`` parsers, which need ``orjson``). Lines come from HAProxy's UDP
+syslog (``log 127.0.0.1:5514 local0`` in its ``global`` section; :func:`serve_udp`) or from an
+access-log file (:func:`tail_file`). Every format :mod:`outlier_admin.ingest.logformats` reads is read
+with no custom configuration — nginx ``combined`` (+ ``$request_time $upstream_addr
+$upstream_response_time``), Envoy's default text format, HAProxy's default ``httplog``, LiteLLM's
+``StandardLoggingPayload``, OpenAI-style JSON with a nested ``usage`` — and the default format
+``auto`` recognises each line's; lines without token counts become latency-only records. Parsed
+records are batched and POSTed as a JSON array with ``Authorization: Bearer <token>``.
+
+``python -m outlier_admin.agent.shipper --ingest-url URL (--udp HOST:PORT | --file PATH)`` runs it
+(token in ``OUTLIER_SHIPPER_TOKEN``, never on the command line).
 
 HAProxy logs server *names*; the ingest pipeline resolves node *addresses*. ``node_map_from_haproxy``
 reads ``show servers state`` once at start (and on ``refresh_node_map``) and maps ``backend/server``
 to ``addr:port`` so each record's ``node`` is the address the control plane knows.
 
 Nothing is lost silently: lines that do not parse are counted by reason and the last ones kept
-(``rejected``); a batch the API refuses or cannot take stays buffered (bounded) and is retried.
+(``rejected``: reason, the format the line looks like, the line; logged once per reason and format);
+a batch the API refuses or cannot take stays buffered (bounded) and is retried.
 """
 
 from __future__ import annotations
@@ -28,8 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from outlier_admin.agent.haproxy import RuntimeAPI
-from outlier_admin.ingest.logformats import ParseError
-from outlier_admin.ingest.logformats.haproxy import parse_line
+from outlier_admin.ingest.logformats import LABELS, ParseError, get_parser
 
 log = logging.getLogger("outlier_admin.agent.shipper")
 
@@ -40,12 +48,13 @@ def node_map_from_haproxy(api: RuntimeAPI, backend: str) -> dict[str, str]:
 
 
 class LogShipper:
-    """Parse HAProxy log lines and ship the records to the ingest API in batches."""
+    """Parse access-log lines and ship the records to the ingest API in batches. ``parser``: a
+    format name of ``logformats.FORMATS`` (default ``auto``) or a ``parse_line`` function."""
 
     def __init__(self, ingest_url: str, token: str, *, node_map: dict[str, str] | None = None,
                  group: str | None = None, batch_size: int = 500, max_buffer: int = 100_000,
-                 timeout_s: float = 5.0, parser: Callable[..., dict[str, Any]] = parse_line) -> None:
-        self.parser = parser
+                 timeout_s: float = 5.0, parser: Callable[..., dict[str, Any]] | str = "auto") -> None:
+        self.parser = get_parser(parser) if isinstance(parser, str) else parser
         self.ingest_url = ingest_url
         self.token = token
         self.node_map = node_map or {}
@@ -55,6 +64,7 @@ class LogShipper:
         self.buffer: deque[dict[str, Any]] = deque(maxlen=max_buffer)
         self.rejected: deque[tuple[str, str]] = deque(maxlen=1000)  # (reason, line)
         self.rejected_by_reason: Counter[str] = Counter()
+        self.rejected_by_format: Counter[tuple[str, str]] = Counter()  # (reason, format it looks like)
         self.shipped = 0
         self.post_errors = 0
         self.dropped = 0  # records the API refused for good (400/415, or one record over 413)
@@ -67,7 +77,12 @@ class LogShipper:
             rec = self.parser(line, node_map=self.node_map)
         except ParseError as exc:
             reason = getattr(exc, "reason", "bad_format")
+            fmt = getattr(exc, "fmt", "")
+            if not self.rejected_by_format[(reason, fmt)]:  # the first of its kind: say what and why
+                log.warning("line refused: %s%s: %s", reason, f" ({LABELS.get(fmt, fmt)})" if fmt else "",
+                            exc.detail or "")
             self.rejected_by_reason[reason] += 1
+            self.rejected_by_format[(reason, fmt)] += 1
             self.rejected.append((reason, line))
             return False
         if self.group:
@@ -189,3 +204,56 @@ def tail_file(shipper: LogShipper, path: str | Path, stop: threading.Event, *,
             last_flush = time.monotonic()
         stop.wait(poll_s)
     shipper.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m outlier_admin.agent.shipper``: ship one UDP syslog port or one file until SIGTERM."""
+    import argparse
+    import os
+    import signal
+
+    from outlier_admin.ingest.logformats import FORMATS, parse_node_map
+
+    p = argparse.ArgumentParser(prog="python -m outlier_admin.agent.shipper", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ingest-url", required=True, help="http(s)://HOST/api/v1/ingest/requests")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--udp", metavar="HOST:PORT", help="receive syslog datagrams (HAProxy's 'log' target)")
+    src.add_argument("--file", help="follow an access-log file from its end")
+    p.add_argument("--from-start", action="store_true", help="with --file: ship what the file holds first")
+    p.add_argument("--format", choices=sorted(FORMATS), default="auto")
+    p.add_argument("--group", help="group for records that do not name one")
+    p.add_argument("--node-map", help="K=NODE,... or a JSON object: what lines name (HAProxy backend/server, "
+                   "an address) -> node address; '*': the node of lines naming none")
+    p.add_argument("--haproxy-socket", help="HAProxy runtime API: key its servers by address")
+    p.add_argument("--haproxy-backend", help="backend whose servers to map (with --haproxy-socket)")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    token = os.environ.get("OUTLIER_SHIPPER_TOKEN", "")
+    if not token:
+        raise SystemExit("set OUTLIER_SHIPPER_TOKEN to an ingest token")
+    try:
+        node_map = parse_node_map(args.node_map) if args.node_map else {}
+    except ValueError as exc:
+        raise SystemExit(f"--node-map: {exc}") from None
+    if args.haproxy_socket:
+        if not args.haproxy_backend:
+            raise SystemExit("--haproxy-socket needs --haproxy-backend")
+        node_map = {**node_map_from_haproxy(RuntimeAPI(args.haproxy_socket), args.haproxy_backend), **node_map}
+    shipper = LogShipper(args.ingest_url, token, node_map=node_map, group=args.group, parser=args.format)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if args.udp:
+        host, _, port = args.udp.rpartition(":")
+        sock = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind((host.strip("[]"), int(port)))
+        serve_udp(shipper, sock, stop)
+    else:
+        tail_file(shipper, args.file, stop, start_offset=0 if args.from_start else None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

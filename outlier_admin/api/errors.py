@@ -1,52 +1,101 @@
-"""JSON errors a person can act on: ``{"error": "<sentence>", "detail": <DRF detail>, "field": ...}``.
+"""Every error of the API as an RFC 9457 problem (``application/problem+json``), one shape everywhere:
 
-Every error body carries ``error`` (one readable sentence). Validation errors keep DRF's per-field
-``detail`` as well; refused actions (:class:`ActionError`) and invalid thresholds
-(:class:`ThresholdError`, with ``field``) and previews over a bound (:class:`PreviewTooLarge`, with
-``field``) become 400s instead of 500s; a body over Django's upload limits is a 413 (too large) or a
-400 (too many fields or files) in this shape, not Django's bare HTML page. A database outage is
-answered 503 in this same shape by :mod:`outlier_admin.observability.outage` (for every view, not only
-DRF's), through :func:`error_body`.
+.. code-block:: json
+
+    {"type": "about:blank", "title": "Bad Request", "status": 400,
+     "detail": "reason: This field is required.", "instance": "/api/v1/nodes/7/quarantine/",
+     "errors": [{"code": "required", "detail": "This field is required.", "attr": "reason"}]}
+
+``type`` is ``about:blank`` (RFC 9457 section 4.2.1: the problem is what the HTTP status says, and
+``title`` is that status's phrase); ``detail`` is one readable sentence; ``errors`` lists each fault
+with a stable ``code`` a client can branch on and the input at fault in ``attr`` (``null`` when it is
+the request as a whole; nested fields are dotted, ``changes.quarantine_z``). A 503 adds
+``retry_after_s`` (and sends ``Retry-After``).
+
+drf-standardized-errors does the work for DRF views (it turns every exception into one flat list of
+errors, rolls the transaction back, answers an unexpected exception with a 500 in the same shape and
+still reports it to Django's ``got_request_exception`` and log); this module only names our own
+exceptions for it (:class:`ProblemHandler`) and writes its list as a problem (:class:`ProblemFormatter`).
+The views outside DRF build the same body with :func:`problem`: the ingest endpoint
+(:mod:`outlier_admin.ingest.views`), the database outage's 503 (:mod:`outlier_admin.observability.outage`)
+and the API's 404 for unknown paths (:func:`outlier_admin.api.views.api_not_found`).
+
+What becomes what: a refused action (:class:`~outlier_admin.control.actions.ActionError`) is a 400
+``refused``; an invalid threshold (:class:`~detector.thresholds.ThresholdError`) a 400 ``invalid``
+on its field; a preview over a bound (:class:`~outlier_admin.api.preview.PreviewTooLarge`) a 400
+``too_large`` on the input at fault; a body over Django's upload limits a 413 ``too_large``. A
+database outage is left to :class:`~outlier_admin.observability.outage.DatabaseOutageMiddleware`
+(503, this shape), not made a 500 here.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
+from http import HTTPStatus
 from typing import Any
 
+import orjson
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
-from rest_framework import status
+from django.http import HttpResponse
+from drf_standardized_errors.formatter import ExceptionFormatter
+from drf_standardized_errors.handler import ExceptionHandler
+from drf_standardized_errors.types import ErrorResponse
+from rest_framework import exceptions, status
+from rest_framework.exceptions import ErrorDetail
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
-from rest_framework.views import exception_handler as drf_exception_handler
 
-from detector.thresholds import ThresholdError
-from outlier_admin.api.preview import PreviewTooLarge
-from outlier_admin.control.actions import ActionError
+#: The media type of every error body (RFC 9457 section 3).
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+
+#: The ``code`` of a problem that has no more specific one (DRF's own default codes where it has one).
+DEFAULT_CODES = {
+    400: "invalid", 401: "not_authenticated", 403: "permission_denied", 404: "not_found",
+    405: "method_not_allowed", 406: "not_acceptable", 413: "too_large", 415: "unsupported_media_type",
+    429: "throttled", 500: "error", 503: "unavailable",
+}
 
 
-def error_body(sentence: str, detail: Any = None, **extra: Any) -> dict[str, Any]:
-    """The API's error body: ``error`` (one readable sentence), ``detail`` (the sentence unless given),
-    and any ``extra`` keys (``field``, ``retry_after_s``)."""
-    return {"error": sentence, "detail": sentence if detail is None else detail, **extra}
+def problem(status_code: int, detail: str, *, code: str | None = None, attr: str | None = None,
+            errors: list[dict[str, Any]] | None = None, instance: str | None = None,
+            **extensions: Any) -> dict[str, Any]:
+    """The problem document of an error: see the module docstring. ``errors`` defaults to the one
+    error ``{code, detail, attr}`` (``code`` defaults by status, :data:`DEFAULT_CODES`);
+    ``extensions`` are extra members (``retry_after_s``)."""
+    body: dict[str, Any] = {
+        "type": "about:blank",
+        "title": HTTPStatus(status_code).phrase,
+        "status": status_code,
+        "detail": detail,
+    }
+    if instance:
+        body["instance"] = instance
+    body["errors"] = errors if errors is not None else [
+        {"code": code or DEFAULT_CODES.get(status_code, "error"), "detail": detail, "attr": attr}]
+    body.update(extensions)
+    return _encodable(body)
 
 
-def _sentence(detail: Any) -> str:
-    """Flatten DRF's detail (str | list | dict) into one line: ``field: message; field2: message``."""
-    if isinstance(detail, dict):
-        parts = []
-        for key, value in detail.items():
-            text = _sentence(value)
-            parts.append(text if key in ("detail", "non_field_errors") else f"{key}: {text}")
-        return "; ".join(parts)
-    if isinstance(detail, list | tuple):
-        return "; ".join(_sentence(v) for v in detail)
-    return str(detail)
+def problem_response(status_code: int, detail: str, **kwargs: Any) -> HttpResponse:
+    """A plain Django response carrying :func:`problem` (for views outside DRF)."""
+    return HttpResponse(orjson.dumps(problem(status_code, detail, **kwargs)), status=status_code,
+                        content_type=PROBLEM_CONTENT_TYPE)
+
+
+def _sentence(errors: list[dict[str, Any]]) -> str:
+    """One line out of the list: ``attr: detail; attr2: detail`` (errors of the whole request bare)."""
+    parts = []
+    for e in errors:
+        attr = e.get("attr")
+        parts.append(f"{attr}: {e['detail']}" if attr and attr not in ("non_field_errors", "detail") else e["detail"])
+    return "; ".join(dict.fromkeys(parts))
 
 
 def _encodable(value: Any) -> Any:
     """``value`` with every string made encodable as UTF-8. An error may quote its input, and a JSON body
     can carry a lone surrogate (``"\\ud800"``), which no UTF-8 response can: a threshold named so was
     answered with a 500 (``UnicodeEncodeError`` in the renderer) instead of its 400. Such characters
-    are written as ``\\ud800`` in the sentence."""
+    are written as ``\\ud800``."""
     if isinstance(value, str):
         try:
             value.encode("utf-8")
@@ -54,45 +103,68 @@ def _encodable(value: Any) -> Any:
             return value.encode("utf-8", "backslashreplace").decode("utf-8")
         return value
     if isinstance(value, dict):
-        pairs = [(_encodable(k), _encodable(v)) for k, v in value.items()]
-        changed = any(a is not k or b is not v for (a, b), (k, v) in zip(pairs, value.items(), strict=True))
-        return dict(pairs) if changed else value  # unchanged: keep DRF's ReturnDict as it is
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        items = [_encodable(v) for v in value]
-        return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
+        return [_encodable(v) for v in value]
     return value
 
 
-def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    """DRF exception handler: see the module docstring for the body shape."""
-    response = _error_response(exc, context)
-    if response is not None:
-        response.data = _encodable(response.data)
-    return response
+class RequestTooLarge(exceptions.APIException):
+    """Django's ``RequestDataTooBig`` as an API error (413)."""
+
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "too_large"
 
 
-def _error_response(exc: Exception, context: dict[str, Any]) -> Response | None:
-    if isinstance(exc, ThresholdError):
-        return Response(
-            {"error": str(exc), "field": exc.field, "detail": {exc.field: [exc.message]}},
-            status=status.HTTP_400_BAD_REQUEST,
-        )
-    if isinstance(exc, PreviewTooLarge):
-        return Response(error_body(str(exc), {exc.field: [str(exc)]}, field=exc.field),
-                        status=status.HTTP_400_BAD_REQUEST)
-    if isinstance(exc, ActionError):
-        return Response(error_body(str(exc)), status=status.HTTP_400_BAD_REQUEST)
-    # Django's request-size guards (DATA_UPLOAD_MAX_MEMORY_SIZE, DATA_UPLOAD_MAX_NUMBER_FIELDS/FILES)
-    # fire when DRF reads the body; left to Django they were a bare HTML "Bad Request (400)".
-    if isinstance(exc, RequestDataTooBig):
-        return Response(error_body(f"The request body is too large: {exc}"),
-                        status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
-    if isinstance(exc, TooManyFieldsSent | TooManyFilesSent):
-        return Response(error_body(f"The request has too many form fields or files: {exc}"),
-                        status=status.HTTP_400_BAD_REQUEST)
-    response = drf_exception_handler(exc, context)
-    if response is None:
-        return None
-    detail = response.data
-    response.data = {"error": _sentence(detail), "detail": detail}
-    return response
+class ProblemHandler(ExceptionHandler):
+    """drf-standardized-errors' handler (``DRF_STANDARDIZED_ERRORS["EXCEPTION_HANDLER_CLASS"]``) that
+    knows our exceptions and leaves a database outage to the outage middleware."""
+
+    def convert_known_exceptions(self, exc: Exception) -> Exception:
+        from detector.thresholds import ThresholdError
+        from outlier_admin.api.preview import PreviewTooLarge
+        from outlier_admin.control.actions import ActionError
+
+        if isinstance(exc, ThresholdError):
+            return exceptions.ValidationError({exc.field: [ErrorDetail(exc.message, code="invalid")]})
+        if isinstance(exc, PreviewTooLarge):
+            return exceptions.ValidationError({exc.field: [ErrorDetail(str(exc), code="too_large")]})
+        if isinstance(exc, ActionError):
+            return exceptions.ValidationError([ErrorDetail(str(exc), code="refused")])
+        # Django's request-size guards (DATA_UPLOAD_MAX_MEMORY_SIZE, DATA_UPLOAD_MAX_NUMBER_FIELDS/FILES)
+        # fire when DRF reads the body; left to Django they were a bare HTML "Bad Request (400)".
+        if isinstance(exc, RequestDataTooBig):
+            return RequestTooLarge(f"The request body is too large: {exc}")
+        if isinstance(exc, TooManyFieldsSent | TooManyFilesSent):
+            return exceptions.ParseError(f"The request has too many fields or files: {exc}")
+        return super().convert_known_exceptions(exc)
+
+    def should_not_handle(self, exc: Exception) -> bool:
+        from outlier_admin.observability.outage import is_database_outage
+
+        # Re-raised: DatabaseOutageMiddleware answers it 503 + Retry-After (a 500 would say "our bug").
+        return is_database_outage(exc) or super().should_not_handle(exc)
+
+    def get_response(self, exc: exceptions.APIException, data: dict) -> Response:
+        response = super().get_response(exc, data)
+        request = self.context.get("request")
+        renderer = getattr(request, "accepted_renderer", None)
+        # JSON clients get the problem's own media type; the browsable API keeps its HTML page.
+        if renderer is None or isinstance(renderer, JSONRenderer):
+            response.content_type = PROBLEM_CONTENT_TYPE
+        return response
+
+
+class ProblemFormatter(ExceptionFormatter):
+    """drf-standardized-errors' flat error list written as an RFC 9457 problem
+    (``DRF_STANDARDIZED_ERRORS["EXCEPTION_FORMATTER_CLASS"]``)."""
+
+    def format_error_response(self, error_response: ErrorResponse) -> Any:
+        errors = [asdict(e) for e in error_response.errors]
+        status_code = self.exc.status_code
+        request = self.context.get("request")
+        extensions: dict[str, Any] = {}
+        if getattr(self.exc, "wait", None):
+            extensions["retry_after_s"] = int(self.exc.wait)
+        return problem(status_code, _sentence(errors) or HTTPStatus(status_code).phrase, errors=errors,
+                       instance=getattr(request, "path", None), **extensions)

@@ -1,4 +1,5 @@
-"""Query filters of the list endpoints (django-filter), shared with the dashboard's audit page."""
+"""Query filters of the list endpoints (django-filter), shared with the dashboard's audit page, and the
+backend that refuses the ones an endpoint does not have (:class:`StrictFilterBackend`)."""
 
 from __future__ import annotations
 
@@ -6,15 +7,43 @@ from datetime import UTC, datetime
 from typing import Any
 
 import django_filters as filters
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ValidationError as FormValidationError
+from django.db.models import QuerySet
 from django_filters.fields import IsoDateTimeField
+from django_filters.rest_framework import DjangoFilterBackend
+from rest_framework.exceptions import ErrorDetail, ValidationError
+from rest_framework.settings import api_settings
 
 from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
 from outlier_admin.fleet.models import Node
 from outlier_admin.ingest.models import GpuReading
 
 
+class StrictFilterBackend(DjangoFilterBackend):
+    """django-filter's backend that refuses a list request naming a query parameter the endpoint does
+    not know: ``?nmae=x`` (or a filter of another endpoint) was silently ignored and answered with the
+    whole table, which a client cannot tell from a match. Known: the endpoint's filters, the ordering
+    parameter, the page's ``limit``/``offset`` and DRF's ``format``. Only lists: a detail action's own
+    parameters (the timeline's ``start``, ``signal``...) are its own business."""
+
+    def filter_queryset(self, request: Any, queryset: QuerySet, view: Any) -> QuerySet:
+        if getattr(view, "action", None) == "list":
+            known = {api_settings.ORDERING_PARAM, api_settings.URL_FORMAT_OVERRIDE}
+            paginator = getattr(view, "paginator", None)
+            known |= {getattr(paginator, "limit_query_param", None), getattr(paginator, "offset_query_param", None)}
+            filterset_class = self.get_filterset_class(view, queryset)
+            if filterset_class is not None:
+                known |= set(filterset_class.base_filters)
+            unknown = sorted(set(request.query_params) - known)
+            if unknown:
+                allowed = ", ".join(sorted(k for k in known if k))
+                raise ValidationError({name: [ErrorDetail(f"unknown query parameter; this endpoint takes: {allowed}",
+                                                          code="unknown_filter")] for name in unknown})
+        return super().filter_queryset(request, queryset, view)
+
+
 class NodeFilter(filters.FilterSet):
+    name = filters.CharFilter(field_name="name", help_text="the node's name (its detector id), exactly")
     group = filters.CharFilter(field_name="group__name", help_text="group name")
     state = filters.CharFilter(field_name="state")
     address = filters.CharFilter(field_name="address", lookup_expr="icontains")
@@ -22,7 +51,7 @@ class NodeFilter(filters.FilterSet):
 
     class Meta:
         model = Node
-        fields = ["group", "state", "address", "retired"]
+        fields = ["name", "group", "state", "address", "retired"]
 
 
 class UTCIsoDateTimeField(IsoDateTimeField):
@@ -38,7 +67,7 @@ class UTCIsoDateTimeField(IsoDateTimeField):
         try:
             return parsed.astimezone(UTC)
         except OverflowError:
-            raise ValidationError(f"{value!r} is out of the supported date range", code="invalid") from None
+            raise FormValidationError(f"{value!r} is out of the supported date range", code="invalid") from None
 
 
 class UTCIsoDateTimeFilter(filters.IsoDateTimeFilter):

@@ -4,6 +4,7 @@
   ``?limit=99999999999999999999`` reached PostgreSQL as a ``LIMIT`` beyond bigint (a 500), and any
   ``limit`` under that made one request read a whole table. Over the ceiling the page is the ceiling
   (DRF's rule for ``max_limit``); ``next`` links to the rest.
+- :data:`PARSERS`: JSON only (see there).
 - :class:`JSONParser`: a JSON body nested deeper than Python's recursion limit (``{"reason":
   [[[[...]]]]}``) raised ``RecursionError`` out of DRF's parser, which only turns ``ValueError`` into
   a 400; it is a 400 ("JSON parse error") like any other unreadable body.
@@ -34,5 +35,7 @@ class JSONParser(parsers.JSONParser):
             raise ParseError("JSON parse error - the document is nested too deeply") from None
 
 
-#: DRF's default parsers (JSON, form, multipart) with our JSON parser.
-PARSERS = [JSONParser, parsers.FormParser, parsers.MultiPartParser]
+#: JSON only. With DRF's defaults (JSON, form, multipart) every action offered three request bodies in
+#: the OpenAPI schema, and a client generated from it (openapi-python-client) could not even import 9 of
+#: its modules; a form or multipart body is now a 415 like any other content type we do not read.
+PARSERS = [JSONParser]

@@ -4,7 +4,8 @@ Roles are the Django groups created by ``fleet/migrations/0002_roles.py``. What 
 issue 5 (the capability map below is the single place that says so)::
 
     read            viewer, operator, oncall
-    tune            operator            thresholds of a group, group policy
+    tune            operator            thresholds of a group, group policy; creating and editing
+                                        groups and nodes
     decide          operator            approve / reject quarantine proposals
     override        oncall              manual quarantine / release / pin / unpin
 

@@ -145,7 +145,7 @@ _PAD = "\x00pad"  # nodes of the group without history rows: they count toward t
 
 def replay(
     rows: list[Row], t: Thresholds, node_count: int, baselines: dict[datetime, float] | None = None, *,
-    queue_laden: bool = False,
+    queue_laden: bool = False, also: dict[str, tuple[list[Row], dict[datetime, float]]] | None = None,
 ) -> list[SimTransition]:
     """Simulated transitions of ``rows`` (sorted by ``at``) under thresholds ``t``, decided by the
     detector's own ejection layer (:mod:`detector.ejection`): the recorded figures of each history
@@ -156,7 +156,9 @@ def replay(
 
     ``node_count`` sizes the safeguard (the group's nodes, not only those with history);
     ``baselines``: the detector's stored baseline per timestamp (missing: median-EMA estimate);
-    ``queue_laden``: the rows are of ``norm`` in a group without TTFT."""
+    ``queue_laden``: the rows are of ``norm`` in a group without TTFT; ``also``: the other queue-free
+    signals' rows and stored baselines (``prefill_time`` next to ``decode``): the replay judges each
+    node on the larger Z, as the detector does."""
     from detector.detectors import cross_p50, zscore
     from detector.detectors.tail import TailDetector, tail_step
     from detector.detectors.verdict import Verdict
@@ -169,6 +171,8 @@ def replay(
     by_at: dict[datetime, list[Row]] = defaultdict(list)
     for r in rows:
         by_at[r[0]].append(r)
+    others = {SIGNALS.index(sig): ({(r[0], r[1]): (r[2], r[3]) for r in sig_rows}, sig_base)
+              for sig, (sig_rows, sig_base) in (also or {}).items()}
     names = sorted({r[1] for r in rows})
     a = NodeArrays(names + [f"{_PAD}{k}" for k in range(max(node_count - len(names), 0))])
     a.state[:] = NodeState.HEALTHY
@@ -202,6 +206,15 @@ def replay(
         base[SIGNALS[k]] = math.nan if baseline is None else baseline
         stack_z, stack_ema = np.full((len(SIGNALS), len(a)), np.nan), np.full((len(SIGNALS), len(a)), np.nan)
         stack_z[k], stack_ema[k] = np.where(judged, z, np.nan), np.where(judged, ema, np.nan)
+        for k2, (recorded_at, sig_base) in others.items():
+            for i in np.flatnonzero(judged):
+                z2, ema2 = recorded_at.get((at, a.ids[i]), (None, None))
+                stack_z[k2, i] = np.nan if z2 is None else z2
+                stack_ema[k2, i] = np.nan if ema2 is None else ema2
+            b2 = sig_base.get(at)
+            if b2 is None and np.isfinite(stack_ema[k2][peers]).any():
+                b2 = float(np.nanmedian(stack_ema[k2][peers]))
+            base[SIGNALS[k2]] = math.nan if b2 is None else b2
         view = zscore.PeerView(z=stack_z, ema=stack_ema, baseline=base, spread=dict.fromkeys(SIGNALS, math.nan),
                                peers={s: int(peers.sum()) for s in SIGNALS}, fresh=has)
         a.evidence = np.where(judged, evidence, a.evidence)
@@ -291,8 +304,17 @@ def preview_thresholds(
     signal = decision_signal(group)
     rows = history_rows(group, start, end, signal, max_rows=settings.PREVIEW_MAX_ROWS)
     baselines = stored_baselines(group, start, end, signal)
+    also = {}
+    if signal != "norm":
+        from detector.signals import QUEUE_FREE
+
+        for other in QUEUE_FREE:
+            if other != signal and GroupBaseline.objects.filter(
+                    group=group, signal=other, at__gte=start, at__lt=end, baseline__isnull=False).exists():
+                also[other] = (history_rows(group, start, end, other, max_rows=settings.PREVIEW_MAX_ROWS),
+                               stored_baselines(group, start, end, other))
     return Preview(
         rows=len(rows), nodes=len({r[1] for r in rows}), start=start, end=end,
-        current=replay(rows, current, n, baselines, queue_laden=signal == "norm"),
-        proposed=replay(rows, proposed, n, baselines, queue_laden=signal == "norm"), signal=signal,
+        current=replay(rows, current, n, baselines, queue_laden=signal == "norm", also=also),
+        proposed=replay(rows, proposed, n, baselines, queue_laden=signal == "norm", also=also), signal=signal,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
@@ -19,6 +20,21 @@ STATE_ORDER = (
     "forced_quarantine", "forced_active",
 )
 OUT_OF_SERVICE = OUT_OF_SERVICE_LABELS  # the traffic table's DRAIN states (detector.states.TRAFFIC)
+#: What needs a person first, at 3 a.m.: a decision waiting, nodes out, nodes cut, nodes on their
+#: way back, manual states, then the rest (the first screen and the group page's default sort).
+ATTENTION_ORDER = (
+    "pending_approval", "quarantined", "degraded", "probing", "recovering", "forced_quarantine",
+    "forced_active", "warming", "healthy",
+)
+
+
+def attention_rank(state: str) -> int:
+    """Position of ``state`` in :data:`ATTENTION_ORDER` (an unknown state right after the listed
+    problems, before ``warming`` and ``healthy``)."""
+    try:
+        return ATTENTION_ORDER.index(state)
+    except ValueError:
+        return ATTENTION_ORDER.index("forced_active") + 1
 
 
 def with_latest_figures(nodes: QuerySet[Node], signal: str = "norm") -> QuerySet[Node]:
@@ -55,7 +71,7 @@ def latest_figures(node_ids: list[int], signal: str = "norm") -> dict[int, tuple
 
 
 #: Sort keys of the group page's nodes table (query parameter -> attribute of the node).
-NODE_SORTS = {"name": "name", "state": "state", "weight": "weight", "z": "latest_z", "ema": "latest_ema",
+NODE_SORTS = {"attention": "attention", "name": "name", "state": "state", "weight": "weight", "z": "latest_z", "ema": "latest_ema",
               "p50": "latest_p50", "p99": "latest_p99", "samples": "latest_samples", "last_seen": "last_seen"}
 #: Node columns the nodes table shows (the rest of the row is not read).
 TABLE_COLUMNS = ("id", "group_id", "name", "address", "state", "weight", "base_weight", "last_seen", "gpu_evidence")
@@ -64,37 +80,62 @@ TABLE_COLUMNS = ("id", "group_id", "name", "address", "state", "weight", "base_w
 def group_nodes(group: ModelGroup, sort: str = "name", signal: str = "norm") -> list[Node]:
     """The group's live nodes with ``latest_ema``/``latest_z``/``latest_p50``/``latest_p99``/
     ``latest_samples`` set, sorted by ``sort`` (a :data:`NODE_SORTS` key, ``-`` prefix = descending,
-    unknown keys sort by name).
+    unknown keys sort by name; ``attention``: :data:`ATTENTION_ORDER`, then the highest Z).
 
     Two queries whatever the group size (nodes, then :func:`latest_figures`); sorted in Python,
-    ties by name, nodes without the figure **last** in both directions (an operator sorting by Z
-    wants the highest real Z on top, not the nodes that have no Z yet)."""
+    ties by name, nodes without the figure last, except in a descending sort (worst first) where
+    the nodes without it that are not healthy or warming come **first**: a quarantined, probing or
+    recovering node has no fresh Z because it gets no traffic, and it is the first one to look at."""
     nodes = list(group.nodes.filter(retired=False).only(*TABLE_COLUMNS))
     figures = latest_figures([n.pk for n in nodes], signal)
     empty = (None,) * len(LATEST_FIELDS)
+    # P50/P99 are recorded on the norm rows only (the detector's tail window): read them there.
+    tails = latest_figures([n.pk for n in nodes], "norm") if signal != "norm" else figures
     for n in nodes:
         for f, v in zip(LATEST_FIELDS, figures.get(n.pk, empty), strict=True):
             setattr(n, f"latest_{f}", v)
+        tail = tails.get(n.pk, empty)
+        n.latest_p50, n.latest_p99 = tail[LATEST_FIELDS.index("p50")], tail[LATEST_FIELDS.index("p99")]
     key = NODE_SORTS.get(sort.lstrip("-"), "name")
+    if key == "attention":
+        return by_attention(nodes)
     present = sorted((n for n in nodes if getattr(n, key) is not None), key=lambda n: n.name)
     # list.sort is stable also with reverse=True, so equal values keep the name order.
     present.sort(key=lambda n: getattr(n, key), reverse=sort.startswith("-"))
-    missing = sorted((n for n in nodes if getattr(n, key) is None), key=lambda n: n.name)
+    missing = sorted((n for n in nodes if getattr(n, key) is None), key=lambda n: (attention_rank(n.state), n.name))
+    if sort.startswith("-"):
+        out = [n for n in missing if n.state not in ("healthy", "warming")]
+        return out + present + [n for n in missing if n.state in ("healthy", "warming")]
     return present + missing
+
+
+def by_attention(nodes: list[Node]) -> list[Node]:
+    """``nodes`` (annotated by :func:`group_nodes`) in :data:`ATTENTION_ORDER`, then the highest
+    Z first (a node without a Z before those with one), then by name."""
+    return sorted(nodes, key=lambda n: (attention_rank(n.state),
+                                        -(n.latest_z if n.latest_z is not None else math.inf), n.name))
 
 
 SIGNAL_LABELS = {
     "decode": "decode time per output token (queue-free: what the detector decides on when TTFT is logged)",
     "norm": "normalised total latency (latency / the group's cost model)",
-    "prefill": "time to first token / the group's prefill model",
+    "prefill": "time to first token / the group's prefill model (includes the queue)",
+    "prefill_time": "prefill time without the queue / the group's prefill model (queue-free: from the model "
+                    "server, or TTFT minus the logged queue time)",
 }
 
 
 def decision_signal(group: ModelGroup) -> str:
-    """The signal the detector decides on for ``group``: ``decode`` once its gateways log TTFT
-    (the detector then has a decode baseline), else ``norm``."""
-    latest = latest_baseline(group, "decode")
-    return "decode" if latest is not None and latest.baseline is not None else "norm"
+    """The signal the detector decides on for ``group``, as :mod:`detector.detectors.zscore` names
+    it: the first queue-free signal with a stored baseline (``decode`` once the gateways log TTFT or
+    the model servers stream; ``prefill_time`` from the servers' prefill histograms), else ``norm``."""
+    from detector.signals import QUEUE_FREE
+
+    for signal in QUEUE_FREE:
+        latest = latest_baseline(group, signal)
+        if latest is not None and latest.baseline is not None:
+            return signal
+    return "norm"
 
 
 def latest_baseline(group: ModelGroup, signal: str = "norm") -> GroupBaseline | None:

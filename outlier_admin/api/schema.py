@@ -1,5 +1,6 @@
-"""drf-spectacular extensions: the bearer-token scheme, the error responses of every operation, and the
-ingest endpoint (a plain Django view that DRF's schema generator cannot see).
+"""drf-spectacular extensions: the bearer-token scheme, the error responses of every operation (each an
+RFC 9457 problem, ``application/problem+json``: :mod:`outlier_admin.api.errors`), and the ingest
+endpoint (a plain Django view that DRF's schema generator cannot see).
 
 Everything below that states a rule reads it from its owner at schema-generation time, so the schema
 cannot drift from the code: the record bounds from :func:`outlier_admin.ingest.records.limits` (the
@@ -16,10 +17,12 @@ from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
+from outlier_admin.api.errors import PROBLEM_CONTENT_TYPE
+
 #: The security scheme of the ingest endpoint (an ingest-scope token, not a user's API token).
 INGEST_SCHEME = "ingestToken"
-ERROR = "Error"
-INGEST_ERROR = "IngestError"
+PROBLEM = "Problem"
+PROBLEM_ERROR = "ProblemError"
 INGEST_RECORD = "IngestRecord"
 INGEST_RESULT = "IngestResult"
 METHODS = ("get", "put", "post", "patch", "delete", "head", "options", "trace")
@@ -43,8 +46,9 @@ def _ref(name: str) -> dict[str, str]:
 
 
 def _json_response(description: str, schema: str, **headers: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"description": description,
-                           "content": {"application/json": {"schema": _ref(schema)}}}
+    """A documented response; an error (schema :data:`PROBLEM`) as ``application/problem+json``."""
+    media_type = PROBLEM_CONTENT_TYPE if schema == PROBLEM else "application/json"
+    out: dict[str, Any] = {"description": description, "content": {media_type: {"schema": _ref(schema)}}}
     if headers:
         out["headers"] = {name.replace("_", "-"): header for name, header in headers.items()}
     return out
@@ -64,30 +68,39 @@ def _ecma_pattern(pattern: re.Pattern[str]) -> str:
     return f"^(?:{text})$"
 
 
-# --- the API's own error shape (outlier_admin.api.errors) ------------------------------------------------
+# --- the API's one error shape (outlier_admin.api.errors) -------------------------------------------------
 
 def _error_schemas() -> dict[str, Any]:
+    from outlier_admin.api.errors import DEFAULT_CODES
+
     return {
-        ERROR: {
+        PROBLEM: {
             "type": "object",
-            "description": "Every API error: `error` is one readable sentence; `detail` keeps DRF's detail "
-            "(a string, a list, or `{field: [messages]}`).",
+            "description": "Every error of the API, the ingest endpoint included: an RFC 9457 problem "
+            "(`application/problem+json`). `detail` is one readable sentence; `errors` lists each fault with "
+            "a stable `code` and the input at fault in `attr` (null: the request as a whole).",
             "properties": {
-                "error": {"type": "string"},
-                "detail": {"description": "DRF's detail: a string, a list or an object of field errors"},
-                "field": {"type": "string", "description": "the input at fault (thresholds, preview bounds)"},
-                "retry_after_s": {"type": "integer", "description": "with a 503: seconds before retrying"},
+                "type": {"type": "string", "description": "`about:blank`: the problem is what the status says"},
+                "title": {"type": "string", "description": "the HTTP status phrase"},
+                "status": {"type": "integer", "minimum": 400, "maximum": 599},
+                "detail": {"type": "string"},
+                "instance": {"type": "string", "description": "the path of the request"},
+                "errors": {"type": "array", "items": _ref(PROBLEM_ERROR)},
+                "retry_after_s": {"type": "integer", "minimum": 1,
+                                  "description": "with a 503: seconds before retrying (also `Retry-After`)"},
             },
-            "required": ["error", "detail"],
+            "required": ["type", "title", "status", "detail", "errors"],
         },
-        INGEST_ERROR: {
+        PROBLEM_ERROR: {
             "type": "object",
-            "description": "An error of the ingest endpoint: no record of the body was accepted.",
             "properties": {
-                "error": {"type": "string"},
-                "retry_after_s": {"type": "integer", "description": "with a 503: seconds before retrying"},
+                "code": {"type": "string", "description": "e.g. `required`, `invalid`, `refused`, `too_large`, "
+                         f"`unknown_filter`, or the status's own: {', '.join(f'`{c}`' for c in DEFAULT_CODES.values())}"},
+                "detail": {"type": "string"},
+                "attr": {"type": "string", "nullable": True,
+                         "description": "the field or query parameter at fault (nested: dotted)"},
             },
-            "required": ["error"],
+            "required": ["code", "detail", "attr"],
         },
     }
 
@@ -102,18 +115,19 @@ def _api_error_responses(operation: dict[str, Any]) -> dict[str, Any]:
     has_body = "requestBody" in operation
     out: dict[str, Any] = {}
     if has_body or any(p.get("in") == "query" for p in params):
-        out["400"] = _json_response("Invalid input: a field, a filter, a range or a refused action", ERROR)
+        out["400"] = _json_response("Invalid input: a field, a filter, a range or a refused action", PROBLEM)
     out["401"] = _json_response(
-        "No credentials, or an unknown, revoked or malformed bearer token", ERROR,
+        "No credentials, or an unknown, revoked or malformed bearer token", PROBLEM,
         WWW_Authenticate=_header("the scheme to authenticate with", {"type": "string"}))
-    out["403"] = _json_response("The account's role may not do this, or the token has scope `ingest`", ERROR)
+    out["403"] = _json_response("The account's role may not do this, or the token has scope `ingest`", PROBLEM)
     if any(p.get("in") == "path" for p in params):
-        out["404"] = _json_response("No such object", ERROR)
+        out["404"] = _json_response("No such object", PROBLEM)
     if has_body:
-        out["413"] = _json_response("The request body is over `DATA_UPLOAD_MAX_MEMORY_SIZE`", ERROR)
-        out["415"] = _json_response("Unsupported content type of the request body", ERROR)
+        out["413"] = _json_response("The request body is over `DATA_UPLOAD_MAX_MEMORY_SIZE`", PROBLEM)
+        out["415"] = _json_response("Unsupported content type of the request body", PROBLEM)
+    out["500"] = _json_response("A fault of ours (reported to the server's log); nothing was changed", PROBLEM)
     out["503"] = _json_response(
-        "PostgreSQL is unreachable: nothing was read or changed; retry after `Retry-After` seconds", ERROR,
+        "PostgreSQL is unreachable: nothing was read or changed; retry after `Retry-After` seconds", PROBLEM,
         Retry_After=_header("seconds", {"type": "integer", "minimum": 1, "example": RETRY_AFTER_S}))
     return out
 
@@ -155,12 +169,21 @@ def _ingest_schemas() -> dict[str, Any]:
                 "node is registered in exactly one group.",
             },
             "prompt_tokens": {"type": "integer", "minimum": 0, "maximum": bounds["max_prompt_tokens"],
-                              "description": "bounded by `INGEST_MAX_PROMPT_TOKENS`"},
+                              "nullable": True,
+                              "description": "bounded by `INGEST_MAX_PROMPT_TOKENS`; without both token counts "
+                              "the record is latency-only (judged against its peers by latency alone)"},
             "completion_tokens": {"type": "integer", "minimum": 0, "maximum": bounds["max_completion_tokens"],
-                                  "description": "bounded by `INGEST_MAX_COMPLETION_TOKENS`"},
+                                  "nullable": True,
+                                  "description": "bounded by `INGEST_MAX_COMPLETION_TOKENS`; see `prompt_tokens`"},
+            "cached_tokens": {"type": "integer", "minimum": 0, "nullable": True,
+                              "description": "prompt tokens served from the prefix cache (OpenAI's "
+                              "`usage.prompt_tokens_details.cached_tokens`), at most `prompt_tokens`"},
             "ttft_ms": {"type": "number", "minimum": 0, "maximum": latency, "nullable": True,
                         "description": "time to first token (ms), at most `total_ms`; null or absent: "
                         "unknown"},
+            "queue_ms": {"type": "number", "minimum": 0, "maximum": latency, "nullable": True,
+                         "description": "the model server's wait for a batch slot inside TTFT (ms), at most "
+                         "`ttft_ms`: TTFT minus it is a queue-free prefill time; null or absent: unknown"},
             "total_ms": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": latency,
                          "description": "total latency (ms), bounded by `INGEST_MAX_LATENCY_MS`"},
             "status": {"type": "integer", "default": 200,
@@ -225,18 +248,18 @@ def _ingest_operation() -> dict[str, Any]:
         "requestBody": {"required": True, "content": content},
         "responses": {
             "200": _json_response("The body was judged record by record", INGEST_RESULT),
-            "400": _json_response("The body is empty, or neither JSON nor NDJSON", INGEST_ERROR),
+            "400": _json_response("The body is empty, or neither JSON nor NDJSON", PROBLEM),
             "401": _json_response(
-                "No, unknown or revoked token, or a token whose scope is not `ingest`", INGEST_ERROR,
+                "No, unknown or revoked token, or a token whose scope is not `ingest`", PROBLEM,
                 WWW_Authenticate=_header("`Bearer`", {"type": "string"})),
-            "405": _json_response("Not POST", INGEST_ERROR, Allow=_header("`POST`", {"type": "string"})),
-            "413": _json_response("The body is over `INGEST_MAX_BODY_BYTES`", INGEST_ERROR),
-            "415": _json_response("The content type is neither JSON nor NDJSON", INGEST_ERROR),
+            "405": _json_response("Not POST", PROBLEM, Allow=_header("`POST`", {"type": "string"})),
+            "413": _json_response("The body is over `INGEST_MAX_BODY_BYTES`", PROBLEM),
+            "415": _json_response("The content type is neither JSON nor NDJSON", PROBLEM),
             "500": _json_response("A fault of ours: no record was accepted; retry the whole body",
-                                  INGEST_ERROR),
+                                  PROBLEM),
             "503": _json_response(
                 "Redis or PostgreSQL is unreachable: no record was accepted; retry the whole body after "
-                "`Retry-After` seconds", INGEST_ERROR, Retry_After=_header("seconds", retry)),
+                "`Retry-After` seconds", PROBLEM, Retry_After=_header("seconds", retry)),
         },
     }
 

@@ -12,9 +12,12 @@ from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.exceptions import ErrorDetail
 
+from outlier_admin.control.actions import DEFAULT_SILENCE_S, MAX_SILENCE_S, REASON_MAX
 from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
 from outlier_admin.fleet.models import ModelGroup, Node, Policy, ThresholdChange
+from outlier_admin.fleet.names import ADDRESS_MAX, GROUP_NAME_MAX, NODE_ID_MAX, URL_MAX
 from outlier_admin.ingest.models import GpuReading
 
 
@@ -25,8 +28,9 @@ class GroupSerializer(serializers.ModelSerializer):
     class Meta:
         model = ModelGroup
         fields = [
-            "id", "name", "model_name", "hardware_class", "tensor_parallel_size", "policy",
-            "thresholds_version", "weights_version", "last_tick_at", "created_at", "node_count", "state_counts",
+            "id", "name", "slug", "model_name", "hardware_class", "tensor_parallel_size", "policy",
+            "thresholds_version", "weights_version", "last_tick_at", "created_at", "retired", "node_count",
+            "state_counts",
         ]
 
     def _counts(self, obj: ModelGroup) -> dict[str, int]:
@@ -79,7 +83,7 @@ class ThresholdChangesField(serializers.DictField):
 
 class ThresholdUpdateSerializer(serializers.Serializer):
     changes = ThresholdChangesField(help_text='{"quarantine_z": 4.0, ...}; see GET .../thresholds for ranges')
-    reason = serializers.CharField(help_text="Why (goes into the audit log)")
+    reason = serializers.CharField(max_length=REASON_MAX, help_text="Why (goes into the audit log)")
 
 
 class ThresholdPreviewSerializer(serializers.Serializer):
@@ -89,11 +93,17 @@ class ThresholdPreviewSerializer(serializers.Serializer):
 
 class PolicySerializer(serializers.Serializer):
     policy = serializers.ChoiceField(choices=Policy.choices)
-    reason = serializers.CharField()
+    reason = serializers.CharField(max_length=REASON_MAX)
 
 
 class ReasonSerializer(serializers.Serializer):
-    reason = serializers.CharField(help_text="Why (goes into the audit log)")
+    reason = serializers.CharField(max_length=REASON_MAX, help_text="Why (goes into the audit log)")
+
+
+class RejectInputSerializer(ReasonSerializer):
+    silence_s = serializers.IntegerField(
+        required=False, default=DEFAULT_SILENCE_S, min_value=60, max_value=MAX_SILENCE_S,
+        help_text="No new proposal of this node and cause for this many seconds (default 3600)")
 
 
 class OverrideInputSerializer(ReasonSerializer):
@@ -103,6 +113,62 @@ class OverrideInputSerializer(ReasonSerializer):
 
 class PinInputSerializer(OverrideInputSerializer):
     weight = serializers.IntegerField(help_text="0 .. 10 x the node's base weight")
+
+
+class StrictInput(serializers.Serializer):
+    """Refuses a body naming a field it does not have (``unknown_field``): a PATCH of ``policy`` or
+    ``name`` next to an editable field would otherwise apply the one and silently drop the other."""
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        data = self.initial_data if isinstance(self.initial_data, dict) else {}
+        unknown = sorted(set(data) - set(self.fields))
+        if unknown:
+            known = ", ".join(self.fields)
+            raise serializers.ValidationError({
+                key: [ErrorDetail(f"not a field of this request (it takes {known})", code="unknown_field")]
+                for key in unknown})
+        return attrs
+
+
+class GroupUpdateSerializer(StrictInput, ReasonSerializer):
+    """``PATCH /groups/<slug>/``: the fields to change (any of them) and why. Policy and thresholds have
+    their own endpoints; the name stays (records, Redis keys and metrics are keyed by it)."""
+
+    model_name = serializers.CharField(required=False, allow_blank=True, max_length=200)
+    hardware_class = serializers.CharField(required=False, allow_blank=True, max_length=100)
+    tensor_parallel_size = serializers.IntegerField(required=False, min_value=1, max_value=1024)
+    auto_register_allow = serializers.ListField(
+        child=serializers.CharField(max_length=300), required=False, max_length=100,
+        help_text="CIDRs and DNS suffixes ingest may register new nodes from ([]: the deployment's default)")
+
+
+class GroupCreateSerializer(GroupUpdateSerializer):
+    """``POST /groups/``: a new group of peers (version 1 of the default thresholds)."""
+
+    name = serializers.CharField(max_length=GROUP_NAME_MAX, help_text="The group id used in records and metrics "
+                                 "(letters, digits and - _ . @ /: a Hugging Face model id fits)")
+    policy = serializers.ChoiceField(choices=Policy.choices, default=Policy.AUTO)
+
+
+class NodeUpdateSerializer(StrictInput, ReasonSerializer):
+    """``PATCH /nodes/<id>/``: the fields to change (any of them) and why. The name (the detector's
+    node id) and the group stay: register a new node instead."""
+
+    address = serializers.CharField(required=False, max_length=ADDRESS_MAX,
+                                    help_text="host:port, [v6]:port or http(s)://host:port")
+    base_weight = serializers.IntegerField(required=False, min_value=1, max_value=1_000_000)
+    labels = serializers.DictField(child=serializers.CharField(max_length=200, allow_blank=True), required=False)
+    dcgm_url = serializers.CharField(required=False, allow_blank=True, max_length=URL_MAX)
+    metrics_url = serializers.CharField(required=False, allow_blank=True, max_length=URL_MAX)
+
+
+class NodeCreateSerializer(NodeUpdateSerializer):
+    """``POST /nodes/``: register a node in a group (it joins the detector in warm-up)."""
+
+    group = serializers.CharField(max_length=GROUP_NAME_MAX, help_text="the group's name")
+    address = serializers.CharField(max_length=ADDRESS_MAX, help_text="host:port, [v6]:port or http(s)://host:port")
+    name = serializers.CharField(required=False, max_length=NODE_ID_MAX,
+                                 help_text="the detector's node id (default: the address)")
 
 
 class TransitionSerializer(serializers.ModelSerializer):
@@ -127,7 +193,8 @@ class ProposalSerializer(serializers.ModelSerializer):
         model = QuarantineProposal
         fields = [
             "id", "created_at", "group", "node", "node_name", "source", "reason", "evidence", "status",
-            "decided_at", "decided_actor", "decision_reason", "applied_at",
+            "decided_at", "decided_actor", "decision_reason", "applied_at", "outcome", "outcome_reason",
+            "transition",
         ]
 
 
@@ -138,7 +205,7 @@ class OverrideSerializer(serializers.ModelSerializer):
     class Meta:
         model = Override
         fields = ["id", "node", "node_name", "kind", "weight", "reason", "actor", "created_at", "expires_at",
-                  "applied_at"]
+                  "applied_at", "outcome", "outcome_reason", "transition"]
 
 
 class ProbeSerializer(serializers.ModelSerializer):

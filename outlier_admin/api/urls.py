@@ -3,6 +3,8 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from outlier_admin.api import views
+from outlier_admin.api.rejected import RejectedInputViewSet
+from outlier_admin.api.silences import SilenceViewSet
 
 router = DefaultRouter()
 router.register("groups", views.GroupViewSet, basename="group")
@@ -13,6 +15,8 @@ router.register("overrides", views.OverrideViewSet, basename="override")
 router.register("probes", views.ProbeViewSet, basename="probe")
 router.register("gpu-readings", views.GpuReadingViewSet, basename="gpu-reading")
 router.register("audit", views.AuditViewSet, basename="audit")
+router.register("rejected-input", RejectedInputViewSet, basename="rejected-input")
+router.register("silences", SilenceViewSet, basename="silence")
 
 urlpatterns = [
     path("api/v1/", include(router.urls)),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
@@ -18,7 +17,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import ErrorDetail, ValidationError
 from rest_framework.generics import get_object_or_404  # a malformed id is a 404 too (Django's: a 500)
 from rest_framework.renderers import BrowsableAPIRenderer
 from rest_framework.request import Request
@@ -28,7 +27,7 @@ from detector.signals import SIGNALS
 from detector.thresholds import Thresholds
 from outlier_admin.api import filters, queries
 from outlier_admin.api import serializers as s
-from outlier_admin.api.errors import error_body
+from outlier_admin.api.errors import problem_response
 from outlier_admin.api.inputs import PARSERS, Pagination
 from outlier_admin.api.permissions import CanRead, capability_permission
 from outlier_admin.api.preview import may_preview, preview_roles, preview_thresholds
@@ -36,7 +35,7 @@ from outlier_admin.api.renderers import FastJSONRenderer
 from outlier_admin.api.timeline import MAX_POINTS, RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.control import actions
 from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
-from outlier_admin.fleet.models import ModelGroup, Node
+from outlier_admin.fleet.models import ApiToken, ModelGroup, Node
 from outlier_admin.ingest.models import GpuReading
 
 CanTune = capability_permission("tune")
@@ -59,8 +58,9 @@ class CanPreview(CanRead):
 
 
 def actor_of(request: Request) -> Any:
-    """The principal recorded in the audit log: the Django user (also for a token acting as it)."""
-    return request.user
+    """The principal recorded in the audit log: the token when one authenticated the request (as
+    ``token:<name>``, linked to its user: see ``actions._actor``), else the logged-in user."""
+    return request.auth if isinstance(request.auth, ApiToken) else request.user
 
 
 def _valid(serializer_class: type[serializers.Serializer], request: Request) -> dict[str, Any]:
@@ -82,9 +82,10 @@ class GroupViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
 
     queryset = ModelGroup.objects.all()
     serializer_class = s.GroupSerializer
-    lookup_field = "name"
+    # By slug (fleet.names.group_slug): a name may hold "/" (a model id); an old name is its own slug.
+    lookup_field = "slug"
     lookup_value_regex = "[-a-zA-Z0-9_]+"
-    filterset_fields = ["policy"]
+    filterset_fields = ["name", "policy", "retired"]
     ordering_fields = ["name", "created_at"]
 
     def get_serializer_context(self) -> dict[str, Any]:
@@ -97,7 +98,7 @@ class GroupViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
         "values": serializers.DictField(), "overrides": serializers.DictField(), "ranges": serializers.DictField(),
     }))
     @action(detail=True, methods=["get"])
-    def thresholds(self, request: Request, name: str | None = None) -> Response:
+    def thresholds(self, request: Request, slug: str | None = None) -> Response:
         """Effective thresholds, the stored overrides of the defaults, and every field's allowed range."""
         group = self.get_object()
         return Response({
@@ -108,7 +109,7 @@ class GroupViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(request=s.ThresholdUpdateSerializer, responses=s.ThresholdChangeSerializer)
     @thresholds.mapping.patch
-    def update_thresholds(self, request: Request, name: str | None = None) -> Response:
+    def update_thresholds(self, request: Request, slug: str | None = None) -> Response:
         """Change some thresholds (role ``operator``): a new version, audited. A value out of range is
         a 400 naming the field and its range; nothing is stored then."""
         group = self.get_object()
@@ -118,7 +119,7 @@ class GroupViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(responses=s.ThresholdChangeSerializer(many=True))
     @action(detail=True, methods=["get"], url_path="thresholds/history")
-    def threshold_history(self, request: Request, name: str | None = None) -> Response:
+    def threshold_history(self, request: Request, slug: str | None = None) -> Response:
         """Every thresholds/policy version with who, when, why and the diff ``{field: [old, new]}``."""
         group = self.get_object()
         page = self.paginate_queryset(group.threshold_changes.all())
@@ -126,7 +127,7 @@ class GroupViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(request=s.ThresholdPreviewSerializer, responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["post"], url_path="thresholds/preview", permission_classes=[CanPreview])
-    def threshold_preview(self, request: Request, name: str | None = None) -> Response:
+    def threshold_preview(self, request: Request, slug: str | None = None) -> Response:
         """Replay recorded history under the proposed values (changes nothing; role ``operator`` or
         ``oncall``). Bounded: over ``PREVIEW_MAX_WINDOW_S``, ``PREVIEW_MAX_NODES`` or ``PREVIEW_MAX_ROWS``
         it is a 400 naming the bound (see :mod:`outlier_admin.api.preview`)."""
@@ -138,21 +139,50 @@ class GroupViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(request=s.PolicySerializer, responses=s.GroupSerializer)
     @action(detail=True, methods=["post"], permission_classes=[CanTune])
-    def policy(self, request: Request, name: str | None = None) -> Response:
+    def policy(self, request: Request, slug: str | None = None) -> Response:
         """Set the group's policy (``shadow``/``approval``/``auto``; role ``operator``)."""
         group = self.get_object()
         data = _valid(s.PolicySerializer, request)
         group = actions.do_set_group_policy(group, data["policy"], actor=actor_of(request), reason=data["reason"])
         return Response(self.get_serializer(group).data)
 
+    @extend_schema(request=s.GroupCreateSerializer, responses={201: s.GroupSerializer})
+    def create(self, request: Request) -> Response:
+        """Create a group (role ``operator``, audited), with the default thresholds as version 1. A
+        name already taken or not a valid group id: 400."""
+        data = _valid(s.GroupCreateSerializer, request)
+        group = actions.do_create_group(data.pop("name"), actor=actor_of(request), reason=data.pop("reason"), **data)
+        return Response(self.get_serializer(group).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.GroupUpdateSerializer, responses=s.GroupSerializer)
+    def partial_update(self, request: Request, slug: str | None = None) -> Response:
+        """Change the group's model name, hardware class, tensor-parallel size or auto-register list
+        (role ``operator``, audited with the diff)."""
+        group = self.get_object()
+        data = _valid(s.GroupUpdateSerializer, request)
+        reason = data.pop("reason")
+        group = actions.do_update_group(group, data, actor=actor_of(request), reason=reason)
+        return Response(self.get_serializer(group).data)
+
+    @extend_schema(request=s.ReasonSerializer, responses=s.GroupSerializer)
+    @action(detail=True, methods=["post"], permission_classes=[CanTune])
+    def retire(self, request: Request, slug: str | None = None) -> Response:
+        """Retire the group and all its nodes for good (role ``operator``, audited): ingest refuses its
+        records, ticks and scrapes skip it; its history stays. A retired group: 400."""
+        group = self.get_object()
+        data = _valid(s.ReasonSerializer, request)
+        group = actions.do_retire_group(group, actor=actor_of(request), reason=data["reason"])
+        return Response(self.get_serializer(group).data)
+
     def get_permissions(self) -> list[Any]:
-        if self.request is not None and self.request.method == "PATCH":
+        if self.request is not None and (self.request.method == "PATCH" or self.action == "create"):
             return [CanTune()]
         return super().get_permissions()
 
 
 class NodeViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
-    """Nodes with their state, weight and latest figures; overrides for on-call engineers."""
+    """Nodes with their state, weight and latest figures; registered and edited by operators, overridden
+    by on-call engineers."""
 
     serializer_class = s.NodeSerializer
     filterset_class = filters.NodeFilter
@@ -160,6 +190,33 @@ class NodeViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self) -> QuerySet[Node]:
         return queries.with_latest_figures(Node.objects.select_related("group"))
+
+    def get_permissions(self) -> list[Any]:
+        if self.action in ("create", "partial_update"):
+            return [CanTune()]
+        return super().get_permissions()
+
+    @extend_schema(request=s.NodeCreateSerializer, responses={201: s.NodeSerializer})
+    def create(self, request: Request) -> Response:
+        """Register a node in a group (role ``operator``, audited); it joins the detector in warm-up at
+        the next tick. An unknown group, a bad address or URL, a name taken or a full group: 400."""
+        data = _valid(s.NodeCreateSerializer, request)
+        group = ModelGroup.objects.filter(name=data.pop("group")).first()
+        if group is None:
+            raise ValidationError({"group": [ErrorDetail("no group of this name", code="unknown_group")]})
+        node = actions.do_register_node(group, data.pop("address"), actor=actor_of(request),
+                                        reason=data.pop("reason"), **data)
+        return Response(self.get_serializer(self.get_queryset().get(pk=node.pk)).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.NodeUpdateSerializer, responses=s.NodeSerializer)
+    def partial_update(self, request: Request, pk: str | None = None) -> Response:
+        """Change the node's address, base weight, labels or scrape URLs (role ``operator``, audited
+        with the diff). Its name and group stay; a retired node: 400."""
+        node = get_object_or_404(Node, pk=pk)
+        data = _valid(s.NodeUpdateSerializer, request)
+        reason = data.pop("reason")
+        actions.do_update_node(node, data, actor=actor_of(request), reason=reason)
+        return Response(self.get_serializer(self.get_queryset().get(pk=node.pk)).data)
 
     @extend_schema(
         parameters=[
@@ -254,6 +311,16 @@ class NodeViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
         """Remove a pinned weight (role ``oncall``)."""
         return self._override(request, pk, "unpin")
 
+    @extend_schema(request=s.ReasonSerializer, responses=s.NodeSerializer)
+    @action(detail=True, methods=["post"], permission_classes=[CanOverride])
+    def retire(self, request: Request, pk: str | None = None) -> Response:
+        """Take the node out of its group for good (role ``oncall``, audited): it leaves the detector
+        and the weights document at the next tick; its history stays. A retired node: 400."""
+        node = get_object_or_404(Node, pk=pk)
+        data = _valid(s.ReasonSerializer, request)
+        actions.do_retire_node(node, actor=actor_of(request), reason=data["reason"])
+        return Response(self.get_serializer(self.get_queryset().get(pk=node.pk)).data)
+
 
 class TransitionViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     """State changes with their explanation (evidence, thresholds in force, policy, safeguard)."""
@@ -274,9 +341,13 @@ class ProposalViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
 
     def _decide(self, request: Request, pk: str | None, approve: bool) -> Response:
         proposal = get_object_or_404(QuarantineProposal, pk=pk)
-        data = _valid(s.ReasonSerializer, request)
-        do = actions.do_approve_proposal if approve else actions.do_reject_proposal
-        proposal = do(proposal, actor=actor_of(request), reason=data["reason"])
+        if approve:
+            data = _valid(s.ReasonSerializer, request)
+            proposal = actions.do_approve_proposal(proposal, actor=actor_of(request), reason=data["reason"])
+        else:
+            data = _valid(s.RejectInputSerializer, request)
+            proposal = actions.do_reject_proposal(proposal, actor=actor_of(request), reason=data["reason"],
+                                                  silence_s=data["silence_s"])
         return Response(s.ProposalSerializer(self.get_queryset().get(pk=proposal.pk)).data)
 
     @extend_schema(request=s.ReasonSerializer, responses=s.ProposalSerializer)
@@ -285,10 +356,11 @@ class ProposalViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
         """Approve: the node is quarantined at the next tick (role ``operator``)."""
         return self._decide(request, pk, approve=True)
 
-    @extend_schema(request=s.ReasonSerializer, responses=s.ProposalSerializer)
+    @extend_schema(request=s.RejectInputSerializer, responses=s.ProposalSerializer)
     @action(detail=True, methods=["post"], permission_classes=[CanDecide])
     def reject(self, request: Request, pk: str | None = None) -> Response:
-        """Reject: a detector proposal returns the node to service (role ``operator``)."""
+        """Reject: a detector proposal returns the node to service, and no new proposal of this node
+        and cause opens for ``silence_s`` seconds (default 1 h; role ``operator``)."""
         return self._decide(request, pk, approve=False)
 
 
@@ -331,7 +403,7 @@ class AuditViewSet(ApiView, mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
 @csrf_exempt  # it changes nothing; without this a POST would get the CSRF failure page instead
 def api_not_found(request: HttpRequest, unmatched: str = "") -> HttpResponse:
     """A URL under ``/api/`` that no endpoint matches (an id or group name of the wrong shape,
-    ``/api/v1/groups/a%2Fb/``): the API's JSON 404, not Django's HTML page, so a client can read the
-    error like any other (see :mod:`outlier_admin.api.urls`)."""
-    body = error_body(f"No API endpoint at {request.path!r}: check the path, the id and the group name.")
-    return HttpResponse(orjson.dumps(body), status=404, content_type="application/json")
+    ``/api/v1/groups/a%2Fb/``): the API's 404 problem, not Django's HTML page, so a client can read the
+    problem like any other (see :mod:`outlier_admin.api.urls`)."""
+    return problem_response(404, f"No API endpoint at {request.path!r}: check the path, the id and the group name.",
+                            instance=request.path)

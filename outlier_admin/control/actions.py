@@ -17,6 +17,7 @@ the next tick as well.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -34,6 +35,7 @@ from outlier_admin.control.models import (
     ProposalSource,
     ProposalStatus,
     QuarantineProposal,
+    Silence,
 )
 from outlier_admin.fleet.models import ApiToken, ModelGroup, Node, Policy, RegisteredVia, ThresholdChange
 from outlier_admin.fleet.names import (
@@ -47,15 +49,19 @@ from outlier_admin.fleet.names import (
     validate_scrape_url,
 )
 
-Actor = AbstractBaseUser | str
+Actor = AbstractBaseUser | str | ApiToken
 
 __all__ = [
+    "REASON_MAX",
     "ActionError",
     "ThresholdError",
+    "check_override",
     "do_activate",
     "do_approve_proposal",
     "do_create_group",
     "do_create_token",
+    "do_create_user",
+    "do_expire_silence",
     "do_pin_weight",
     "do_propose_quarantine",
     "do_quarantine",
@@ -65,9 +71,14 @@ __all__ = [
     "do_release",
     "do_retire_node",
     "do_revoke_token",
+    "do_save_log_source",
     "do_set_auto_register",
     "do_set_group_policy",
+    "do_set_roles",
     "do_unpin_weight",
+    "do_unretire_node",
+    "do_update_group",
+    "do_update_node",
     "do_update_thresholds",
 ]
 
@@ -77,6 +88,10 @@ class ActionError(ValueError):
 
 
 def _actor(actor: Actor) -> tuple[str, Any]:
+    """``(actor name, user or None)``. A token is recorded by its own name (``token:ci-bot``) and
+    linked to its user: the audit log says which credential acted, not only on whose behalf."""
+    if isinstance(actor, ApiToken):
+        return f"token:{actor.name}"[:150], actor.user
     if isinstance(actor, str):
         if not actor.strip():
             raise ActionError("actor must not be empty")
@@ -84,10 +99,18 @@ def _actor(actor: Actor) -> tuple[str, Any]:
     return actor.get_username(), actor
 
 
+#: The longest reason an action takes (the dashboard's forms and the API's serializers say the same):
+#: a reason is shown in tables and audit pages; a 100,000-character one made a page 829,209 px wide.
+REASON_MAX = 2000
+
+
 def _reason(reason: str) -> str:
-    if not reason or not reason.strip():
+    if not isinstance(reason, str) or not reason.strip():
         raise ActionError("a reason is required (it goes into the audit log)")
-    return reason.strip()
+    reason = reason.strip()
+    if len(reason) > REASON_MAX:
+        raise ActionError(f"a reason is at most {REASON_MAX} characters, got {len(reason)}")
+    return reason
 
 
 def _expiry(expires_in_s: float | None) -> Any:
@@ -116,6 +139,16 @@ def audit(
     )
 
 
+def _signal_tick(group: str) -> None:
+    """Tell the group's tick an input waits (it queries inputs only when told): now, for a caller whose
+    transaction encloses the tick (a test, a script), and again once the row is committed, for a tick
+    that ran in between, found no row yet and consumed the first mark."""
+    from outlier_admin.control.redis_conn import mark_inputs_pending
+
+    mark_inputs_pending(group)
+    transaction.on_commit(lambda: mark_inputs_pending(group))
+
+
 def _override(
     node: Node, kind: str, *, actor: Actor, reason: str, expires_in_s: float | None, weight: int | None = None
 ) -> Override:
@@ -130,6 +163,7 @@ def _override(
         if weight is not None:
             detail["weight"] = weight
         audit(f"node.{kind}", actor, node=node, reason=reason, detail=detail)
+        _signal_tick(node.group.name)
     return row
 
 
@@ -159,14 +193,30 @@ def do_pin_weight(
     node: Node, weight: int, *, actor: Actor, reason: str, expires_in_s: float | None = None
 ) -> Override:
     """Publish exactly ``weight`` for ``node`` (0 .. 10 x base weight) whatever the detector says."""
+    _pin_weight(node, weight)
+    return _override(
+        node, OverrideKind.PIN, actor=actor, reason=reason, expires_in_s=expires_in_s, weight=weight
+    )
+
+
+def _pin_weight(node: Node, weight: Any) -> int:
     if isinstance(weight, bool) or not isinstance(weight, int):
         raise ActionError(f"weight must be an integer, got {weight!r}")
     limit = max(10 * node.base_weight, 1)
     if not 0 <= weight <= limit:
         raise ActionError(f"weight must be in [0, {limit}] (10 x base weight), got {weight}")
-    return _override(
-        node, OverrideKind.PIN, actor=actor, reason=reason, expires_in_s=expires_in_s, weight=weight
-    )
+    return weight
+
+
+def check_override(node: Node, kind: str, *, reason: str, expires_in_s: float | None = None,
+                   weight: int | None = None) -> None:
+    """Raise :class:`ActionError` if the override would be refused, without writing anything: the
+    dashboard asks this before its confirmation step, so "Yes" is never followed by a refusal."""
+    _reason(reason)
+    if kind not in (OverrideKind.RELEASE, OverrideKind.UNPIN):  # those take no expiry
+        _expiry(expires_in_s)
+    if kind == OverrideKind.PIN:
+        _pin_weight(node, weight)
 
 
 def do_unpin_weight(node: Node, *, actor: Actor, reason: str) -> Override:
@@ -179,13 +229,18 @@ def do_unpin_weight(node: Node, *, actor: Actor, reason: str) -> Override:
 
 def do_propose_quarantine(
     node: Node, *, actor: Actor, source: str, reason: str, evidence: dict[str, Any] | None = None
-) -> QuarantineProposal:
+) -> QuarantineProposal | None:
     """Open a proposal to quarantine ``node`` (the detector under policy ``approval``, or a GPU hard
-    fault). An existing pending proposal of the same source is returned instead of a duplicate."""
+    fault). An existing pending proposal of the same source is returned instead of a duplicate;
+    ``None`` (nothing opened) while a :class:`Silence` of this node and cause is in force — an
+    operator rejected the last one, and the detector and the DCGM scrape both come here, so neither
+    can ask again before the silence ends."""
     if source not in ProposalSource.values:
         raise ActionError(f"source must be one of {ProposalSource.values}, got {source!r}")
     reason = _reason(reason)
     with transaction.atomic():
+        if Silence.objects.active().filter(node=node, cause=source).exists():
+            return None
         existing = (
             QuarantineProposal.objects.select_for_update()
             .filter(node=node, source=source, status=ProposalStatus.PENDING)
@@ -200,11 +255,19 @@ def do_propose_quarantine(
     return row
 
 
-def _decide(proposal: QuarantineProposal, status: str, *, actor: Actor, reason: str) -> QuarantineProposal:
+def _decide(proposal: QuarantineProposal, status: str, *, actor: Actor, reason: str,
+            also: Callable[[QuarantineProposal], dict[str, Any]] | None = None) -> QuarantineProposal:
+    """Decide a pending proposal; ``also(row)`` runs in the same transaction after the decision and
+    returns what to add to the audit event's detail (a rejection's silence)."""
     name, user = _actor(actor)
     reason = _reason(reason)
     with transaction.atomic():
         locked = QuarantineProposal.objects.select_for_update().get(pk=proposal.pk)
+        if locked.status == ProposalStatus.SUPERSEDED:
+            raise ActionError(
+                f"proposal {locked.pk} is superseded: {locked.decision_reason or 'its condition cleared'}; "
+                "there is nothing to approve or reject (the detector opens a new proposal, with fresh "
+                "evidence, if the node is slow again)")
         if locked.status != ProposalStatus.PENDING:
             raise ActionError(f"proposal {locked.pk} is already {locked.status}")
         locked.status = status
@@ -218,8 +281,9 @@ def _decide(proposal: QuarantineProposal, status: str, *, actor: Actor, reason: 
             actor,
             node=locked.node,
             reason=reason,
-            detail={"proposal": locked.pk, "source": locked.source},
+            detail={"proposal": locked.pk, "source": locked.source, **(also(locked) if also else {})},
         )
+        _signal_tick(locked.node.group.name)
     return locked
 
 
@@ -230,10 +294,58 @@ def do_approve_proposal(proposal: QuarantineProposal, *, actor: Actor, reason: s
     return _decide(proposal, ProposalStatus.APPROVED, actor=actor, reason=reason)
 
 
-def do_reject_proposal(proposal: QuarantineProposal, *, actor: Actor, reason: str) -> QuarantineProposal:
+#: How long a rejection silences new proposals of the same node and cause unless the operator says.
+DEFAULT_SILENCE_S = 3600
+MAX_SILENCE_S = 30 * 86400
+
+
+def do_reject_proposal(
+    proposal: QuarantineProposal, *, actor: Actor, reason: str, silence_s: float = DEFAULT_SILENCE_S
+) -> QuarantineProposal:
     """Reject: a detector proposal returns the node to service at the next tick; a GPU-fault
-    proposal is closed without effect."""
-    return _decide(proposal, ProposalStatus.REJECTED, actor=actor, reason=reason)
+    proposal is closed without effect. Either way a :class:`Silence` of the node and the proposal's
+    cause starts, for ``silence_s`` seconds (60 .. 30 days, default 1 h), in the same transaction:
+    no new proposal of that cause for the node until it ends or is expired
+    (:func:`do_expire_silence`). One audit event, ``proposal.rejected``, names the silence."""
+    silence_s = _silence_seconds(silence_s)
+
+    def silence(decided: QuarantineProposal) -> dict[str, Any]:
+        name, user = _actor(actor)
+        row = Silence.objects.create(
+            node=decided.node, cause=decided.source, created_at=decided.decided_at,
+            expires_at=decided.decided_at + timedelta(seconds=silence_s),
+            actor=name, user=user, reason=decided.decision_reason, proposal=decided,
+        )
+        return {"silence": row.pk, "silence_s": silence_s, "silenced_until": row.expires_at.isoformat()}
+
+    return _decide(proposal, ProposalStatus.REJECTED, actor=actor, reason=reason, also=silence)
+
+
+def _silence_seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ActionError(f"silence_s must be a number of seconds, got {value!r}")
+    if not 60 <= value <= MAX_SILENCE_S:
+        raise ActionError(f"silence_s must be in [60, {MAX_SILENCE_S}] seconds (1 min .. 30 days), got {value}")
+    return float(value)
+
+
+def do_expire_silence(silence: Silence, *, actor: Actor, reason: str) -> Silence:
+    """End ``silence`` now: the detector or the DCGM scrape may propose the node again at once.
+    Refused for a silence that already ended."""
+    name, _user = _actor(actor)
+    reason = _reason(reason)
+    with transaction.atomic():
+        locked = Silence.objects.select_for_update().get(pk=silence.pk)
+        now = timezone.now()
+        if not locked.is_active(now):
+            raise ActionError(f"silence {locked.pk} already ended at {locked.expires_at.isoformat()}")
+        old = locked.expires_at
+        locked.expires_at = now
+        locked.expired_by = name
+        locked.save(update_fields=["expires_at", "expired_by"])
+        audit("silence.expire", actor, node=locked.node, reason=reason,
+              detail={"silence": locked.pk, "cause": locked.cause, "was_until": old.isoformat()})
+    return locked
 
 
 # --- groups and thresholds ----------------------------------------------------------------------------
@@ -257,6 +369,8 @@ def do_create_group(
     if policy not in Policy.values:
         raise ActionError(f"policy must be one of {Policy.values}, got {policy!r}")
     _checked(validate_group_name, name)
+    _group_fields({"model_name": model_name, "hardware_class": hardware_class,
+                   "tensor_parallel_size": tensor_parallel_size})
     allow = _allow_list(auto_register_allow or [])
     with transaction.atomic():
         if ModelGroup.objects.filter(name=name).exists():
@@ -397,8 +511,8 @@ def do_register_node(
     node_id = _checked(validate_node_id, name or address)
     _checked(validate_scrape_url, dcgm_url)
     _checked(validate_scrape_url, metrics_url)
-    if not 1 <= base_weight <= 1_000_000:
-        raise ActionError(f"base_weight must be in [1, 1000000], got {base_weight}")
+    _base_weight(base_weight)
+    labels = _labels(labels or {})
     with transaction.atomic():
         if _room_locked(group) <= 0:
             raise ActionError(f"group {group.name} already has {settings.MAX_NODES_PER_GROUP} live nodes "
@@ -477,10 +591,127 @@ def do_retire_node(node: Node, *, actor: Actor, reason: str) -> Node:
     at the next tick; its history stays)."""
     reason = _reason(reason)
     with transaction.atomic():
-        Node.objects.filter(pk=node.pk).update(retired=True)
-        audit("node.retire", actor, node=node, reason=reason)
+        if not Node.objects.filter(pk=node.pk, retired=False).update(retired=True):
+            raise ActionError(f"node {node.name} is already retired")
+        audit("node.retire", actor, node=node, reason=reason,
+              detail={"address": node.address, "state": node.state, "weight": node.weight})
     node.refresh_from_db()
     return node
+
+
+def do_retire_group(group: ModelGroup, *, actor: Actor, reason: str) -> ModelGroup:
+    """Retire ``group`` for good with all its nodes (one audited change): ingest refuses its records
+    from then on, ticks and scrapes skip it, its nodes leave the weights document; its history stays.
+    A retired group: :class:`ActionError`."""
+    reason = _reason(reason)
+    with transaction.atomic():
+        if not ModelGroup.objects.filter(pk=group.pk, retired=False).update(retired=True):
+            raise ActionError(f"group {group.name} is already retired")
+        nodes = list(Node.objects.filter(group=group, retired=False).values_list("name", flat=True))
+        Node.objects.filter(group=group, retired=False).update(retired=True)
+        audit("group.retire", actor, group=group, reason=reason, detail={"nodes_retired": sorted(nodes)})
+    group.refresh_from_db()
+    return group
+
+
+#: What ``do_update_node`` may change (the name is the detector's node id and the group its peers: both
+#: stay; register a new node instead).
+NODE_EDITABLE = ("address", "base_weight", "labels", "dcgm_url", "metrics_url")
+#: What ``do_update_group`` may change (policy and thresholds have their own audited actions).
+GROUP_EDITABLE = ("model_name", "hardware_class", "tensor_parallel_size", "auto_register_allow")
+LABELS_MAX = 50  # keys per node; each key and value at most 200 characters
+
+
+def _base_weight(base_weight: Any) -> int:
+    if isinstance(base_weight, bool) or not isinstance(base_weight, int) or not 1 <= base_weight <= 1_000_000:
+        raise ActionError(f"base_weight must be an integer in [1, 1000000], got {base_weight!r}")
+    return base_weight
+
+
+def _labels(labels: Any) -> dict[str, str]:
+    """Operator labels of a node: at most :data:`LABELS_MAX` string pairs of up to 200 characters
+    (shown on pages and in the API; never interpreted)."""
+    if not isinstance(labels, dict) or len(labels) > LABELS_MAX:
+        raise ActionError(f"labels must be an object of at most {LABELS_MAX} string pairs")
+    for key, value in labels.items():
+        if not (isinstance(key, str) and isinstance(value, str) and 0 < len(key) <= 200 and len(value) <= 200
+                and key.isprintable() and value.isprintable()):
+            raise ActionError("each label is a printable key of 1-200 characters and a value of at most 200")
+    return labels
+
+
+def _group_fields(fields: dict[str, Any]) -> None:
+    """The descriptive fields of a group, bounded by their columns."""
+    for key, limit in (("model_name", 200), ("hardware_class", 100)):
+        if key in fields:
+            value = fields[key]
+            if not isinstance(value, str) or len(value) > limit or not value.isprintable():
+                raise ActionError(f"{key} must be printable text of at most {limit} characters")
+    if "tensor_parallel_size" in fields:
+        tp = fields["tensor_parallel_size"]
+        if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= 1024:
+            raise ActionError(f"tensor_parallel_size must be an integer in [1, 1024], got {tp!r}")
+
+
+def do_update_node(node: Node, changes: dict[str, Any], *, actor: Actor, reason: str) -> Node:
+    """Change some of :data:`NODE_EDITABLE` on ``node``, validated as at registration; one audit
+    event ``node.update`` with the diff ``{field: [old, new]}``. A new address reaches the weights
+    document and the canary at the next tick."""
+    reason = _reason(reason)
+    unknown = sorted(set(changes) - set(NODE_EDITABLE))
+    if unknown:
+        raise ActionError(f"cannot change {', '.join(unknown)}; a node's editable fields: {', '.join(NODE_EDITABLE)}")
+    if not changes:
+        raise ActionError("nothing to change")
+    clean: dict[str, Any] = {}
+    for key, value in changes.items():
+        if key == "address":
+            if not isinstance(value, str) or not value.strip():
+                raise ActionError("address is required")
+            _checked(parse_address, value.strip())
+            clean[key] = value.strip()
+        elif key == "base_weight":
+            clean[key] = _base_weight(value)
+        elif key == "labels":
+            clean[key] = _labels(value)
+        else:
+            clean[key] = _checked(validate_scrape_url, value)
+    with transaction.atomic():
+        locked = Node.objects.select_for_update().get(pk=node.pk)
+        if locked.retired:
+            raise ActionError(f"node {locked.name} is retired")
+        diff = {k: [getattr(locked, k), v] for k, v in clean.items() if getattr(locked, k) != v}
+        for key, value in clean.items():
+            setattr(locked, key, value)
+        locked.save(update_fields=list(clean))
+        audit("node.update", actor, node=locked, reason=reason, detail={"diff": diff})
+    node.refresh_from_db()
+    return node
+
+
+def do_update_group(group: ModelGroup, changes: dict[str, Any], *, actor: Actor, reason: str) -> ModelGroup:
+    """Change some of :data:`GROUP_EDITABLE` on ``group``; one audit event ``group.update`` with the
+    diff ``{field: [old, new]}``. ``auto_register_allow`` is checked as in :func:`do_set_auto_register`."""
+    reason = _reason(reason)
+    unknown = sorted(set(changes) - set(GROUP_EDITABLE))
+    if unknown:
+        raise ActionError(f"cannot change {', '.join(unknown)}; a group's editable fields: {', '.join(GROUP_EDITABLE)} "
+                          "(policy and thresholds have their own endpoints)")
+    if not changes:
+        raise ActionError("nothing to change")
+    _group_fields(changes)
+    clean = dict(changes)
+    if "auto_register_allow" in clean:
+        clean["auto_register_allow"] = _allow_list(clean["auto_register_allow"])
+    with transaction.atomic():
+        locked = ModelGroup.objects.select_for_update().get(pk=group.pk)
+        diff = {k: [getattr(locked, k), v] for k, v in clean.items() if getattr(locked, k) != v}
+        for key, value in clean.items():
+            setattr(locked, key, value)
+        locked.save(update_fields=list(clean))
+        audit("group.update", actor, group=locked, reason=reason, detail={"diff": diff})
+    group.refresh_from_db()
+    return group
 
 
 # --- tokens ----------------------------------------------------------------------------------------------
@@ -507,6 +738,108 @@ def do_revoke_token(token: ApiToken, *, actor: Actor, reason: str) -> ApiToken:
         audit("token.revoke", actor, reason=reason, detail={"token": token.pk, "name": token.name})
     token.refresh_from_db()
     return token
+
+
+# --- users -----------------------------------------------------------------------------------------------
+
+
+def do_create_user(username: str, *, roles: list[str], actor: Actor, password: str | None = None,
+                   reason: str = "created") -> Any:
+    """Create a dashboard/API user holding ``roles`` (of :data:`outlier_admin.api.permissions.ROLES`);
+    ``password`` None: the user cannot log in with a password (an API token's user)."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+
+    from outlier_admin.api.permissions import ROLES
+
+    username = (username or "").strip()
+    if not username or len(username) > 150:
+        raise ActionError("a username is 1-150 characters")
+    unknown = sorted(set(roles) - set(ROLES))
+    if unknown or not roles:
+        raise ActionError(f"roles must be some of {', '.join(ROLES)}, got {', '.join(unknown) or 'none'}")
+    model = get_user_model()
+    with transaction.atomic():
+        if model.objects.filter(username=username).exists():
+            raise ActionError(f"user {username!r} already exists")
+        user = model.objects.create_user(username=username, password=password)
+        user.groups.set(Group.objects.filter(name__in=roles))
+        audit("user.create", actor, reason=reason, detail={"username": username, "roles": sorted(set(roles))})
+    return user
+
+
+def do_set_roles(user: Any, roles: list[str], *, actor: Actor, reason: str) -> Any:
+    """Make ``user``'s roles exactly ``roles`` (of :data:`outlier_admin.api.permissions.ROLES`; other
+    Django groups it belongs to stay). One audit event ``user.roles`` with the old and new roles when
+    they change; nothing is written when they do not. The Django admin's user form comes here too
+    (:mod:`outlier_admin.control.admin`)."""
+    from django.contrib.auth.models import Group
+
+    from outlier_admin.api.permissions import ROLES
+
+    reason = _reason(reason)
+    unknown = sorted(set(roles) - set(ROLES))
+    if unknown:
+        raise ActionError(f"roles must be some of {', '.join(ROLES)}, got {', '.join(unknown)}")
+    wanted = sorted(set(roles))
+    with transaction.atomic():
+        old = sorted(user.groups.filter(name__in=ROLES).values_list("name", flat=True))
+        if old == wanted:
+            return user
+        user.groups.remove(*Group.objects.filter(name__in=set(old) - set(wanted)))
+        user.groups.add(*Group.objects.filter(name__in=wanted))
+        audit("user.roles", actor, reason=reason, detail={"username": user.get_username(), "old": old, "new": wanted})
+    user._oa_roles = None  # permissions.roles_of caches on the instance
+    return user
+
+
+def do_unretire_node(node: Node, *, actor: Actor, reason: str) -> Node:
+    """Bring a retired ``node`` back into its group (it re-joins the detector in warm-up at the next
+    tick). Refused when it is not retired, or when the group is full (``MAX_NODES_PER_GROUP``)."""
+    reason = _reason(reason)
+    with transaction.atomic():
+        if _room_locked(node.group) <= 0:
+            raise ActionError(f"group {node.group.name} already has {settings.MAX_NODES_PER_GROUP} live nodes "
+                              "(MAX_NODES_PER_GROUP)")
+        if not Node.objects.filter(pk=node.pk, retired=True).update(retired=False):
+            raise ActionError(f"node {node.name} is not retired")
+        audit("node.unretire", actor, node=node, reason=reason, detail={"address": node.address})
+    node.refresh_from_db()
+    return node
+
+
+def do_save_log_source(name: str, *, path: str, log_format: str, group: ModelGroup | None,
+                       node_map: dict[str, str], actor: Actor, reason: str) -> Any:
+    """Create or update the log source ``name`` (``manage.py tail_logs --add``) and enable it; one audit
+    event ``ingest_source.create`` or ``ingest_source.update`` (with the diff) in the same transaction."""
+    from outlier_admin.ingest.models import IngestSource
+
+    reason = _reason(reason)
+    name = (name or "").strip()
+    if not re.fullmatch(r"[-a-zA-Z0-9_]{1,100}", name):
+        raise ActionError(f"a log source name is 1-100 letters, digits, '-' or '_', got {name[:100]!r}")
+    if not isinstance(path, str) or not path.strip():
+        raise ActionError("a log source needs a path")
+    fields = {"kind": "log", "location": path.strip(), "log_format": log_format, "default_group": group,
+              "enabled": True, "node_map": node_map}
+    with transaction.atomic():
+        row = IngestSource.objects.select_for_update().filter(name=name).first()
+        if row is None:
+            row = IngestSource.objects.create(name=name, **fields)
+            audit("ingest_source.create", actor, group=group, reason=reason,
+                  detail={"source": name, "path": row.location, "format": log_format, "node_map": node_map})
+            return row
+        def shown(obj: Any) -> dict[str, Any]:  # comparable, JSON-able values of the fields
+            return {k: (v.name if isinstance(v, ModelGroup) else v) for k, v in obj.items()}
+
+        old = shown({k: getattr(row, k) for k in fields})
+        new = shown(fields)
+        diff = {k: [old[k], new[k]] for k in fields if old[k] != new[k]}
+        for key, value in fields.items():
+            setattr(row, key, value)
+        row.save(update_fields=list(fields))
+        audit("ingest_source.update", actor, group=group, reason=reason, detail={"source": name, "diff": diff})
+    return row
 
 
 def effective_thresholds(group: ModelGroup) -> Thresholds:

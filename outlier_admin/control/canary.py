@@ -20,7 +20,7 @@ import httpx
 from django.conf import settings
 
 from outlier_admin.control.models import CanaryProbe
-from outlier_admin.control.redis_conn import get_redis, probes_key
+from outlier_admin.control.redis_conn import get_redis, mark_inputs_pending, probes_key
 from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.fleet.names import NameError_
 
@@ -56,6 +56,7 @@ def probe_node(node: Node, *, client: httpx.Client | None = None) -> CanaryProbe
         log.warning("canary: node %s has an invalid address, not probed: %s", node, exc.detail)
         probe.error = ProbeError.BAD_ADDRESS
         probe.save()
+        mark_inputs_pending(node.group.name)
         return probe
     body: dict[str, Any] = {"prompt": PROMPT, "max_tokens": settings.CANARY_MAX_TOKENS, "temperature": 0}
     if settings.CANARY_MODEL:
@@ -90,6 +91,7 @@ def probe_node(node: Node, *, client: httpx.Client | None = None) -> CanaryProbe
             client.close()
     # ``normalised_latency`` is filled in by the tick that judges the probe, on the detector's scale.
     probe.save()
+    mark_inputs_pending(node.group.name)  # the tick looks for probe results only when told
     return probe
 
 
@@ -106,7 +108,7 @@ def run_due_probes() -> int:
     """Probe every node the last ticks marked as due; returns the number of probes sent."""
     r = get_redis()
     sent = 0
-    for group in ModelGroup.objects.all():
+    for group in ModelGroup.objects.filter(retired=False):
         due = r.hkeys(probes_key(group.name))
         if not due:
             continue

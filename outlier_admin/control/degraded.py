@@ -1,20 +1,21 @@
-"""Ticking through a PostgreSQL outage: decide and publish from Redis, keep the SQL rows in an outbox.
+"""Ticking through a PostgreSQL outage: the Redis snapshot + outbox store of the one tick pipeline.
 
 The detector state, the stream and the weights documents live in Redis; PostgreSQL holds the group's
 configuration and what happened (transitions, history, baselines, proposals). When PostgreSQL is
-unreachable, :func:`run_degraded_tick` keeps the control loop running:
+unreachable, the tick (:mod:`outlier_admin.control.tick`, the same pipeline) runs over
+:class:`OutageStore` instead of the SQL store:
 
 - the group and its nodes come from a snapshot (``outlier:config:<group>``, JSON) that every normal
   tick refreshes; threshold changes, overrides and proposal decisions wait for PostgreSQL (they are
   stored there) and are applied by the first normal tick after it returns;
-- the weights ``version`` continues from the published document (``version + 1``; the group lock
-  makes ticks of a group sequential), and :func:`drain` lifts ``ModelGroup.weights_version`` to it
-  so the version stays monotonic once PostgreSQL is back;
+- the weights ``version`` continues from the detector state's (the group lock makes ticks of a group
+  sequential), and :func:`drain` lifts ``ModelGroup.weights_version`` to it so the version stays
+  monotonic once PostgreSQL is back;
 - the rows a normal tick would write go to a Redis list ``outlier:outbox:<group>`` (one JSON item per
-  tick) **in the same MULTI/EXEC as the detector state**: the samples are applied and their rows kept
-  together or not at all; only then are the stream entries acknowledged.
+  tick) **in the same MULTI/EXEC as the weights document and the detector state**: the samples are
+  applied and their rows kept together or not at all; only then are the stream entries acknowledged.
 
-:func:`drain` (called by the normal tick under the group lock, before anything else) writes the items
+:func:`drain` (called by the SQL store under the group lock, before anything else) writes the items
 in one SQL transaction, then removes them from the list. A crash between the commit and the removal
 re-drains the same items; rows are matched on their natural keys (transition: node, time, from, to;
 history: node, signal, time; baseline: group, signal, time) and proposals are de-duplicated by
@@ -24,6 +25,8 @@ rows; its size is one small item per tick and per group (history at ``HISTORY_EV
 If PostgreSQL fails *during* a normal tick's final SQL transaction (the decision is already published
 and the detector state stored), :func:`sql_or_outbox` puts that tick's rows in the outbox too, with
 the operator inputs it applied (marked applied on drain, so none is applied twice).
+
+This module does not import the tick (no circle): both use :mod:`outlier_admin.control.rows`.
 """
 
 from __future__ import annotations
@@ -37,27 +40,15 @@ from typing import Any
 
 import orjson
 import redis
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Model
 
-from detector import GroupDetector, NodeState
-from outlier_admin.control import publish
+from detector import GroupDetector
 from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.control.models import Transition as TransitionRow
-from outlier_admin.control.redis_conn import (
-    WEIGHTS_CHANNEL,
-    GroupLock,
-    degraded_key,
-    fenced,
-    outbox_key,
-    probes_key,
-    snapshot_key,
-    state_key,
-    stream_key,
-    weights_key,
-)
-from outlier_admin.fleet.models import ModelGroup, Node, Policy
+from outlier_admin.control.redis_conn import degraded_key, outbox_key, snapshot_key
+from outlier_admin.control.rows import rows_of_tick
+from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.observability.outage import DB_OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
@@ -79,7 +70,8 @@ def group_snapshot(group: ModelGroup, nodes: list[Node]) -> bytes:
     """What a degraded tick needs to know about ``group`` (JSON)."""
     return orjson.dumps({
         "id": group.pk, "name": group.name, "policy": group.policy,
-        "thresholds_version": group.thresholds_version, "weights_version": group.weights_version,
+        # No weights_version: it moves at every tick; an outage tick continues from the state's.
+        "thresholds_version": group.thresholds_version,
         "nodes": [
             {"id": n.pk, "name": n.name, "address": n.address, "base_weight": n.base_weight,
              "retired": n.retired, "gpu_evidence": n.gpu_evidence or {}}
@@ -88,10 +80,21 @@ def group_snapshot(group: ModelGroup, nodes: list[Node]) -> bytes:
     })
 
 
-def store_snapshot(pipe: Any, group: ModelGroup, nodes: list[Node]) -> None:
-    """Queue the snapshot writes on a pipeline (the normal tick adds them to its state MULTI)."""
-    pipe.set(snapshot_key(group.name), group_snapshot(group, nodes))
+# The snapshot this process wrote last per group: an unchanged one is not written again (at 100 nodes
+# it is ~15 KB, as much as the weights document, at every tick of every group).
+_written: dict[str, bytes] = {}
+
+
+def store_snapshot(pipe: Any, group: ModelGroup, nodes: list[Node], *, force: bool = True) -> None:
+    """Queue the snapshot writes on a pipeline (the normal tick adds them to its state MULTI); with
+    ``force=False`` only if it changed since this process last wrote it (the tick forces it at its
+    checkpoints, which bounds how long a Redis that lost it goes without)."""
+    snap = group_snapshot(group, nodes)
+    if not force and _written.get(group.name) == snap:
+        return
+    pipe.set(snapshot_key(group.name), snap)
     pipe.sadd(GROUPS_KEY, group.name)
+    _written[group.name] = snap
 
 
 def load_snapshot(r: redis.Redis, name: str) -> tuple[ModelGroup, list[Node]] | None:
@@ -101,7 +104,7 @@ def load_snapshot(r: redis.Redis, name: str) -> tuple[ModelGroup, list[Node]] | 
         return None
     snap = orjson.loads(raw)
     group = ModelGroup(id=snap["id"], name=snap["name"], policy=snap["policy"],
-                       thresholds_version=snap["thresholds_version"], weights_version=snap["weights_version"])
+                       thresholds_version=snap["thresholds_version"], weights_version=snap.get("weights_version", 0))
     nodes = [
         Node(id=n["id"], group_id=group.pk, name=n["name"], address=n["address"], base_weight=n["base_weight"],
              retired=n["retired"], gpu_evidence=n["gpu_evidence"])
@@ -244,28 +247,6 @@ def _not_yet_written(label: str, objs: list[Model]) -> list[Model]:
     return out
 
 
-def rows_of_tick(ev: Any, group: ModelGroup, by_name: dict[str, Node], transitions: list[Any], *, shadow: bool,
-                 now: float, write_all: bool) -> tuple[list[Model], list[dict[str, Any]]]:
-    """The SQL rows of one tick, as the normal tick writes them: transitions, history (every node on
-    a new ``HISTORY_EVERY_S`` slot, else the nodes that moved) with the group baselines, and the
-    detector proposals to open (policy ``approval``)."""
-    from outlier_admin.control import tick as t
-
-    rows: list[Model] = [t._transition_row(tr, group, by_name[tr.node], shadow, ev) for tr in transitions]
-    proposals = [
-        {"node_id": by_name[tr.node].pk, "source": "detector", "evidence": tr.to_dict(),
-         "reason": f"{tr.reason}: {tr.detail}" if tr.detail else tr.reason}
-        for tr in transitions if tr.to_state == NodeState.PENDING_APPROVAL and not shadow
-    ]
-    moved = {tr.node for tr in transitions}
-    at = datetime.fromtimestamp(now, tz=UTC)
-    history = t.history_rows(ev, by_name, at, None if write_all else moved)
-    rows.extend(history)
-    if history:  # as the normal tick: the baseline of every history write
-        rows.extend(t.baseline_rows(ev, group, at))
-    return rows, proposals
-
-
 class sql_or_outbox:  # lower case: used like transaction.atomic
     """``transaction.atomic()`` for the normal tick's SQL writes; if PostgreSQL fails inside (the
     decision is already published and the state stored), the tick's rows and the operator inputs it
@@ -277,8 +258,9 @@ class sql_or_outbox:  # lower case: used like transaction.atomic
 
     def __init__(self, r: redis.Redis, group: str,
                  rows_if_failed: Callable[[], tuple[list[Model], list[dict[str, Any]]]],
-                 applied: Callable[[], dict[str, Any]]) -> None:
+                 applied: Callable[[], dict[str, Any]], *, version: int | None = None) -> None:
         self.r, self.group, self.rows_if_failed, self.applied = r, group, rows_if_failed, applied
+        self.version = version  # the published version, recorded in SQL by the drain
         self._atomic = transaction.atomic()
         self._entered = False
 
@@ -301,92 +283,41 @@ class sql_or_outbox:  # lower case: used like transaction.atomic
         log.warning("tick of %s: PostgreSQL failed during the SQL write, rows kept in the outbox: %s",
                     self.group, exc)
         rows, proposals = self.rows_if_failed()
-        self.r.rpush(outbox_key(self.group), outbox_item(rows, proposals, self.applied()))
+        pipe = self.r.pipeline(transaction=True)
+        pipe.rpush(outbox_key(self.group), outbox_item(rows, proposals, self.applied()))
+        if self.version is not None:
+            pipe.set(degraded_key(self.group), self.version)
+        pipe.execute()
         return True
 
 
-# --- the degraded tick ------------------------------------------------------------------------------
+class OutageStore:
+    """The tick's store while PostgreSQL is down: the group from its Redis snapshot, no operator
+    inputs (they wait in SQL), the tick's rows to the outbox in the tick's own MULTI."""
 
+    outage = True
 
-def run_degraded_tick(r: redis.Redis, name: str, *, now: float | None, consumer: str, started: float,
-                      lock: GroupLock | None = None) -> Any:
-    """One tick of ``name`` without PostgreSQL (call under the group lock). Returns a
-    :class:`~outlier_admin.control.tick.TickResult` or None when the group has no snapshot or
-    detector state yet (a group never ticked with PostgreSQL up cannot be ticked without it)."""
-    from outlier_admin.control import tick as t
+    def __init__(self, name: str) -> None:
+        self.name = name
 
-    now = time.time() if now is None else now
-    snap = load_snapshot(r, name)
-    raw = r.hmget(state_key(name), ["detector", "last_id", "history_slot"])
-    if snap is None or not raw[0]:
-        log.warning("tick of %s skipped: PostgreSQL is down and Redis has no snapshot/state yet", name)
-        return None
-    group, nodes = snap
-    gd = GroupDetector.from_bytes(raw[0])
-    last_id = raw[1] or b"0-0"
-    by_name = {n.name: n for n in nodes}
-    t._sync_nodes(gd, nodes, now, fresh_state=False)
+    def load(self, r: redis.Redis) -> tuple[ModelGroup, list[Node]] | None:
+        return load_snapshot(r, self.name)
 
-    skey = stream_key(name)
-    t._ensure_consumer_group(r, skey)
-    # Entries this consumer read in a tick that then failed on PostgreSQL are pending under its
-    # name: take them back now rather than after the lock lease (XAUTOCLAIM's idle time).
-    own = r.xreadgroup(t.CONSUMER_GROUP, consumer, {skey: "0"}, count=settings.TICK_MAX_ENTRIES)
-    entries, ack_ids = t._read_entries(r, skey, consumer, last_id)
-    floor = t._id_tuple(last_id)
-    seen = {eid for eid, _ in entries}
-    for _stream, items in own or []:
-        for eid, fields in items:
-            if fields is not None and eid not in seen and t._id_tuple(eid) > floor:
-                entries.append((eid, fields))
-                seen.add(eid)
-            ack_ids.append(eid)
-    result = t.TickResult(group=name, at=now, entries=len(entries))
-    rows: list[list[Any]] = []
-    for _eid, fields in entries:
-        rows.extend(t.decode_entry(fields))
-    if rows:
-        # Samples of nodes registered after the snapshot are not in the detector: counted as
-        # unknown by it (the node joins at the first normal tick).
-        result.samples = gd.ingest(t._batch(rows)).accepted
-    result.progress = t.apply_progress(gd, entries)
-    if entries:
-        last_id = max((eid for eid, _ in entries), key=t._id_tuple)
+    def late_nodes(self, group: ModelGroup, names: list[str]) -> dict[str, Node]:
+        # Nodes registered after the snapshot join at the first normal tick; their samples are
+        # counted as unknown by the detector meanwhile.
+        return {}
 
-    ev = gd.evaluate(now)
-    view = t.published_view(ev, group, by_name)
-    current = r.get(weights_key(name))
-    version = max(int(orjson.loads(current)["version"]) if current else 0, group.weights_version) + 1
-    doc = publish.build_document(name, version, view, safeguard=bool(ev.safeguard), now=now,
-                                 stale_after_s=settings.WEIGHTS_STALE_AFTER_S)
-    result.version, result.safeguard = version, bool(ev.safeguard)
-    result.weights = {v["node"]: v["weight"] for v in view}
-    result.states = {v["node"]: NodeState(int(s)).label for v, s in zip(view, ev.states, strict=True)}
+    def apply_inputs(self, gd: GroupDetector, group: ModelGroup, now: float) -> tuple[list, list, list]:
+        return [], [], []
 
-    shadow = group.policy == Policy.SHADOW
-    transitions = [tr for tr in ev.transitions if tr.node in by_name]
-    result.transitions = len(transitions)
-    history_slot = int(now // settings.HISTORY_EVERY_S)
-    write_all = raw[2] is None or int(raw[2]) != history_slot
-    out_rows, proposals = rows_of_tick(ev, group, by_name, transitions, shadow=shadow, now=now, write_all=write_all)
+    def queue(self, pipe: Any, out: Any) -> None:
+        """Add the tick's SQL rows (outbox) and its published version to the fenced MULTI."""
+        rows, proposals = rows_of_tick(out.ev, out.group, out.by_name, out.transitions,
+                                       shadow=out.shadow, now=out.now, write_all=out.write_all)
+        if rows or proposals:
+            pipe.rpush(outbox_key(self.name), outbox_item(rows, proposals, {}))
+        pipe.set(degraded_key(self.name), out.version)
 
-    # One MULTI: the weights document + notification, the detector state and this tick's SQL rows,
-    # fenced like the normal tick's state write (only while this tick still holds the group).
-    def store(pipe: Any) -> None:
-        pipe.set(weights_key(name), orjson.dumps(doc))
-        pipe.publish(WEIGHTS_CHANNEL, orjson.dumps({"group": name, "version": version}))
-        pipe.hset(state_key(name), mapping={"detector": gd.to_bytes(), "last_id": last_id,
-                                            "history_slot": history_slot})
-        pipe.delete(probes_key(name))
-        if ev.probes_due:
-            pipe.hset(probes_key(name), mapping={n: by_name[n].address for n in ev.probes_due if n in by_name})
-        if out_rows or proposals:
-            pipe.rpush(outbox_key(name), outbox_item(out_rows, proposals, {}))
-        pipe.set(degraded_key(name), version)
-
-    fenced(r, lock, state_key(name), raw[1], store)
-    if ack_ids:
-        r.xack(skey, t.CONSUMER_GROUP, *ack_ids)
-        r.xdel(skey, *ack_ids)
-    result.tick_ms = (time.perf_counter() - started) * 1000.0
-    return result
+    def write(self, r: redis.Redis, out: Any) -> None:
+        """Nothing: the rows went to the outbox with the state."""

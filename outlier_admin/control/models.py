@@ -4,7 +4,9 @@ overrides), canary probes, and the audit trail.
 Operator decisions (overrides, proposal decisions) and canary results are written here by
 :mod:`outlier_admin.control.actions` / the canary task with ``applied_at = NULL``; the next tick of
 the group applies them to the detector state (the tick is the only writer of that state) and sets
-``applied_at``. So an action takes effect within one tick interval.
+``applied_at``, the ``outcome`` (applied / failed and why) and the transition the input caused. So an
+action takes effect within one tick interval, and its row says whether it did. A rejected proposal
+starts a :class:`Silence` of its node and cause.
 """
 
 from __future__ import annotations
@@ -114,8 +116,22 @@ class ProposalSource(models.TextChoices):
     GPU_FAULT = "gpu_fault", "GPU hard fault (DCGM)"
 
 
+class Outcome(models.TextChoices):
+    """What the tick did with an operator input (an override, a decided proposal): ``applied`` when
+    the detector took it (``transition`` links the state change it caused, NULL when it moved no
+    state, e.g. a pin), ``failed`` with ``outcome_reason`` when it could not (an illegal edge, a node
+    no longer in the detector). NULL until a tick applied the row."""
+
+    APPLIED = "applied"
+    FAILED = "failed"
+
+
 class QuarantineProposal(models.Model):
-    """A quarantine waiting for a human decision."""
+    """A quarantine waiting for a human decision.
+
+    ``superseded``: a detector proposal whose condition cleared (or whose node left
+    ``pending_approval`` by another way) before anyone decided; it cannot be approved any more.
+    """
 
     group = models.ForeignKey(ModelGroup, on_delete=models.CASCADE, related_name="proposals")
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="proposals")
@@ -129,6 +145,10 @@ class QuarantineProposal(models.Model):
     decided_actor = models.CharField(max_length=150, blank=True, default="")
     decision_reason = models.TextField(blank=True, default="")
     applied_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, null=True, blank=True)
+    outcome_reason = models.CharField(max_length=300, blank=True, default="")
+    transition = models.ForeignKey("Transition", null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
 
     class Meta:
         ordering = ["-created_at"]
@@ -155,10 +175,47 @@ class Override(models.Model):
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     applied_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, null=True, blank=True)
+    outcome_reason = models.CharField(max_length=300, blank=True, default="")
+    transition = models.ForeignKey("Transition", null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
 
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["applied_at"], name="override_applied")]
+
+
+class SilenceQuerySet(models.QuerySet):
+    def active(self, now: Any = None) -> SilenceQuerySet:
+        """Silences in force at ``now`` (default: the database's now)."""
+        return self.filter(expires_at__gt=now or timezone.now())
+
+
+class Silence(models.Model):
+    """No new quarantine proposal for ``node`` and ``cause`` (a :class:`ProposalSource`) until
+    ``expires_at``: created by rejecting a proposal (the operator said "not this, not now"), so the
+    same counters or the same slow node do not propose it again every few seconds. Expiring it early
+    moves ``expires_at`` to that moment (``expired_by`` says who)."""
+
+    objects = SilenceQuerySet.as_manager()
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="silences")
+    cause = models.CharField(max_length=16, choices=ProposalSource.choices)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(db_index=True)
+    actor = models.CharField(max_length=150)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    reason = models.TextField()
+    proposal = models.ForeignKey(QuarantineProposal, null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="silences")
+    expired_by = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["node", "cause", "expires_at"], name="silence_node_cause_expiry")]
+
+    def is_active(self, now: Any = None) -> bool:
+        return self.expires_at > (now or timezone.now())
 
 
 class CanaryProbe(models.Model):

@@ -2,27 +2,68 @@
 
 The actions (:mod:`outlier_admin.control.actions`) only write rows; the group's tick applies them under
 the group's lock, so the detector state has one writer. The tick stamps the rows applied in its SQL
-transaction.
+transaction (:func:`record_applied`), with their outcome: ``applied`` and the :class:`Transition` the
+input caused (matched by node and the state edge the detector took while applying it; none for a pin,
+or a quarantine that only moved an expiry), or ``failed`` with the reason (an illegal edge, a node not
+in the detector, an approval that came after the node left ``pending_approval``).
+
+Silences (:class:`~outlier_admin.control.models.Silence`, started by rejecting a proposal): no
+proposal is opened for a silenced node and cause (:func:`~outlier_admin.control.actions.
+do_propose_quarantine` checks), and the detector is handed the active latency silences
+(``GroupDetector.silence_latency``): latency causes do not take a silenced node out of service, so it
+stays degraded at its computed weight instead of cycling through ``pending_approval`` and the floor.
+A node found waiting in ``pending_approval`` under a silence is returned to service.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 from detector import GroupDetector, NodeState, Transition
+from detector.states import IllegalTransition
 from outlier_admin.control.actions import do_propose_quarantine
 from outlier_admin.control.models import (
     CanaryProbe,
+    Outcome,
     Override,
     OverrideKind,
     ProposalSource,
     ProposalStatus,
     QuarantineProposal,
+    Silence,
 )
+from outlier_admin.control.models import Transition as TransitionRow
 from outlier_admin.fleet.models import ModelGroup, Node
 
 log = logging.getLogger(__name__)
+
+#: Longest outcome reason stored (``Override.outcome_reason``).
+REASON_MAX = 300
+
+
+def _outcome(row: Override | QuarantineProposal, outcome: str, reason: str = "",
+             moved: tuple[str, NodeState, NodeState] | None = None) -> None:
+    """Note on the (unsaved) row what applying it did; :func:`record_applied` writes it."""
+    row.outcome = outcome
+    row.outcome_reason = reason[:REASON_MAX]
+    row._moved = moved  # (node, from, to) when the detector changed the node's state
+
+
+def _run(gd: GroupDetector, row: Override | QuarantineProposal, name: str, step: Any) -> None:
+    """Apply one input with ``step()``; its outcome goes on ``row``."""
+    before = gd.state_of(name)
+    # A refused input is recorded on its row, never fatal to the tick: it would be retried, and fail,
+    # at every later tick of the group.
+    try:
+        step()
+    except (ValueError, IllegalTransition) as exc:
+        log.warning("%s %s on %s not applicable: %s", type(row).__name__, row.pk, name, exc)
+        _outcome(row, Outcome.FAILED, str(exc))
+        return
+    after = gd.state_of(name)
+    _outcome(row, Outcome.APPLIED, "", (name, before, after) if after != before else None)
 
 
 def apply(gd: GroupDetector, group: ModelGroup, now: float) -> tuple[list, list, list]:
@@ -34,21 +75,20 @@ def apply(gd: GroupDetector, group: ModelGroup, now: float) -> tuple[list, list,
     for o in overrides:
         name = o.node.name
         if name not in known:
+            _outcome(o, Outcome.FAILED, f"node {name} is not in the detector (retired?)")
             continue
         until = o.expires_at.timestamp() if o.expires_at else None
-        try:
-            if o.kind == OverrideKind.QUARANTINE:
-                gd.force_quarantine(name, now, until=until)
-            elif o.kind == OverrideKind.ACTIVATE:
-                gd.force_active(name, now, until=until)
-            elif o.kind == OverrideKind.RELEASE:
-                gd.release(name, now)
-            elif o.kind == OverrideKind.PIN:
-                gd.pin_weight(name, float(o.weight or 0), now, until=until)
-            elif o.kind == OverrideKind.UNPIN:
-                gd.unpin(name)
-        except ValueError as exc:  # e.g. an illegal edge: recorded on the row, not fatal to the tick
-            log.warning("override %s on %s not applicable: %s", o.kind, name, exc)
+        steps = {
+            OverrideKind.QUARANTINE: lambda n=name, u=until: gd.force_quarantine(n, now, until=u),
+            OverrideKind.ACTIVATE: lambda n=name, u=until: gd.force_active(n, now, until=u),
+            OverrideKind.RELEASE: lambda n=name: gd.release(n, now),
+            OverrideKind.PIN: lambda n=name, w=float(o.weight or 0), u=until: gd.pin_weight(n, w, now, until=u),
+            OverrideKind.UNPIN: lambda n=name: gd.unpin(n),
+        }
+        if o.kind not in steps:
+            _outcome(o, Outcome.FAILED, f"unknown override kind {o.kind!r}")
+            continue
+        _run(gd, o, name, steps[o.kind])
     decided = list(
         QuarantineProposal.objects.filter(
             group=group, applied_at__isnull=True, status__in=[ProposalStatus.APPROVED, ProposalStatus.REJECTED]
@@ -57,15 +97,21 @@ def apply(gd: GroupDetector, group: ModelGroup, now: float) -> tuple[list, list,
     for p in decided:
         name = p.node.name
         if name not in known:
+            _outcome(p, Outcome.FAILED, f"node {name} is not in the detector (retired?)")
             continue
-        try:
-            state = gd.state_of(name)
-            if p.source == ProposalSource.DETECTOR and state == NodeState.PENDING_APPROVAL:
-                (gd.approve if p.status == ProposalStatus.APPROVED else gd.reject)(name, now)
-            elif p.source == ProposalSource.GPU_FAULT and p.status == ProposalStatus.APPROVED:
-                gd.force_quarantine(name, now)
-        except ValueError as exc:
-            log.warning("proposal %s on %s not applicable: %s", p.pk, name, exc)
+        state = gd.state_of(name)
+        approved = p.status == ProposalStatus.APPROVED
+        if p.source == ProposalSource.DETECTOR and state == NodeState.PENDING_APPROVAL:
+            _run(gd, p, name, lambda n=name, a=approved: (gd.approve if a else gd.reject)(n, now))
+        elif p.source == ProposalSource.DETECTOR and approved:
+            _outcome(p, Outcome.FAILED, f"node is {state.label}, no longer pending_approval: nothing to quarantine")
+        elif p.source == ProposalSource.DETECTOR:
+            _outcome(p, Outcome.APPLIED, f"node already {state.label}: nothing to return to service")
+        elif approved:
+            _run(gd, p, name, lambda n=name: gd.force_quarantine(n, now))
+        else:
+            _outcome(p, Outcome.APPLIED, "GPU-fault proposal closed")
+    _sync_silences(gd, group, now)
     probes = list(
         CanaryProbe.objects.filter(node__group=group, applied_at__isnull=True).select_related("node").order_by("at")
     )
@@ -80,6 +126,62 @@ def apply(gd: GroupDetector, group: ModelGroup, now: float) -> tuple[list, list,
         value = gd.probe_value(pr.prompt_tokens, pr.completion_tokens, pr.ttft_ms, pr.total_ms) if pr.ok else None
         pr.normalised_latency = value if value is not None and math.isfinite(value) else None
     return overrides, decided, probes
+
+
+def _sync_silences(gd: GroupDetector, group: ModelGroup, now: float) -> list[str]:
+    """Hand the detector the group's active latency silences (see module docstring) and return to
+    service a node still waiting in ``pending_approval`` under one; returns those nodes' names."""
+    active = dict(
+        Silence.objects.active().filter(node__group=group, cause=ProposalSource.DETECTOR)
+        .values_list("node__name", "expires_at")
+    )
+    gd.silence_latency({name: until.timestamp() for name, until in active.items()})
+    released = sorted(n for n in active if n in gd and gd.state_of(n) == NodeState.PENDING_APPROVAL)
+    for name in released:
+        gd.reject(name, now)
+        log.info("node %s/%s back in service: its latency proposals are silenced", group.name, name)
+    return released
+
+
+def record_applied(overrides: list[Override], decided: list[QuarantineProposal],
+                   transitions: list[TransitionRow], stamp: Any) -> None:
+    """In the tick's SQL transaction: stamp the applied inputs with ``stamp``, their outcome and the
+    transition row each caused; supersede the pending detector proposals of nodes that left
+    ``pending_approval`` in this tick (their condition cleared, or an operator forced or released
+    the node) — a decided proposal is no longer pending, so only undecided ones are touched."""
+    used: set[int] = set()
+    for row in [*overrides, *decided]:
+        row.applied_at = stamp
+        row.transition = None
+        moved = getattr(row, "_moved", None)
+        if moved is None:
+            continue
+        name, src, dst = moved
+        for t in transitions:
+            if (t.pk not in used and t.node.name == name and t.from_state == src.label and t.to_state == dst.label):
+                used.add(t.pk)
+                row.transition = t
+                break
+    fields = ["applied_at", "outcome", "outcome_reason", "transition"]
+    if overrides:
+        Override.objects.bulk_update(overrides, fields)
+    if decided:
+        QuarantineProposal.objects.bulk_update(decided, fields)
+    left = {t.node_id: t for t in transitions if t.from_state == NodeState.PENDING_APPROVAL.label}
+    if not left:
+        return
+    stale = list(QuarantineProposal.objects.select_for_update().filter(
+        node_id__in=list(left), source=ProposalSource.DETECTOR, status=ProposalStatus.PENDING))
+    for p in stale:
+        t = left[p.node_id]
+        p.status = ProposalStatus.SUPERSEDED
+        p.decided_at = t.at
+        p.decided_actor = "system:detector"
+        p.decision_reason = f"the node left pending_approval ({t.from_state} -> {t.to_state}, {t.reason})"
+        p.transition = t
+    if stale:
+        QuarantineProposal.objects.bulk_update(stale, ["status", "decided_at", "decided_actor", "decision_reason",
+                                                       "transition"])
 
 
 def open_detector_proposal(node: Node, t: Transition) -> None:

@@ -9,8 +9,10 @@ old or the new document, never half of one)::
                {"node": "10.0.0.6:8000", "address": "10.0.0.6:8000", "weight": 0, "state": "quarantined"}]}
 
 - ``version`` increases by one at every publish (every tick), even when no weight changed: it
-  doubles as a heartbeat. It is kept in PostgreSQL (``ModelGroup.weights_version``), so it stays
-  monotonic across Redis restarts.
+  doubles as a heartbeat. It is written to Redis first and then recorded in PostgreSQL
+  (``ModelGroup.weights_version``, lifted in the tick's SQL transaction, or by the outbox drain
+  after an outage), so the decision reaches the gateways before any SQL write and the version stays
+  monotonic across Redis restarts (:func:`next_version`: one more than both).
 - ``weight`` is an integer on the base-weight scale; out-of-service nodes (``quarantined``,
   ``probing``, ``forced_quarantine``) have weight 0. Gateways that cannot express 0 (Envoy EDS
   weights are >= 1) must drain by ``state``.
@@ -23,27 +25,41 @@ After the SET, ``{"group": ..., "version": ...}`` is published on channel ``outl
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Any
 
 import orjson
 from django.conf import settings
-from django.db.models import F
 
 from outlier_admin.control.redis_conn import WEIGHTS_CHANNEL, get_redis, weights_key
 from outlier_admin.fleet.models import ModelGroup
+from outlier_admin.fleet.names import NameError_, parse_address
+from outlier_admin.gateway_client import check_document
+
+log = logging.getLogger(__name__)
 
 
-def next_version(group: ModelGroup) -> int:
-    """Bump and return the group's weights version (atomic in SQL: safe against any concurrency)."""
-    ModelGroup.objects.filter(pk=group.pk).update(weights_version=F("weights_version") + 1)
-    version = ModelGroup.objects.filter(pk=group.pk).values_list("weights_version", flat=True).get()
-    group.weights_version = version
-    return version
+def next_version(published: int | None, stored: int) -> int:
+    """The version of the next document: one more than both the last one published (the detector
+    state's ``version``, or the document's) and the one stored in SQL (``ModelGroup.weights_version``,
+    which outlives a Redis restart). Ticks of a group are sequential (its lock) and their Redis writes
+    fenced, so this is monotonic without an SQL write before the publish."""
+    return max(int(published or 0), int(stored or 0)) + 1
+
+
+def record_version(group: ModelGroup, version: int) -> None:
+    """Lift ``ModelGroup.weights_version`` to ``version`` (never lowers it) — *after* the document is
+    in Redis, in the tick's SQL transaction."""
+    ModelGroup.objects.filter(pk=group.pk, weights_version__lt=version).update(weights_version=version)
+    group.weights_version = max(group.weights_version, version)
 
 
 def build_document(group: str, version: int, nodes: list[dict[str, Any]], *, safeguard: bool,
                    now: float, stale_after_s: float) -> dict[str, Any]:
-    return {
+    """The document, checked against the gateways' contract (``gateway_client.check_document``): a
+    node a gateway would refuse is left out, with its reason logged, and never published."""
+    doc = {
         "group": group,
         "version": version,
         "generated_at": round(now, 3),
@@ -52,7 +68,7 @@ def build_document(group: str, version: int, nodes: list[dict[str, Any]], *, saf
         "nodes": [
             {
                 "node": n["node"],
-                "address": n["address"],
+                "address": _hostport(n["address"]),
                 "weight": int(n["weight"]),
                 "state": n["state"],
                 "base_weight": int(n.get("base_weight", 100)),
@@ -60,17 +76,46 @@ def build_document(group: str, version: int, nodes: list[dict[str, Any]], *, saf
             for n in nodes
         ],
     }
+    doc, skipped = check_document(doc)
+    if skipped and _last_skipped.get(group) != skipped:  # logged when it changes, not at every tick
+        for why in skipped:
+            log.error("weights of group %s: node left out of the document: %s", group, why)
+    _last_skipped[group] = skipped
+    return doc
+
+
+_last_skipped: dict[str, list[str]] = {}
+
+
+@functools.lru_cache(maxsize=65536)  # the same addresses are published at every tick
+def _hostport(address: str) -> str:
+    """``host:port`` of a node's address (a registered ``http://h:p`` included); an invalid one as it
+    is, for the contract check to refuse with its reason."""
+    try:
+        return parse_address(address).hostport
+    except NameError_:
+        return address
+
+
+def queue_document(pipe: Any, doc: dict[str, Any]) -> None:
+    """Queue the document's ``SET`` and then its notification on ``pipe`` (a MULTI: the tick adds
+    them to its fenced state write, so a gateway never hears of a version before it can read it)."""
+    pipe.set(weights_key(doc["group"]), orjson.dumps(doc))
+    pipe.publish(WEIGHTS_CHANNEL, orjson.dumps({"group": doc["group"], "version": doc["version"]}))
 
 
 def publish_weights(group: ModelGroup, nodes: list[dict[str, Any]], *, safeguard: bool, now: float) -> int:
-    """Write the group's weights document and notify; returns the new version."""
-    version = next_version(group)
+    """Write the group's weights document and notify, outside a tick; returns the new version.
+    Redis first, then SQL (:func:`record_version`), as in the tick."""
+    r = get_redis()
+    current = read_weights(group.name)
+    version = next_version(current["version"] if current else None, group.weights_version)
     doc = build_document(group.name, version, nodes, safeguard=safeguard, now=now,
                          stale_after_s=settings.WEIGHTS_STALE_AFTER_S)
-    pipe = get_redis().pipeline(transaction=True)
-    pipe.set(weights_key(group.name), orjson.dumps(doc))
-    pipe.publish(WEIGHTS_CHANNEL, orjson.dumps({"group": group.name, "version": version}))
+    pipe = r.pipeline(transaction=True)
+    queue_document(pipe, doc)
     pipe.execute()
+    record_version(group, version)
     return version
 
 

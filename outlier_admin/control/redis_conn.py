@@ -5,17 +5,27 @@ Key layout (all prefixed ``outlier:``; the gateway contract keys are fixed by th
 - ``outlier:weights:<group>``      published weights document (JSON string)  [gateway contract]
 - ``outlier:weights``              pub/sub channel, ``{"group", "version"}``  [gateway contract]
 - ``outlier:stream:<group>``       Redis Stream of ingest batches (consumer group ``ticks``)
-- ``outlier:state:<group>``        hash: ``detector`` (``GroupDetector.to_bytes()``), ``last_id``
-                                   (last stream id applied), ``thresholds_version``
+- ``outlier:state:<group>``        hash: ``detector`` (checkpoint, ``GroupDetector.to_bytes()``),
+                                   ``last_id`` (last stream id in the checkpoint), ``rev`` (token of
+                                   the last tick's write: the fence and the in-process cache key),
+                                   ``version`` (last weights version), ``thresholds_version``,
+                                   ``history_slot``, ``checkpoint_at``
+- ``outlier:inputs:<group>``       counter: operator inputs written and not yet applied by a tick
 - ``outlier:lock:tick:<group>``    per-group tick lock (token, PX lease renewed while the tick runs)
 - ``outlier:tick:queued:<group>``  a tick of the group is queued (``control.scheduling``; PX lease)
 - ``outlier:tick:last``            sorted set group -> Redis time its last completed tick started
+- ``outlier:tickers``              sorted set ticker id -> lease expiry (event-driven tick loops,
+                                   ``control.scheduling.Ticker``); ``outlier:tickers:groups`` their shares
 - ``outlier:dedup:<group>:<n>``    request_id sets per de-duplication window
 - ``outlier:probes:<group>``       hash node -> JSON of a canary probe due (written by the tick)
 - ``outlier:probe-inflight:<group>:<node>``  NX guard: one probe at a time per node
 - ``outlier:config:<group>``       the group's snapshot for ticks while PostgreSQL is down (degraded)
 - ``outlier:outbox:<group>``       list of a degraded tick's SQL rows, written when PostgreSQL returns
 - ``outlier:degraded:<group>``     the version a degraded tick published (cleared by the drain)
+- ``outlier:itl:<group>``          hash node -> the last model-server scrape's counters (``ingest.modelserver``)
+- ``outlier:scraper:lease:<i>/<n>``  the scrape_metrics process holding shard i of n (token, PX lease)
+- ``outlier:scraper:alive``        some scrape_metrics process holds a shard (the beat's round steps aside)
+- ``outlier:scrape:rejected:<group>:<node>:<kind>``  NX guard: one rejected-input row a minute
 """
 
 from __future__ import annotations
@@ -64,12 +74,27 @@ def stream_key(group: str) -> str:
 
 
 def itl_key(group: str) -> str:
-    """Hash node -> the last model-server scrape's inter-token histogram ``[ts, sum_s, count]``."""
+    """Hash node -> the last model-server scrape's counters ``[ts, *EngineCounters]``."""
     return f"outlier:itl:{group}"
 
 
 def state_key(group: str) -> str:
     return f"outlier:state:{group}"
+
+
+def inputs_key(group: str) -> str:
+    """Counter of operator inputs (overrides, decisions, probe results) waiting for the group's tick."""
+    return f"outlier:inputs:{group}"
+
+
+def mark_inputs_pending(group: str) -> None:
+    """Tell ``group``'s tick that an operator input waits in SQL (call after the row is committed:
+    ``transaction.on_commit``). A tick queries the inputs only when this counter is set (or some node
+    waits for approval, or on a new history slot, which bounds the delay if this mark was lost)."""
+    try:
+        get_redis().incr(inputs_key(group))
+    except redis.RedisError as exc:  # the row is committed; the next history slot's tick applies it
+        log.warning("operator input of %s not signalled to its tick: %s", group, exc)
 
 
 def lock_key(group: str) -> str:
@@ -205,11 +230,11 @@ class LeaseLost(RuntimeError):
     """A tick's lock passed to another worker while it ran: its writes are dropped (see :func:`fenced`)."""
 
 
-def fenced(client: redis.Redis, lock: GroupLock | None, state: str, expected_last_id: bytes | None,
+def fenced(client: redis.Redis, lock: GroupLock | None, state: str, expected_rev: bytes | None,
            queue: Callable[[Any], None]) -> None:
     """Run the commands ``queue`` adds to a pipeline in one MULTI/EXEC, only while ``lock`` is still
-    held by its holder and the detector state's ``last_id`` is still ``expected_last_id`` (both
-    WATCHed up to the EXEC); raises :class:`LeaseLost` otherwise.
+    held by its holder and the detector state's ``rev`` (the token every tick's write sets) is still
+    ``expected_rev`` (both WATCHed up to the EXEC); raises :class:`LeaseLost` otherwise.
 
     Why: a tick that stalls past its lease (a VM or GC pause, a hung database call) while another
     worker takes the group over, applies the same entries and newer ones, stores its state and
@@ -222,7 +247,7 @@ def fenced(client: redis.Redis, lock: GroupLock | None, state: str, expected_las
             pipe.watch(*keys)
             if lock is not None and not lock.is_current(pipe.get(lock.key)):
                 raise LeaseLost(f"{lock.key}: held by another tick now")
-            if pipe.hget(state, "last_id") != expected_last_id:
+            if pipe.hget(state, "rev") != expected_rev:
                 raise LeaseLost(f"{state}: advanced by another tick")
             pipe.multi()
             queue(pipe)

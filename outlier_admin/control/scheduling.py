@@ -28,13 +28,19 @@ backlog stays bounded. All times are Redis ``TIME``: one clock for the beat and 
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
+import time
 from collections.abc import Sequence
+from typing import Any
 
 import redis
 from django.conf import settings
 
-from outlier_admin.control.redis_conn import TICK_LAST_KEY, lock_key, tick_queued_key
+from outlier_admin.control.redis_conn import TICK_LAST_KEY, get_redis, lock_key, stream_key, tick_queued_key
+
+log = logging.getLogger(__name__)
 
 
 def redis_now(r: redis.Redis) -> float:
@@ -104,3 +110,180 @@ def finish(r: redis.Redis, group: str, started: float, *, ticked: bool) -> None:
         pipe.zadd(TICK_LAST_KEY, {group: started}, gt=True)
     pipe.delete(tick_queued_key(group))
     pipe.execute()
+
+
+# --- event-driven ticks, groups sharded over worker processes ---------------------------------------------
+#
+# The beat above ticks every group once per ``TICK_INTERVAL_MS`` through the Celery queue, so a row
+# written just after a tick waits up to an interval plus the queue. A :class:`Ticker` (one per worker
+# process, ``manage.py run_ticker``) instead blocks on its groups' streams (``XREAD BLOCK``) and ticks a
+# group as soon as it has new rows — at most once per ``EVENT_MIN_GAP_S``, so a scrape round's entries
+# are applied together — and at least every ``TICK_INTERVAL_MS`` as a heartbeat (the document is
+# also the gateways' liveness signal). The group lock, the fenced state write and the consumer group
+# keep ticks of one group in order and every entry applied once, whichever process runs them.
+#
+# Sharding: live tickers register in ``outlier:tickers`` (sorted set, id -> lease expiry in Redis time,
+# renewed every ``lease / 3``); each owns the groups whose rendezvous hash (:func:`owner_of`) picks it
+# among the live ones. A dead ticker's lease lapses within ``TICKER_LEASE_MS`` and its groups go to the
+# others at their next renewal — only its groups move. While at least one ticker lives the beat
+# enqueues nothing (:func:`tickers_alive`): the Celery path stays the fallback.
+
+TICKERS_KEY = "outlier:tickers"
+TICKER_GROUPS_KEY = "outlier:tickers:groups"  # hash ticker id -> groups it owns (for operators, tests)
+EVENT_MIN_GAP_S = 0.05
+
+
+def ticker_lease_ms() -> int:
+    """A ticker's registration lease: half the tick lock's, so a dead ticker's groups move (lease +
+    one renewal period) before or about when its tick locks lapse."""
+    return max(settings.TICK_LOCK_TTL_MS // 2, 500)
+
+
+def owner_of(group: str, tickers: Sequence[str]) -> str | None:
+    """Rendezvous (highest random weight) hashing: the ticker with the largest ``hash(ticker, group)``.
+    When a ticker joins or leaves only the groups it wins or held move; the others stay put."""
+    import hashlib
+
+    if not tickers:
+        return None
+    return max(tickers, key=lambda t: hashlib.blake2b(f"{t}\0{group}".encode(), digest_size=8).digest())
+
+
+def tickers_alive(r: redis.Redis) -> list[str]:
+    """Ids of the tickers whose lease has not lapsed (Redis time)."""
+    return sorted(m.decode() for m in r.zrangebyscore(TICKERS_KEY, redis_now(r), "+inf"))
+
+
+class Ticker:
+    """One worker process's event-driven tick loop over its share of the groups (see above).
+
+    ``list_groups`` returns every group name (default: PostgreSQL, else the groups Redis knows);
+    ``tick(name, consumer)`` runs one tick (default :func:`outlier_admin.control.tick.run_tick`)."""
+
+    def __init__(self, ticker_id: str, r: redis.Redis, *, tick: Any = None, list_groups: Any = None) -> None:
+        self.id, self.r = ticker_id, r
+        self._tick = tick or _run_tick
+        self._list_groups = list_groups or all_groups
+        self.lease_ms = ticker_lease_ms()
+        self.interval_s = settings.TICK_INTERVAL_MS / 1000.0
+        self.mine: list[str] = []
+        self._next_renewal = 0.0
+        self._due: dict[str, float] = {}  # group -> monotonic time of its next heartbeat tick
+        self._woken: dict[str, float] = {}  # group -> earliest time an event tick may run
+        self._last_tick: dict[str, float] = {}
+        self._stream_ids: dict[str, bytes] = {}
+        self.ticks = 0
+
+    def renew(self) -> list[str]:
+        """Renew this ticker's lease, drop lapsed ones, and recompute the groups it owns."""
+        now = redis_now(self.r)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zadd(TICKERS_KEY, {self.id: now + self.lease_ms / 1000.0})
+        pipe.zremrangebyscore(TICKERS_KEY, "-inf", now)
+        pipe.execute()
+        live = tickers_alive(self.r)
+        mine = [g for g in self._list_groups() if owner_of(g, live) == self.id]
+        gained = set(mine) - set(self.mine)
+        for g in gained:  # a group new to this ticker is ticked at once (its owner may have died)
+            self._due[g] = 0.0
+        if lost := set(self.mine) - set(mine):
+            from outlier_admin.control.tick import forget
+
+            for g in lost:
+                forget(g)  # its new owner ticks it now: this copy will not be current again
+                for d in (self._due, self._woken, self._last_tick, self._stream_ids):
+                    d.pop(g, None)
+        self.mine = mine
+        self.r.hset(TICKER_GROUPS_KEY, self.id, len(mine))
+        self._next_renewal = time.monotonic() + self.lease_ms / 3000.0
+        return mine
+
+    def leave(self) -> None:
+        """Deregister (a clean shutdown): the others take the groups at their next renewal."""
+        self.r.zrem(TICKERS_KEY, self.id)
+        self.r.hdel(TICKER_GROUPS_KEY, self.id)
+
+    def _wait(self, timeout_s: float) -> None:
+        """Block until one of this ticker's streams has a row after the last seen, or ``timeout_s``."""
+        streams = {stream_key(g): self._stream_ids.get(g, b"0-0") for g in self.mine}
+        if not streams:
+            time.sleep(timeout_s)
+            return
+        got = self.r.xread(streams, count=1, block=max(int(timeout_s * 1000), 1))
+        now = time.monotonic()
+        for key, items in got or []:
+            group = (key.decode() if isinstance(key, bytes) else key).removeprefix(stream_key(""))
+            if items:
+                self._stream_ids[group] = items[-1][0]
+            self._woken.setdefault(group, self._last_tick.get(group, 0.0) + EVENT_MIN_GAP_S)
+            self._woken[group] = max(self._woken[group], now)
+
+    def step(self) -> int:
+        """One round: renew if due, tick the groups due (events first, then heartbeats, most overdue
+        first), else wait for rows until the next deadline. Returns the ticks run."""
+        if time.monotonic() >= self._next_renewal:
+            self.renew()
+        now = time.monotonic()
+        due = [g for g in self.mine if self._due.get(g, 0.0) <= now
+               or (g in self._woken and self._woken[g] <= now)]
+        if not due:
+            deadlines = [self._next_renewal, *(self._due.get(g, 0.0) for g in self.mine), *self._woken.values()]
+            self._wait(max(min(deadlines) - now, 0.001))
+            return 0
+        due.sort(key=lambda g: self._last_tick.get(g, 0.0))
+        # The newest row of each group before its tick: rows after it wake this ticker again.
+        pipe = self.r.pipeline(transaction=False)
+        for g in due:
+            pipe.xrevrange(stream_key(g), count=1)
+        for g, newest in zip(due, pipe.execute(), strict=True):
+            if newest:
+                self._stream_ids[g] = newest[0][0]
+        ran = 0
+        for g in due:
+            started = time.monotonic()
+            self._woken.pop(g, None)
+            try:
+                self._tick(g, self.id)
+                ran += 1
+            except Exception:  # one group's failure must not stop the others'
+                log.exception("tick of %s failed in ticker %s", g, self.id)
+            self._last_tick[g] = started
+            self._due[g] = started + self.interval_s
+        self.ticks += ran
+        return ran
+
+    def run(self, stop: Any = None, *, seconds: float | None = None) -> None:
+        """Loop until ``stop`` (a ``threading.Event``) is set or ``seconds`` have passed."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        try:
+            while not (stop is not None and stop.is_set()) and (deadline is None or time.monotonic() < deadline):
+                try:
+                    self.step()
+                except redis.RedisError as exc:  # Redis restarting: retry; its lease lapses meanwhile
+                    log.warning("ticker %s: %s", self.id, exc)
+                    time.sleep(min(self.lease_ms / 3000.0, 1.0))
+        finally:
+            with contextlib.suppress(redis.RedisError):
+                self.leave()
+
+
+def _run_tick(group: str, consumer: str) -> Any:
+    from outlier_admin.control.tick import run_tick
+
+    r = get_redis()
+    started = redis_now(r)  # the beat's clock: its fallback sees these ticks in ``outlier:tick:last``
+    result = run_tick(group, consumer=consumer)
+    if result is not None:
+        finish(r, group, started, ticked=True)
+    return result
+
+
+def all_groups() -> list[str]:
+    """Every group's name: from PostgreSQL, else (outage) the groups Redis knows."""
+    from outlier_admin.control import degraded
+    from outlier_admin.fleet.models import ModelGroup
+
+    try:
+        return list(ModelGroup.objects.filter(retired=False).values_list("name", flat=True))
+    except degraded.DB_ERRORS:
+        return degraded.known_groups(get_redis())

@@ -26,8 +26,10 @@ def tick_all_groups() -> int:
     from outlier_admin.control.redis_conn import get_redis
 
     r = get_redis()
+    if scheduling.tickers_alive(r):
+        return 0  # event-driven tickers own every group (scheduling.Ticker); the beat is their fallback
     try:
-        names = list(ModelGroup.objects.values_list("name", flat=True))
+        names = list(ModelGroup.objects.filter(retired=False).values_list("name", flat=True))
         complete = True
     except degraded.DB_ERRORS as exc:
         # PostgreSQL down: tick the groups Redis knows, so gateways keep fresh weights.

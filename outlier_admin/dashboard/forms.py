@@ -9,20 +9,27 @@ from django import forms
 
 from detector.thresholds import Thresholds
 from outlier_admin.api.preview import PREVIEW_FIELDS
-from outlier_admin.fleet.models import Policy
+from outlier_admin.control.actions import REASON_MAX, ActionError, check_override
+from outlier_admin.fleet.models import Node, Policy
 
 INTEGER_FIELDS = {"quarantine_persistence", "tail_windows"}
 
 
 class ReasonForm(forms.Form):
     reason = forms.CharField(
-        label="Reason (recorded in the audit log)", max_length=2000,
+        label="Reason (recorded in the audit log)", max_length=REASON_MAX,
         widget=forms.TextInput(attrs={"size": 60, "autocomplete": "off"}),
     )
 
 
 class ProposalDecisionForm(ReasonForm):
     decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")], widget=forms.HiddenInput)
+    # A rejection silences new proposals of the node and cause for this long (actions.do_reject_proposal).
+    silence_s = forms.TypedChoiceField(
+        label="After a rejection, no new proposal for", coerce=int, required=False, initial=3600,
+        choices=[(900, "15 minutes"), (3600, "1 hour"), (4 * 3600, "4 hours"), (86400, "1 day"),
+                 (7 * 86400, "7 days")], empty_value=None,
+    )
 
 
 class OverrideForm(ReasonForm):
@@ -40,11 +47,31 @@ class OverrideForm(ReasonForm):
     )
     confirmed = forms.BooleanField(required=False, widget=forms.HiddenInput)
 
+    def __init__(self, *args: Any, node: Node | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.node = node
+
     def clean(self) -> dict[str, Any]:
+        """The action's own rules (:func:`~outlier_admin.control.actions.check_override`: the pin's
+        range, the expiry's bound), checked here so the confirmation page only restates an action
+        that will be accepted."""
         data = super().clean()
         if data.get("action") == "pin" and data.get("weight") is None:
             self.add_error("weight", "Give the weight to pin.")
+        elif self.node is not None and data.get("action") and data.get("reason") and not self.errors:
+            try:
+                check_override(self.node, data["action"], reason=data["reason"],
+                               expires_in_s=data.get("expires_in_s"), weight=data.get("weight"))
+            except ActionError as exc:
+                field = "weight" if "weight" in str(exc) else "expires_in_s" if "expires" in str(exc) else None
+                self.add_error(field, str(exc))
         return data
+
+
+class RetireForm(ReasonForm):
+    """Retiring a node: a reason, and a confirmation that restates what happens."""
+
+    confirmed = forms.BooleanField(required=False, widget=forms.HiddenInput)
 
 
 class ThresholdForm(ReasonForm):

@@ -1,4 +1,4 @@
-"""Server-side SVG time-series charts: axes with units, threshold lines, transition markers.
+"""Server-side SVG time-series charts: axes with units, threshold lines, state bands, transition markers.
 
 No JavaScript, no CDN: the node page embeds the returned markup. One function,
 :func:`time_chart`; x is time (UTC), y is linear from ``y_min`` (default: 0 or the data minimum) to
@@ -6,7 +6,9 @@ the data/threshold maximum plus 5% headroom. Gaps (``None`` values) break the li
 
 Accessibility: the ``<svg>`` has ``role="img"`` and a ``<title>``/``<desc>`` that state what the chart
 shows and its latest values, so the information is not carried by colour or shape alone; threshold
-lines are dashed and labelled with their name and value, markers carry the transition text.
+lines are dashed and labelled with their name and value (labels of lines closer than a line of
+text are moved apart, never drawn over each other), state bands and markers carry their text in a
+``<title>``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Series:
     points: list[tuple[datetime, float | None]]
     color: str = PALETTE[0]
     dashed: bool = False
+    dots: bool = False  # one dot per point, no line (e.g. canary probes: separate measurements)
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,16 @@ class Threshold:
     label: str
     value: float
     color: str = "#c62828"
+
+
+@dataclass(frozen=True)
+class Band:
+    """A span of time shaded behind the plot (a node's state), with its label as a tooltip."""
+
+    start: datetime
+    end: datetime
+    label: str
+    color: str
 
 
 @dataclass(frozen=True)
@@ -75,6 +88,7 @@ def time_chart(
     end: datetime,
     thresholds: list[Threshold] | None = None,
     markers: list[Marker] | None = None,
+    bands: list[Band] | None = None,
     width: int = 720,
     height: int = 220,
     y_min: float | None = None,
@@ -82,6 +96,7 @@ def time_chart(
     """An SVG line chart of ``series`` over ``[start, end]`` with a y axis labelled in ``unit``."""
     thresholds = thresholds or []
     markers = markers or []
+    bands = bands or []
     left, right, top, bottom = 56, 12, 24, 28
     pw, ph = width - left - right, height - top - bottom
     values = [v for s in series for _, v in s.points if v is not None and math.isfinite(v)]
@@ -108,6 +123,8 @@ def time_chart(
         desc += ". Thresholds: " + "; ".join(f"{t.label} {_fmt(t.value)}" for t in thresholds)
     if markers:
         desc += f". {len(markers)} transition(s) marked."
+    if bands:
+        desc += ". Shaded: " + "; ".join(sorted({b.label for b in bands}))
     out = [
         f'<svg class="chart" role="img" viewBox="0 0 {width} {height}" width="100%" '
         f'preserveAspectRatio="xMinYMin meet" xmlns="http://www.w3.org/2000/svg">',
@@ -115,6 +132,11 @@ def time_chart(
         f'<text x="{left}" y="14" class="chart-title" font-size="12" font-weight="bold">{escape(title)} ({escape(unit)})</text>',
         f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#fff" stroke="#999"/>',
     ]
+    for b in bands:
+        x0, x1 = max(x(max(b.start, start)), left), min(x(min(b.end, end)), left + pw)
+        if x1 > x0:
+            out.append(f'<rect class="band" x="{x0:.1f}" y="{top}" width="{x1 - x0:.1f}" height="{ph}" '
+                       f'fill="{b.color}" fill-opacity="0.13"><title>{escape(b.label)}</title></rect>')
     for tv in nice_ticks(lo, hi):
         yy = y(tv)
         out.append(f'<line x1="{left}" x2="{left + pw}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#eee"/>')
@@ -128,11 +150,16 @@ def time_chart(
         anchor = "start" if k == 0 else "end" if k == 5 else "middle"  # keep edge labels inside the box
         out.append(f'<text x="{xx:.1f}" y="{height - 8}" font-size="10" text-anchor="{anchor}">{label}</text>')
     out.append(f'<text x="{left + pw}" y="{height - 18}" font-size="9" text-anchor="end" fill="#666">time (UTC)</text>')
-    for t in thresholds:
+    label_ys: list[float] = []
+    for t in sorted(thresholds, key=lambda t: -t.value):  # top to bottom
         yy = y(t.value)
         out.append(f'<line class="threshold" x1="{left}" x2="{left + pw}" y1="{yy:.1f}" y2="{yy:.1f}" '
                    f'stroke="{t.color}" stroke-dasharray="6 4"/>')
-        out.append(f'<text x="{left + pw - 4}" y="{yy - 3:.1f}" font-size="10" text-anchor="end" '
+        ly = max(yy - 3, top + 10)
+        if label_ys and ly < label_ys[-1] + 12:  # too close to the label above: put it under its line
+            ly = max(yy + 11, label_ys[-1] + 12)
+        label_ys.append(ly)
+        out.append(f'<text class="threshold-label" x="{left + pw - 4}" y="{ly:.1f}" font-size="10" text-anchor="end" '
                    f'fill="{t.color}">{escape(t.label)} {_fmt(t.value)}</text>')
     for m in markers:
         if not start <= m.at <= end:
@@ -143,6 +170,11 @@ def time_chart(
                    f'stroke-dasharray="2 2"/><path d="M{xx - 4:.1f},{top} L{xx + 4:.1f},{top} L{xx:.1f},{top + 6}" '
                    f'fill="{m.color}"/></g>')
     for s in series:
+        if s.dots:
+            dots = "".join(f'<circle cx="{x(at):.1f}" cy="{y(v):.1f}" r="3"/>' for at, v in s.points
+                           if v is not None and math.isfinite(v) and start <= at <= end)
+            out.append(f'<g class="dots" fill="{s.color}"><title>{escape(s.label)}</title>{dots}</g>')
+            continue
         d, pen = [], "M"
         for at, v in s.points:
             if v is None or not math.isfinite(v):
@@ -156,7 +188,11 @@ def time_chart(
     lx = left + 8
     for s in series:
         dash = ' stroke-dasharray="4 3"' if s.dashed else ""
-        out.append(f'<line x1="{lx}" x2="{lx + 16}" y1="{top + 10}" y2="{top + 10}" stroke="{s.color}" stroke-width="2"{dash}/>')
+        if s.dots:
+            out.append(f'<circle cx="{lx + 8}" cy="{top + 10}" r="3" fill="{s.color}"/>')
+        else:
+            out.append(f'<line x1="{lx}" x2="{lx + 16}" y1="{top + 10}" y2="{top + 10}" stroke="{s.color}" '
+                       f'stroke-width="2"{dash}/>')
         out.append(f'<text x="{lx + 20}" y="{top + 14}" font-size="10">{escape(s.label)}</text>')
         lx += 28 + 6 * len(s.label)
     out.append("</svg>")

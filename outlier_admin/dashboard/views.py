@@ -34,10 +34,23 @@ from outlier_admin.control.models import (
     NodeHistory,
     Override,
     QuarantineProposal,
+    Silence,
     Transition,
 )
-from outlier_admin.dashboard.charts import node_charts
-from outlier_admin.dashboard.forms import OverrideForm, PolicyForm, ProposalDecisionForm, ThresholdForm
+from outlier_admin.dashboard.charts import node_charts, signal_unit
+from outlier_admin.dashboard.firstscreen import applied_versions, first_screen
+from outlier_admin.dashboard.forms import (
+    OverrideForm,
+    PolicyForm,
+    ProposalDecisionForm,
+    ReasonForm,
+    RetireForm,
+    ThresholdForm,
+)
+from outlier_admin.dashboard.heatmap import MAX_ROWS as HEATMAP_ROWS
+from outlier_admin.dashboard.heatmap import STATE_COLORS as HEATMAP_STATES
+from outlier_admin.dashboard.heatmap import default_window as heatmap_window
+from outlier_admin.dashboard.heatmap import heatmap
 from outlier_admin.dashboard.tables import node_rows
 from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.ingest.models import GpuReading
@@ -73,39 +86,59 @@ def _ctx(request: HttpRequest, **extra: Any) -> dict[str, Any]:
 
 @requires("read")
 def overview(request: HttpRequest) -> HttpResponse:
-    groups = list(ModelGroup.objects.all())
+    """The first screen (:mod:`outlier_admin.dashboard.firstscreen`: every node that is not healthy,
+    first), the groups with their gateways' applied versions, then the recent transitions."""
+    groups = list(ModelGroup.objects.filter(retired=False))
     counts = queries.state_counts([g.pk for g in groups])
+    gateways = applied_versions(groups)
     rows = []
     for g in groups:
         c = counts.get(g.pk, {})
         rows.append({"group": g, "counts": [(s, c.get(s, 0)) for s in queries.STATE_ORDER],
-                     "total": sum(c.values()), "safeguard": queries.safeguard_status(g, c)})
+                     "total": sum(c.values()), "safeguard": queries.safeguard_status(g, c),
+                     "gateways": gateways[g.name]})
     recent = Transition.objects.select_related("node", "group")[:25]
     return render(request, "dashboard/overview.html", _ctx(
-        request, rows=rows, states=queries.STATE_ORDER, recent=recent,
+        request, rows=rows, states=queries.STATE_ORDER, recent=recent, screen=first_screen(gateways),
         pending=queries.pending_proposals()[:10],
     ))
 
 
 @requires("read")
-def group_page(request: HttpRequest, name: str) -> HttpResponse:
-    """Nodes table (sorted over the whole group, then paginated), the detector's stored baseline,
-    safeguard and thresholds. ``?partial=nodes`` returns only the table (the page's auto-refresh)."""
-    group = get_object_or_404(ModelGroup, name=name)
-    sort = request.GET.get("sort", "name")
+def group_page(request: HttpRequest, slug: str) -> HttpResponse:
+    """Nodes table (sorted over the whole group, then paginated; by default problems first), the
+    heatmap of Z over the last hour (:mod:`outlier_admin.dashboard.heatmap`), the detector's stored
+    baseline, safeguard and thresholds. ``?partial=nodes`` / ``?partial=heatmap`` return only the
+    table / the heatmap (the page's live refresh)."""
+    group = get_object_or_404(ModelGroup, slug=slug)
+    if request.GET.get("partial") == "heatmap":
+        return render(request, "dashboard/_heatmap.html", _heatmap_ctx(group, _signal(request, group)))
+    sort = request.GET.get("sort", "attention")
     if sort.lstrip("-") not in SORTS:
-        sort = "name"
+        sort = "attention"
     signal = _signal(request, group)
-    page = Paginator(queries.group_nodes(group, sort, signal=signal), GROUP_PAGE_SIZE).get_page(request.GET.get("page"))
+    ordered = queries.group_nodes(group, sort, signal=signal)
+    page = Paginator(ordered, GROUP_PAGE_SIZE).get_page(request.GET.get("page"))
     counts = queries.state_counts([group.pk]).get(group.pk, {})
     ctx = _ctx(request, group=group, nodes=node_rows(page.object_list), page=page, sort=sort,
                signal=signal, signal_label=queries.SIGNAL_LABELS[signal], signals=SIGNALS,
+               ema_unit=signal_unit(signal, group.thresholds()),
                baseline=queries.latest_baseline(group, signal),
                safeguard=queries.safeguard_status(group, counts), thresholds=group.thresholds().to_dict(),
                counts=[(s, counts.get(s, 0)) for s in queries.STATE_ORDER if counts.get(s)])
     if request.GET.get("partial") == "nodes":
         return render(request, "dashboard/_nodes_table.html", ctx)
-    return render(request, "dashboard/group.html", ctx)
+    return render(request, "dashboard/group.html", {**ctx, **_heatmap_ctx(group, signal, queries.by_attention(ordered))})
+
+
+def _heatmap_ctx(group: ModelGroup, signal: str, nodes: list[Node] | None = None) -> dict[str, Any]:
+    """The heatmap's rows are the group's nodes in attention order (``nodes``: already so sorted)."""
+    start, end = heatmap_window(timezone.now())
+    nodes = queries.group_nodes(group, "attention", signal=signal) if nodes is None else nodes
+    return {"group": group, "signal": signal, "heatmap_start": start, "heatmap_end": end,
+            "heatmap_rows": min(len(nodes), HEATMAP_ROWS), "heatmap_nodes": len(nodes),
+            "heatmap": heatmap(nodes, group.thresholds(), start=start, end=end, signal=signal),
+            "heatmap_states": HEATMAP_STATES}
 
 
 def _signal(request: HttpRequest, group: ModelGroup) -> str:
@@ -139,9 +172,13 @@ def node_page(request: HttpRequest, pk: int) -> HttpResponse:
     evidence_points = (points if signal == decision else
                        tail_points if decision == "norm" else node_timeline(node, start, end, signal=decision))
     transitions = list(Transition.objects.filter(node=node, at__gte=start, at__lt=end).order_by("at"))
-    charts = node_charts(points, group_baseline(node.group_id, start, end, signal=signal), transitions,
+    baseline = group_baseline(node.group_id, start, end, signal=signal)
+    # Canary probes are judged on the norm scale: their Z is read against the norm baseline.
+    norm_baseline = baseline if signal == "norm" else group_baseline(node.group_id, start, end, signal="norm")
+    chart_probes = list(CanaryProbe.objects.filter(node=node, at__gte=start, at__lt=end).order_by("-at")[:2000])
+    charts = node_charts(points, baseline, transitions,
                          node.group.thresholds(), start, end, signal=signal, tail_points=tail_points,
-                         evidence_points=evidence_points)
+                         evidence_points=evidence_points, probes=chart_probes, norm_baseline=norm_baseline)
     latest_gpu: dict[str, GpuReading] = {}
     for r in GpuReading.objects.filter(node=node).order_by("-at")[:64]:
         latest_gpu.setdefault(r.gpu, r)
@@ -149,7 +186,7 @@ def node_page(request: HttpRequest, pk: int) -> HttpResponse:
         request, node=node, charts=charts, start=start, end=end, hours=request.GET.get("hours", "1"),
         signal=signal, signals=SIGNALS, signal_label=queries.SIGNAL_LABELS[signal],
         decision_signal=decision, points=len(points), transitions=Transition.objects.filter(node=node)[:50],
-        probes=CanaryProbe.objects.filter(node=node)[:50], overrides=Override.objects.filter(node=node)[:50],
+        probes=CanaryProbe.objects.filter(node=node)[:50], overrides=Override.objects.filter(node=node).select_related("transition")[:50],
         gpus=sorted(latest_gpu.values(), key=lambda r: r.gpu), override_form=OverrideForm(),
     ))
 
@@ -160,11 +197,11 @@ def node_override(request: HttpRequest, pk: int) -> HttpResponse:
     """Two steps: the form posts without ``confirmed`` and gets a confirmation page that restates
     the action; only the confirmation's POST (``confirmed=True``) calls the action."""
     node = get_object_or_404(Node.objects.select_related("group"), pk=pk)
-    form = OverrideForm(request.POST or None, initial={"action": request.GET.get("action", "quarantine")})
+    form = OverrideForm(request.POST or None, node=node, initial={"action": request.GET.get("action", "quarantine")})
     if request.method == "POST" and form.is_valid():
         d = form.cleaned_data
         if not d["confirmed"]:
-            confirm = OverrideForm(initial={**d, "confirmed": True})
+            confirm = OverrideForm(node=node, initial={**d, "confirmed": True})
             return render(request, "dashboard/override_confirm.html", _ctx(request, node=node, form=confirm, data=d))
         try:
             if d["action"] == "quarantine":
@@ -187,11 +224,38 @@ def node_override(request: HttpRequest, pk: int) -> HttpResponse:
                   status=400 if request.method == "POST" else 200)
 
 
+@requires("override")
+@require_http_methods(["GET", "POST"])
+def node_retire(request: HttpRequest, pk: int) -> HttpResponse:
+    """Two steps like an override: the form (a reason), then a confirmation restating that the node
+    leaves the group's weights at the next tick; only the confirmed POST calls the action."""
+    node = get_object_or_404(Node.objects.select_related("group"), pk=pk)
+    form = RetireForm(request.POST or None)
+    confirm = None
+    if request.method == "POST" and form.is_valid():
+        if not form.cleaned_data["confirmed"]:
+            confirm = RetireForm(initial={"reason": form.cleaned_data["reason"], "confirmed": True})
+        else:
+            try:
+                actions.do_retire_node(node, actor=request.user, reason=form.cleaned_data["reason"])
+            except actions.ActionError as exc:
+                form.add_error(None, str(exc))
+            else:
+                messages.success(request, f"{node.name} retired: it leaves the weights of {node.group.name} "
+                                          "at the group's next tick.")
+                return redirect("dashboard:group", slug=node.group.slug)
+    status = 400 if request.method == "POST" and form.errors else 200
+    return render(request, "dashboard/retire.html", _ctx(request, node=node, form=confirm or form,
+                                                          confirming=confirm is not None), status=status)
+
+
 @requires("read")
 def approvals(request: HttpRequest) -> HttpResponse:
-    decided = QuarantineProposal.objects.exclude(status="pending").select_related("node", "group")[:25]
+    decided = QuarantineProposal.objects.exclude(status="pending").select_related("node", "group", "transition")[:25]
+    silences = Silence.objects.active().select_related("node", "node__group").order_by("expires_at")[:200]
     return render(request, "dashboard/approvals.html", _ctx(
-        request, pending=queries.pending_proposals(), decided=decided, form=ProposalDecisionForm()))
+        request, pending=queries.pending_proposals(), decided=decided, form=ProposalDecisionForm(),
+        silences=silences))
 
 
 @requires("decide")
@@ -201,24 +265,46 @@ def decide_proposal(request: HttpRequest, pk: int) -> HttpResponse:
     form = ProposalDecisionForm(request.POST)
     if form.is_valid():
         d = form.cleaned_data
-        do = actions.do_approve_proposal if d["decision"] == "approve" else actions.do_reject_proposal
         try:
-            do(proposal, actor=request.user, reason=d["reason"])
+            if d["decision"] == "approve":
+                actions.do_approve_proposal(proposal, actor=request.user, reason=d["reason"])
+            else:
+                actions.do_reject_proposal(proposal, actor=request.user, reason=d["reason"],
+                                           silence_s=d["silence_s"] or actions.DEFAULT_SILENCE_S)
         except actions.ActionError as exc:
             messages.error(request, str(exc))
         else:
-            messages.success(request, f"Proposal {proposal.pk} for {proposal.node.name}: {d['decision']}d.")
+            done = "approved" if d["decision"] == "approve" else "rejected"
+            messages.success(request, f"Proposal {proposal.pk} for {proposal.node.name}: {done}.")
     else:
         messages.error(request, "A reason is required to approve or reject a proposal.")
     return redirect("dashboard:approvals")
 
 
+@requires("decide")
+@require_http_methods(["POST"])
+def expire_silence(request: HttpRequest, pk: int) -> HttpResponse:
+    """End a silence now (role ``operator``, like the rejection that started it)."""
+    silence = get_object_or_404(Silence, pk=pk)
+    form = ReasonForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "A reason is required to expire a silence.")
+    else:
+        try:
+            actions.do_expire_silence(silence, actor=request.user, reason=form.cleaned_data["reason"])
+        except actions.ActionError as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(request, f"Silence {silence.pk} for {silence.node.name} expired.")
+    return redirect("dashboard:approvals")
+
+
 @requires("read")
 @require_http_methods(["GET", "POST"])
-def thresholds_page(request: HttpRequest, name: str) -> HttpResponse:
+def thresholds_page(request: HttpRequest, slug: str) -> HttpResponse:
     """Preview (``operator`` or ``oncall``: :func:`~outlier_admin.api.preview.may_preview`) and save
     (``operator``). Preview replays the last hour of history, within the preview's bounds."""
-    group = get_object_or_404(ModelGroup, name=name)
+    group = get_object_or_404(ModelGroup, slug=slug)
     form = ThresholdForm(request.POST or None, current=group.thresholds())
     preview = None
     status = 200
@@ -241,7 +327,7 @@ def thresholds_page(request: HttpRequest, name: str) -> HttpResponse:
                     change = actions.do_update_thresholds(group, changes, actor=request.user,
                                                           reason=form.cleaned_data["reason"])
                     messages.success(request, f"Thresholds version {change.version} saved.")
-                    return redirect("dashboard:thresholds", name=group.name)
+                    return redirect("dashboard:thresholds", slug=group.slug)
                 preview = preview_thresholds(group, changes)
             except ThresholdError as exc:
                 form.add_error(exc.field if exc.field in form.fields else None, exc.message)
@@ -258,8 +344,8 @@ def thresholds_page(request: HttpRequest, name: str) -> HttpResponse:
 
 @requires("tune")
 @require_http_methods(["POST"])
-def group_policy(request: HttpRequest, name: str) -> HttpResponse:
-    group = get_object_or_404(ModelGroup, name=name)
+def group_policy(request: HttpRequest, slug: str) -> HttpResponse:
+    group = get_object_or_404(ModelGroup, slug=slug)
     form = PolicyForm(request.POST)
     if form.is_valid():
         try:
@@ -270,7 +356,7 @@ def group_policy(request: HttpRequest, name: str) -> HttpResponse:
             messages.error(request, str(exc))
     else:
         messages.error(request, "Choose a policy and give a reason.")
-    return redirect("dashboard:thresholds", name=group.name)
+    return redirect("dashboard:thresholds", slug=group.slug)
 
 
 @requires("read")
@@ -295,3 +381,33 @@ def audit_log(request: HttpRequest) -> HttpResponse:
     query = request.GET.copy()
     query.pop("page", None)
     return render(request, "dashboard/audit.html", _ctx(request, filter=flt, page=page, query=query.urlencode()))
+
+
+@requires("read")
+@require_http_methods(["GET", "HEAD"])  # a read page: a POST here is refused, never silently answered
+def rejected_input(request: HttpRequest) -> HttpResponse:
+    """What ingest refused: counts by reason and format over a window, then samples with the raw text
+    (the counting is :mod:`outlier_admin.ingest.rejected`'s, as the API's)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from outlier_admin.api.rejected import RejectedInputFilter
+    from outlier_admin.ingest.models import RejectedInput
+    from outlier_admin.ingest.rejected import counts_by_reason, window_start
+
+    hours = request.GET.get("hours", "24")
+    hours = hours if hours in REJECTED_WINDOWS else "24"
+    since = window_start(timezone.now() - timedelta(hours=int(hours)))
+    flt = RejectedInputFilter(request.GET or None, queryset=RejectedInput.objects.order_by("-received_at", "-id"))
+    page = Paginator(flt.qs, 50).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(request, "dashboard/rejected.html", _ctx(
+        request, counts=counts_by_reason(since), since=since, hours=hours, windows=REJECTED_WINDOWS,
+        filter=flt, page=page, query=query.urlencode()))
+
+
+#: The rejected-input page's count windows, in hours (the API takes any ``since`` up to 30 days).
+REJECTED_WINDOWS = ("1", "24", "168", "720")
+

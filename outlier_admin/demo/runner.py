@@ -94,10 +94,15 @@ def _clear_demo_keys(r: Any, fresh_db: bool) -> None:
 
 def seed(cfg: Any, addresses: dict[tuple[int, int], str], password: str) -> list[Any]:
     """Two groups (32 + 8 nodes) and the demo operator; idempotent (re-running reuses them)."""
-    from django.contrib.auth.models import Group as Role
     from django.contrib.auth.models import User
 
-    from outlier_admin.control.actions import do_create_group, do_register_node
+    from outlier_admin.control.actions import (
+        do_create_group,
+        do_register_node,
+        do_set_roles,
+        do_unretire_node,
+        do_update_node,
+    )
     from outlier_admin.demo.fleet import LARGE, SMALL, node_name
     from outlier_admin.fleet.models import ModelGroup, Node
 
@@ -110,17 +115,34 @@ def seed(cfg: Any, addresses: dict[tuple[int, int], str], password: str) -> list
         for i in range(n):
             nm, address = node_name(gi, i), addresses[(gi, i)]
             metrics_url = f"http://{address}/metrics"
-            if not Node.objects.filter(group=group, name=nm).update(address=address, retired=False,
-                                                                    metrics_url=metrics_url):
+            node = Node.objects.filter(group=group, name=nm).first()
+            if node is None:
                 do_register_node(group, address, actor=ACTOR, name=nm, reason="demo fleet", metrics_url=metrics_url)
+                continue
+            # A re-run: the node comes back (audited) on this run's simulated address.
+            if node.retired:
+                do_unretire_node(node, actor=ACTOR, reason="demo fleet (re-run)")
+            changes = {k: v for k, v in (("address", address), ("metrics_url", metrics_url)) if getattr(node, k) != v}
+            if changes:
+                do_update_node(node, changes, actor=ACTOR, reason="demo fleet (re-run)")
         groups.append(group)
     user, _ = User.objects.get_or_create(username="demo", defaults={"is_staff": True})
     user.is_staff = True
     user.set_password(password)
     user.save()
-    for role in Role.objects.filter(name__in=["viewer", "operator", "oncall"]):
-        user.groups.add(role)
+    do_set_roles(user, ["viewer", "operator", "oncall"], actor=ACTOR, reason="demo operator")
     return groups
+
+
+def demo_api_token() -> str:
+    """A new API token acting as the demo user (all three roles), shown once per run; audited."""
+    from django.contrib.auth.models import User
+
+    from outlier_admin.control.actions import do_create_token
+
+    _, plaintext = do_create_token(name=f"demo-{time.strftime('%Y%m%d-%H%M%S')}", scope="api", actor=ACTOR,
+                                   user=User.objects.get(username="demo"))
+    return plaintext
 
 
 class _ThreadedWSGIServer(socketserver.ThreadingMixIn):
@@ -231,7 +253,12 @@ def run(cfg: Any, client: Any) -> int:
             c.stop()
         return 2
     base = f"http://127.0.0.1:{cfg.port}"
+    api_token = demo_api_token()
     say(f"  dashboard: {base}/   login: demo / {password}   (admin: {base}/admin/)")
+    say(f"  api token: {api_token}   (roles of demo; e.g. curl -H 'Authorization: Bearer {api_token}' "
+        f"{base}/api/v1/nodes/?state=quarantined)")
+    say(f"  manage.py: DATABASE_URL={os.environ['DATABASE_URL']} DJANGO_DEBUG=1 python manage.py ... "
+        "(the demo's database, e.g. create_token, create_user)")
     say(f"  metrics  : {base}/metrics   health: {base}/healthz   ready: {base}/readyz")
     say(f"  faults   : thermal throttle on {LARGE}/{node_name(0, THERMAL_NODE)} at +{cfg.fault_at_s:g}s, "
         f"PCIe downgrade on {SMALL}/{node_name(1, PCIE_NODE)} at +{cfg.pcie_at_s:g}s, both heal at +{cfg.heal_at_s:g}s")
@@ -260,6 +287,9 @@ def run(cfg: Any, client: Any) -> int:
                 counts["ticks"] += 1
             for gw in gateways:
                 gw.refresh()
+                eff = gw.effective()
+                if eff is not None:  # the simulated gateway applies at once; it reports like an agent does
+                    gw.report_applied("demo-gateway", eff.version, time.time(), eff.mode)
             last_seen = _print_transitions(last_seen, fleet.rel())
             close_old_connections()
             time.sleep(max(0.0, cfg.tick_s - (time.time() - loop_started)))

@@ -34,7 +34,11 @@ class ModelGroup(models.Model):
     ``require_approval`` is not stored: it follows ``policy == "approval"``.
     """
 
-    name = models.SlugField(max_length=100, unique=True, help_text="Group id used in records and Redis keys")
+    name = models.CharField(max_length=200, unique=True,
+                            help_text="Group id used in records, Redis keys and metrics (fleet.names)")
+    # The URL segment (fleet.names.group_slug), set once at creation: pages and API routes name a
+    # group by it, since a name may hold "/" (a Hugging Face model id).
+    slug = models.SlugField(max_length=220, unique=True, help_text="URL segment of the group")
     model_name = models.CharField(max_length=200, blank=True, default="")
     hardware_class = models.CharField(max_length=100, blank=True, default="")
     tensor_parallel_size = models.PositiveSmallIntegerField(default=1)
@@ -53,12 +57,30 @@ class ModelGroup(models.Model):
     last_tick_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     created_via = models.CharField(max_length=32, default="manual")
+    # Retired for good (control.actions.do_retire_group): its nodes are retired, ingest refuses its
+    # records, ticks and scrapes skip it; its history stays.
+    retired = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Give a new group its slug (:func:`~outlier_admin.fleet.names.group_slug`), numbered
+        (``-2``, ``-3``, ...) when another group already has it."""
+        if self._state.adding and not self.slug:  # set once: a URL must not change under its users
+            from outlier_admin.fleet.names import group_slug
+
+            base = slug = group_slug(self.name)
+            taken = set(ModelGroup.objects.filter(slug__startswith=base).values_list("slug", flat=True))
+            n = 1
+            while slug in taken:
+                n += 1
+                slug = f"{base}-{n}"
+            self.slug = slug
+        super().save(*args, **kwargs)
 
     def thresholds(self) -> Thresholds:
         """The effective, validated thresholds: defaults + overrides + the policy's approval flag."""

@@ -30,12 +30,16 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-GROUP_NAME_MAX = 100
+GROUP_NAME_MAX = 200
+GROUP_SLUG_MAX = 220
 NODE_ID_MAX = 200
 ADDRESS_MAX = 300
 URL_MAX = 300
 
-GROUP_NAME_RE = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_]{0,99}")  # fullmatch: "$" would let "g1\n" through
+# A Hugging Face model id (``meta-llama/Llama-3.1-70B-Instruct``) plus an optional ``@hardware``:
+# a "/" only between two names (never first, last or doubled), so a name is never a path trick.
+GROUP_NAME_RE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.@]|/(?=[A-Za-z0-9])){0,199}")  # fullmatch: "$" would let "g1\n" through
+_SLUG_UNSAFE = re.compile(r"[^-A-Za-z0-9_]+")
 NODE_ID_RE = re.compile(r"[A-Za-z0-9\[][A-Za-z0-9._:@\[\]-]{0,199}")
 _DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 _URL_PATH = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=:@/%-]*")
@@ -51,11 +55,26 @@ class NameError_(ValueError):
 
 
 def validate_group_name(name: object) -> str:
-    """A group name: letters, digits, ``-`` and ``_``, up to 100 characters, starting with a letter
-    or digit (it is a Redis key part and a URL path segment)."""
-    if not isinstance(name, str) or not GROUP_NAME_RE.fullmatch(name):
-        raise NameError_("bad_group", f"group name {_show(name)} must match [A-Za-z0-9][-A-Za-z0-9_]{{0,99}}")
+    """A group name: a Hugging Face model id with an optional ``@hardware`` suffix
+    (``meta-llama/Llama-3.1-70B-Instruct@h100``, ``llama3-70b/h800``): letters, digits and
+    ``- _ . @ /``, up to 200 characters, starting with a letter or digit, a ``/`` only between two
+    names. It is a Redis key part and a metric label, never a URL segment (see :func:`group_slug`)."""
+    if not isinstance(name, str) or ".." in name or not GROUP_NAME_RE.fullmatch(name):
+        raise NameError_(
+            "bad_group",
+            f"group name {_show(name)} must be 1-{GROUP_NAME_MAX} of letters, digits and - _ . @ / "
+            "(a model id such as meta-llama/Llama-3.1-70B-Instruct@h100), starting with a letter or digit",
+        )
     return name
+
+
+def group_slug(name: str) -> str:
+    """The URL segment of a group: its name with every run of ``/ . @`` replaced by ``-``
+    (``meta-llama/Llama-3.1-70B-Instruct@h100`` -> ``meta-llama-Llama-3-1-70B-Instruct-h100``). A
+    name without those characters is its own slug, so the URLs of groups named before ``/ . @`` were
+    allowed do not change. Two names can share a slug (``a.b``, ``a-b``):
+    :meth:`~outlier_admin.fleet.models.ModelGroup.save` numbers the later one (``a-b-2``)."""
+    return _SLUG_UNSAFE.sub("-", name)[:GROUP_SLUG_MAX - 10]
 
 
 def validate_node_id(node: object) -> str:

@@ -29,6 +29,11 @@ class IngestSource(models.Model):
     last_error = models.TextField(blank=True, default="")
     accepted_total = models.BigIntegerField(default=0)
     rejected_total = models.BigIntegerField(default=0)
+    node_map = models.JSONField(
+        default=dict, blank=True,
+        help_text="upstream as logged (HAProxy: backend/server) -> node address; '*': the node of lines "
+                  "that name no upstream",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -57,6 +62,8 @@ class RejectedInput(models.Model):
     source_ref = models.ForeignKey(IngestSource, null=True, blank=True, on_delete=models.SET_NULL)
     line = models.IntegerField(null=True, blank=True)
     reason = models.CharField(max_length=64, db_index=True)
+    looks_like = models.CharField(max_length=32, blank=True, default="",
+                                  help_text="the log format the input looks like (a key of logformats.FORMATS)")
     detail = models.TextField(blank=True, default="")
     raw = models.TextField()
 

@@ -17,9 +17,13 @@ every group's rows go to Redis in **one** MULTI/EXEC — the point of acceptance
 applies nothing (the caller answers 5xx and the client retries the whole batch safely); the only
 window left is a failed SQL commit after a successful EXEC.
 
-Stream entries carry a *batch* of records (field ``rows``: orjson of
-``[[node, ts, prompt_tokens, completion_tokens, ttft_ms|null, total_ms, status], ...]``), not one
-record each: one XADD per group per request is what makes 20k records/s fit on two cores.
+Stream entries carry a *batch* of records (field ``rows``: orjson of rows laid out as
+:data:`detector.samples.REQUEST_ROW_FIELDS`, ``[node, ts, prompt_tokens|null, completion_tokens|null,
+ttft_ms|null, total_ms, status, cached_tokens|null, queue_ms|null]``), not one record each: one XADD
+per group per request is what makes 20k records/s fit on two cores. Token counts are ``null`` in the
+row of a latency-only record (:mod:`outlier_admin.ingest.records`); the tick reads ``null`` as NaN,
+and rows of 7 written before the last two columns as rows whose cached tokens and queue time are
+unknown.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ from django.db import IntegrityError, transaction
 
 from outlier_admin.control.redis_conn import get_redis, stream_key
 from outlier_admin.fleet.models import ModelGroup, Node, RegisteredVia
-from outlier_admin.ingest.logformats import ParseError
+from outlier_admin.fleet.names import NameError_, parse_address
+from outlier_admin.ingest.logformats import FORMATS, ParseError
 from outlier_admin.ingest.models import IngestSource, RejectedInput
 from outlier_admin.ingest.records import RecordError, limits, normalize
 
@@ -53,19 +58,52 @@ ROWS_PER_ENTRY = 5000
 STREAM_MAXLEN = 200_000
 SYSTEM_ACTOR = "system:ingest"
 
-# line, reason, detail, record object (or None), raw text (or None)
-Reject = tuple[int, str, str, Any, str | None]
+# line, reason, detail, record object (or None), raw text (or None), format it looks like ("" unknown)
+Reject = tuple[int, str, str, Any, str | None, str]
+
+
+def _looks_like(obj: Any) -> str:
+    """The log format a refused item came in: a parser's (``ParseError.fmt``, a parsed record's
+    ``_format``); only names in ``FORMATS`` are kept (a pushed record may carry anything)."""
+    fmt = obj.fmt if isinstance(obj, ParseError) else obj.get("_format") if isinstance(obj, dict) else None
+    return fmt if isinstance(fmt, str) and fmt in FORMATS else ""
+
+
+def _unknown_node_detail(node: str, group: str) -> str:
+    try:
+        parse_address(node)
+    except NameError_:
+        # HAProxy's default log names servers, not addresses: say how to key them by address.
+        return (f"node {node!r} in group {group!r} is not registered, and a name is not an address: register a "
+                "node by that name, or map the gateway's name to the node's address (tail_logs --node-map "
+                "backend/server=HOST:PORT; the shipper reads HAProxy's map from its runtime API)")
+    return f"node {node!r} in group {group!r}"
 
 
 @dataclass
 class IngestOutcome:
-    """What happened to a batch. ``errors``: the first rejected lines ``{"line", "reason"}``."""
+    """What happened to a batch. ``errors``: the first rejected lines ``{"line", "reason"}``;
+    ``latency_only``: accepted records without token counts; ``rejected_by_reason``: every refusal
+    counted by ``(reason, format it looks like)``."""
 
     accepted: int = 0
     rejected: int = 0
     duplicates: int = 0
+    latency_only: int = 0
     errors: list[dict[str, Any]] = field(default_factory=list)
     by_group: dict[str, int] = field(default_factory=dict)
+    rejected_by_reason: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def add(self, other: IngestOutcome) -> None:
+        """Add ``other``'s counts to these (``errors`` appended)."""
+        self.accepted += other.accepted
+        self.rejected += other.rejected
+        self.duplicates += other.duplicates
+        self.latency_only += other.latency_only
+        self.errors.extend(other.errors)
+        for group, n in other.by_group.items():
+            self.by_group[group] = self.by_group.get(group, 0) + n
+        self.rejected_by_reason.update(other.rejected_by_reason)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -91,7 +129,7 @@ class _Directory:
             self._groups.clear()
 
     def _load(self, name: str) -> tuple[float, int, dict[str, tuple[str, bool]]] | None:
-        group = ModelGroup.objects.filter(name=name).only("id").first()
+        group = ModelGroup.objects.filter(name=name, retired=False).only("id").first()  # retired: unknown
         if group is None:
             with self._lock:
                 self._groups.pop(name, None)
@@ -192,9 +230,9 @@ def _dedup_keys(group: str) -> tuple[str, str]:
     return f"outlier:dedup:{group}:{slot}", f"outlier:dedup:{group}:{slot - 1}"
 
 
-def _append(r: Any, per_group: dict[str, list[dict[str, Any]]]) -> dict[str, tuple[int, int]]:
+def _append(r: Any, per_group: dict[str, list[dict[str, Any]]]) -> dict[str, tuple[int, int, int]]:
     """Append each group's records to its stream in one MULTI/EXEC; returns ``{group: (accepted,
-    duplicates)}``.
+    duplicates, latency_only)}``.
 
     A ``request_id`` seen in this or the previous de-duplication window of its group (or earlier in
     the batch) is a duplicate. The check, the stream writes and the marking of the new ids form one
@@ -204,7 +242,7 @@ def _append(r: Any, per_group: dict[str, list[dict[str, Any]]]) -> dict[str, tup
     their rows) nor counted twice. Every group's rows land together or none do.
     """
     per_group = {g: recs for g, recs in per_group.items() if recs}
-    result: dict[str, tuple[int, int]] = {}
+    result: dict[str, tuple[int, int, int]] = {}
     if not per_group:
         return result
     dedup = {g: _dedup_keys(g) for g in per_group}
@@ -226,7 +264,8 @@ def _append(r: Any, per_group: dict[str, list[dict[str, Any]]]) -> dict[str, tup
                 if rid:
                     batch_ids.add(rid)
                 rows.append([rec["node"], rec["ts"], rec["prompt_tokens"], rec["completion_tokens"],
-                             rec["ttft_ms"], rec["total_ms"], rec["status"]])
+                             rec["ttft_ms"], rec["total_ms"], rec["status"], rec.get("cached_tokens"),
+                             rec.get("queue_ms")])
             plan.append((group, rows, batch_ids, len(recs)))
         pipe.multi()
         for group, rows, batch_ids, n in plan:
@@ -237,7 +276,7 @@ def _append(r: Any, per_group: dict[str, list[dict[str, Any]]]) -> dict[str, tup
                 cur = dedup[group][0]
                 pipe.sadd(cur, *batch_ids)
                 pipe.expire(cur, 2 * settings.INGEST_DEDUP_WINDOW_S)
-            result[group] = (len(rows), n - len(rows))
+            result[group] = (len(rows), n - len(rows), sum(1 for row in rows if row[2] is None))
 
     if any(rec["request_id"] for recs in per_group.values() for rec in recs):
         r.transaction(attempt, *(k for pair in dedup.values() for k in pair))
@@ -286,12 +325,12 @@ def submit(
 
     for line, obj, raw in items:
         if isinstance(obj, ParseError):
-            rejects.append((line, obj.reason, obj.detail, None, raw))
+            rejects.append((line, obj.reason, obj.detail, None, raw, _looks_like(obj)))
             continue
         try:
             rec = normalize(obj, now=now, **bounds)
         except RecordError as exc:
-            rejects.append((line, exc.reason, exc.detail, obj, raw))
+            rejects.append((line, exc.reason, exc.detail, obj, raw, _looks_like(obj)))
             continue
         group = rec["group"] or default_group
         if group is None:
@@ -299,7 +338,8 @@ def submit(
                 group_of_node[rec["node"]] = directory.group_of_node(rec["node"])
             group = group_of_node[rec["node"]]
         if group is None:
-            rejects.append((line, "no_group", "no group given and the node is not registered", obj, raw))
+            rejects.append((line, "no_group", "no group given and the node is not registered", obj, raw,
+                            _looks_like(obj)))
             continue
         per_group.setdefault(group, []).append((line, rec, obj, raw))
 
@@ -308,14 +348,16 @@ def submit(
         group_id, why = _group_id(group)
         if group_id is None:
             detail = f"group {group!r} does not exist (operators create groups)"
-            rejects.extend((line, why or "unknown_group", detail, obj, raw) for line, _, obj, raw in recs)
+            rejects.extend((line, why or "unknown_group", detail, obj, raw, _looks_like(obj))
+                           for line, _, obj, raw in recs)
             continue
         resolved = _resolve_nodes(group, group_id, {rec["node"] for _, rec, _, _ in recs})
         kept = accepted_recs.setdefault(group, [])
         for line, rec, obj, raw in recs:
             name, why = resolved[rec["node"]]
             if name is None:
-                rejects.append((line, why or "unknown_node", f"node {rec['node']!r} in group {group!r}", obj, raw))
+                rejects.append((line, why or "unknown_node", _unknown_node_detail(rec["node"], group), obj, raw,
+                                _looks_like(obj)))
                 continue
             rec["node"] = name
             kept.append(rec)
@@ -327,21 +369,23 @@ def submit(
                 [
                     RejectedInput(
                         source=source[:100], source_ref=source_ref, line=line, reason=reason[:64],
-                        detail=_pg_text(detail[:2000]),
+                        looks_like=looks_like, detail=_pg_text(detail[:2000]),
                         raw=_pg_text((raw if raw is not None else _dump(obj))[:65536]),
                     )
-                    for line, reason, detail, obj, raw in rejects
+                    for line, reason, detail, obj, raw, looks_like in rejects
                 ],
                 batch_size=1000,
             )
         # The point of acceptance: every group's rows in one MULTI/EXEC, inside the transaction that
         # stores the rejections (a Redis failure rolls them back: the client retries the whole batch).
-        for group, (accepted, duplicates) in _append(get_redis(), accepted_recs).items():
+        for group, (accepted, duplicates, latency_only) in _append(get_redis(), accepted_recs).items():
             out.duplicates += duplicates
+            out.latency_only += latency_only
             if accepted:
                 out.accepted += accepted
                 out.by_group[group] = accepted
     out.rejected = len(rejects)
+    out.rejected_by_reason = Counter((r[1], r[5]) for r in rejects)
     out.errors = [{"line": line, "reason": reason} for line, reason, *_ in rejects[:MAX_ERRORS_REPORTED]]
     try:
         from outlier_admin.observability.hooks import observe_ingest  # a no-op if disabled

@@ -4,12 +4,24 @@ A record is one finished request as a gateway saw it, stamped (``ts``) with the 
 when the gateway learned its latency; ``ts - total_ms`` is when it was dispatched::
 
     {"ts": <epoch seconds or RFC 3339>, "node": "<address or node id>", "group": "<optional>",
-     "prompt_tokens": int, "completion_tokens": int, "ttft_ms": float (optional),
+     "prompt_tokens": int (optional), "completion_tokens": int (optional),
+     "cached_tokens": int (optional), "ttft_ms": float (optional), "queue_ms": float (optional),
      "total_ms": float, "status": int, "request_id": "<optional>"}
 
 :func:`normalize` returns the canonical dict (``ts`` as float epoch seconds, ``ttft_ms`` None when
 unknown) or raises :class:`RecordError` with a machine-readable reason code. The rules match
 ``detector.samples.validate`` so a record accepted here is never refused by the detector.
+
+**Latency-only records.** Most gateways' default logs (nginx ``combined``, HAProxy ``httplog``,
+Envoy's default text format) carry no token counts. Such a record is kept, not refused: unless
+*both* ``prompt_tokens`` and ``completion_tokens`` are given, both are ``None`` in the canonical
+record (``null`` in the stream row, ``NaN`` in the detector's batch), and the detector judges the
+request against its group's peers by its latency alone. A lone count is dropped with its partner:
+half a size is no size (the cost model needs both), and keeping it would only look precise.
+``cached_tokens`` (OpenAI's ``usage.prompt_tokens_details.cached_tokens``: prompt tokens served
+from the prefix cache) is kept on the record when given, bounded by ``prompt_tokens``; ``queue_ms``
+(the model server's wait for a batch slot, where a gateway logs it) bounded by ``ttft_ms``: with it
+the detector has a queue-free prefill time, ``ttft - queue`` (:mod:`detector.signals`).
 
 Every number is bounded, because one record must not be able to push a node's statistics anywhere:
 ``total_ms`` in (0, ``INGEST_MAX_LATENCY_MS``] (1 h: no gateway holds a request longer), ``ttft_ms``
@@ -28,7 +40,7 @@ from typing import Any
 from outlier_admin.fleet.names import NameError_, validate_group_name, validate_node_id
 from outlier_admin.ingest.logformats import ParseError
 
-REQUIRED = ("ts", "node", "prompt_tokens", "completion_tokens", "total_ms")
+REQUIRED = ("ts", "node", "total_ms")
 
 
 class RecordError(ParseError):
@@ -116,7 +128,8 @@ def normalize(
     ``INGEST_*`` settings (:func:`limits`).
 
     Reason codes: ``not_an_object``, ``missing_<field>``, ``bad_<field>``, ``ts_in_future``,
-    ``ts_too_old``, ``total_below_ttft``, ``no_tokens``, ``bad_status``.
+    ``ts_too_old``, ``total_below_ttft``, ``no_tokens``, ``bad_status``. Without both token counts the
+    record is latency-only (``prompt_tokens`` / ``completion_tokens`` None; see the module docstring).
     """
     if not isinstance(rec, dict):
         raise RecordError("not_an_object", "a record must be a JSON object")
@@ -136,8 +149,18 @@ def normalize(
             group = validate_group_name(group.strip() if isinstance(group, str) else group)
     except NameError_ as exc:
         raise RecordError(exc.reason, exc.detail) from None
-    prompt = _number(rec, "prompt_tokens", integer=True, high=max_prompt_tokens)
-    completion = _number(rec, "completion_tokens", integer=True, high=max_completion_tokens)
+    # A count that is given is checked even when its partner is missing: a bad value is refused,
+    # never hidden by the record becoming latency-only.
+    prompt = None if rec.get("prompt_tokens") is None else _number(
+        rec, "prompt_tokens", integer=True, high=max_prompt_tokens)
+    completion = None if rec.get("completion_tokens") is None else _number(
+        rec, "completion_tokens", integer=True, high=max_completion_tokens)
+    if prompt is None or completion is None:
+        prompt = completion = None
+    cached = None
+    if prompt is not None and rec.get("cached_tokens") is not None:
+        # Cached prompt tokens are a part of the prompt: never more than it.
+        cached = _number(rec, "cached_tokens", integer=True, high=prompt)
     total = _number(rec, "total_ms", integer=False, high=max_latency_ms)
     if total == 0:
         raise RecordError("bad_total_ms", "total_ms must be > 0")
@@ -146,7 +169,11 @@ def normalize(
         ttft = _number(rec, "ttft_ms", integer=False, high=max_latency_ms)
         if total < ttft:
             raise RecordError("total_below_ttft", f"total_ms {total} < ttft_ms {ttft}")
-    if prompt == 0 and completion == 0:
+    queue = None
+    if ttft is not None and rec.get("queue_ms") is not None:
+        # The wait for a batch slot is a part of TTFT: never more than it.
+        queue = _number(rec, "queue_ms", integer=False, high=ttft)
+    if prompt == 0 and completion == 0:  # both None (latency-only) is not this case
         raise RecordError("no_tokens", "a request with no prompt and no completion tokens carries no signal")
     status = rec.get("status", 200)
     if isinstance(status, bool) or not isinstance(status, int) or not (status == 0 or 100 <= status <= 599):
@@ -160,9 +187,11 @@ def normalize(
         "ts": ts,
         "node": node,
         "group": group or None,
-        "prompt_tokens": int(prompt),
-        "completion_tokens": int(completion),
+        "prompt_tokens": None if prompt is None else int(prompt),
+        "completion_tokens": None if completion is None else int(completion),
+        "cached_tokens": None if cached is None else int(cached),
         "ttft_ms": ttft,
+        "queue_ms": queue,
         "total_ms": float(total),
         "status": status,
         "request_id": request_id or None,

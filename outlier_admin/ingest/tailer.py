@@ -9,7 +9,8 @@ Rotation and truncation (``logrotate`` rename or ``copytruncate``):
 - the file is smaller than the checkpoint offset: it was truncated; read from 0.
 
 Only complete lines (ending in ``\\n``) are consumed, so a line being written is read next time.
-At most ``max_bytes`` are read per call.
+At most ``max_bytes`` are read per call. The source's ``node_map`` maps what a line names (an
+upstream address, HAProxy's ``backend/server``) to a node; see :mod:`outlier_admin.ingest.logformats`.
 """
 
 from __future__ import annotations
@@ -53,8 +54,11 @@ def _submit_lines(source: IngestSource, lines: list[bytes], node_map: dict[str, 
 
 
 def tail_source(source: IngestSource, *, max_bytes: int = MAX_BYTES, node_map: dict[str, str] | None = None) -> IngestOutcome:
-    """Read what is new in ``source.location`` since its checkpoint; returns the counts."""
+    """Read what is new in ``source.location`` since its checkpoint; returns the counts (and the
+    refusals by reason). ``node_map``: instead of the source's own."""
     path = source.location
+    if node_map is None:
+        node_map = source.node_map or None
     total = IngestOutcome()
     try:
         st = os.stat(path)
@@ -78,11 +82,8 @@ def tail_source(source: IngestSource, *, max_bytes: int = MAX_BYTES, node_map: d
     offset = start
     for file_path, from_offset in reads:
         lines, new_offset = _read_lines(file_path, from_offset, max_bytes)
-        out = _submit_lines(source, lines, node_map) if lines else IngestOutcome()
-        total.accepted += out.accepted
-        total.rejected += out.rejected
-        total.duplicates += out.duplicates
-        total.errors.extend(out.errors)
+        if lines:
+            total.add(_submit_lines(source, lines, node_map))
         if file_path == path:
             offset = new_offset
     with transaction.atomic():

@@ -11,6 +11,8 @@ and its error contract is fixed by the issue. Responses are JSON:
   503 + ``Retry-After`` Redis or PostgreSQL unreachable (retry the whole body); 500 an error of ours
   (nothing was accepted: retry the whole body). A batch is never half-applied with a 5xx: see
   :mod:`outlier_admin.ingest.pipeline`. Chunked bodies are read.
+
+Every error body is the API's one shape, an RFC 9457 problem (:mod:`outlier_admin.api.errors`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,15 @@ NDJSON_TYPES = {"application/x-ndjson", "application/ndjson", "application/jsonl
 
 
 def _json(status: int, payload: dict[str, Any], **headers: str) -> HttpResponse:
-    resp = HttpResponse(orjson.dumps(payload), status=status, content_type="application/json")
+    if status >= 400:  # the API's one error shape: an RFC 9457 problem (outlier_admin.api.errors)
+        from django.urls import reverse
+
+        from outlier_admin.api.errors import problem_response
+
+        extra = {k: v for k, v in payload.items() if k != "error"}
+        resp = problem_response(status, payload["error"], instance=reverse("ingest-requests"), **extra)
+    else:
+        resp = HttpResponse(orjson.dumps(payload), status=status, content_type="application/json")
     for key, value in headers.items():
         resp[key.replace("_", "-")] = value
     return resp

@@ -1,4 +1,31 @@
-"""Alert delivery: Alertmanager (API v2 and webhook format) and a generic JSON webhook.
+"""Alerts: what holds now (:func:`active_alerts`), kept alive in Alertmanager (:func:`sync_alerts`),
+and their delivery to Alertmanager (API v2 and webhook format) and a generic JSON webhook.
+
+Alerts are **level-triggered**, as Alertmanager expects of a Prometheus-like client: every scan
+computes the set of conditions that hold now from the database and the weights documents,
+
+==============================  ===============================================================
+``OutlierNodeQuarantined``       a node is out of service: ``cause="detector"`` (``quarantined``,
+                                 ``probing``) or ``cause="operator"`` (``forced_quarantine``)
+``OutlierCanaryRecovery``        a node passed its canary probes and is in its stepwise restore
+                                 (``recovering``); ``info``
+``OutlierProposalWaiting``       a quarantine proposal waits for a human (``source`` label)
+``OutlierSafeguardTripped``      a group's weights document has ``safeguard`` set; ``critical``
+==============================  ===============================================================
+
+(a ``shadow`` group publishes its nodes ``healthy``, so its decisions raise no alert). Every alert in
+the set is re-sent to Alertmanager every ``ALERT_RESEND_S`` with ``endsAt = now + 4 x ALERT_RESEND_S``
+(Alertmanager would otherwise end it ``resolve_timeout`` after receipt, 5 min by default, while the
+node is still out; four intervals let three sends in a row be lost before it lapses). An alert that
+leaves the set is sent once as resolved with ``endsAt = now`` and **the labels it fired with** (they
+are kept in Redis, ``outlier:alerts:active``), so Alertmanager resolves the same alert instead of
+opening a second one; until that send succeeds it is retried at every scan. Labels identify the
+condition only (``alertname``, ``severity``, ``group``, ``node``, ``cause``/``source``, ``service``);
+what changes while it holds (reason, Z, the proposal's id) is in the annotations. ``generatorURL`` is
+the node's (or the group's) dashboard page under ``ALERT_EXTERNAL_URL``.
+
+The webhook receivers below get notifications, not state: each alert once when it starts firing
+and once when it resolves.
 
 Receivers are configured per deployment (comma-separated URLs, see README "Alerts"):
 
@@ -21,7 +48,7 @@ import hashlib
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -35,9 +62,12 @@ log = logging.getLogger("outlier_admin.alerts")
 FAILED_KEY = "outlier:alerts:failed"
 FAILED_KEEP = 1000
 KINDS = ("alertmanager", "alertmanager_webhook", "generic")
-# Alertmanager treats an alert as resolved once endsAt passes: instantaneous events (a canary
-# recovery) are sent with a short life so they do not stay "firing" forever.
-EVENT_TTL = timedelta(minutes=5)
+#: The alerts that fired and have not been resolved at Alertmanager yet: fingerprint -> JSON.
+ACTIVE_KEY = "outlier:alerts:active"
+#: When the whole active set was last re-sent to Alertmanager (epoch seconds).
+RESENT_KEY = "outlier:alerts:resent_at"
+#: An alert lives ``ENDS_AFTER_RESENDS`` resend intervals past each send (see module docstring).
+ENDS_AFTER_RESENDS = 4
 
 
 @dataclass
@@ -55,9 +85,12 @@ class Alert:
     ends_at: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
+    path: str = ""  # the dashboard page of the node (or group), for generatorURL
 
     def all_labels(self) -> dict[str, str]:
-        out = {"alertname": self.name, "severity": self.severity, "model_group": self.group,
+        # "group", as in every metric series (outlier_node_state{group=...}), so rules, silences and
+        # routes written against the metrics match the alerts too.
+        out = {"alertname": self.name, "severity": self.severity, "group": self.group,
                "service": "outlier-admin"}
         if self.node:
             out["node"] = self.node
@@ -70,9 +103,9 @@ class Alert:
 
     def generator_url(self) -> str:
         base = (getattr(settings, "ALERT_EXTERNAL_URL", "") or "").rstrip("/")
-        if not base:
+        if not base or not self.path:
             return ""
-        return f"{base}/groups/{self.group}/" + (f"nodes/{self.node}/" if self.node else "")
+        return base + self.path
 
 
 def rfc3339(ts: float | datetime) -> str:
@@ -246,4 +279,171 @@ def redeliver_failed(*, client: httpx.Client | None = None, limit: int = 100) ->
     finally:
         if own:
             client.close()
+    return result
+
+
+# --- level-triggered alerts -------------------------------------------------------------------------
+
+#: Node state label -> (alertname, severity, cause label) of the alert it holds up.
+NODE_STATE_ALERTS: dict[str, tuple[str, str, str | None]] = {
+    "quarantined": ("OutlierNodeQuarantined", "warning", "detector"),
+    "probing": ("OutlierNodeQuarantined", "warning", "detector"),  # still out: the canary probes it
+    "forced_quarantine": ("OutlierNodeQuarantined", "warning", "operator"),
+    "recovering": ("OutlierCanaryRecovery", "info", None),
+}
+
+
+def _node_path(pk: int) -> str:
+    from django.urls import reverse
+
+    return reverse("dashboard:node", kwargs={"pk": pk})
+
+
+def _group_path(group: Any) -> str:
+    from django.urls import NoReverseMatch, reverse
+
+    try:
+        return reverse("dashboard:group", kwargs={"slug": getattr(group, "slug", None) or group.name})
+    except NoReverseMatch:  # a name that is no slug: the overview is the nearest page
+        return reverse("dashboard:overview")
+
+
+def active_alerts(now: float | None = None) -> list[Alert]:
+    """Every alert whose condition holds now (see module docstring), ``starts_at`` empty (the first
+    send sets it). Reads live nodes, pending proposals and the weights documents."""
+    from outlier_admin.control.models import ProposalStatus, QuarantineProposal
+    from outlier_admin.control.redis_conn import get_redis, weights_key
+    from outlier_admin.fleet.models import ModelGroup, Node
+
+    out: list[Alert] = []
+    nodes = (Node.objects.filter(retired=False, state__in=list(NODE_STATE_ALERTS))
+             .select_related("group").order_by("group__name", "name"))
+    for n in nodes:
+        name, severity, cause = NODE_STATE_ALERTS[n.state]
+        g = n.group.name
+        if name == "OutlierCanaryRecovery":
+            summary = f"{g}/{n.name} passed its canary probes; stepwise restore at weight {n.weight}"
+        elif cause == "operator":
+            summary = f"{g}/{n.name} is held out of service by an operator"
+        else:
+            summary = f"{g}/{n.name} is quarantined by the detector ({n.state})"
+        out.append(Alert(name, "firing", severity, g, summary, f"state {n.state}, weight {n.weight}",
+                         node=n.name, labels={"cause": cause} if cause else {},
+                         annotations={"state": n.state}, path=_node_path(n.pk)))
+    pending = (QuarantineProposal.objects.filter(status=ProposalStatus.PENDING, node__retired=False)
+               .select_related("group", "node").order_by("created_at"))
+    for p in pending:
+        out.append(Alert("OutlierProposalWaiting", "firing", "warning", p.group.name,
+                         f"quarantine of {p.group.name}/{p.node.name} waits for approval",
+                         f"{p.source}: {p.reason}", node=p.node.name, labels={"source": p.source},
+                         annotations={"proposal": str(p.pk)}, path=_node_path(p.node_id)))
+    groups = list(ModelGroup.objects.order_by("name"))
+    docs = get_redis().mget([weights_key(g.name) for g in groups]) if groups else []
+    for g, raw in zip(groups, docs, strict=True):
+        try:
+            tripped = raw is not None and bool(orjson.loads(raw).get("safeguard"))
+        except (orjson.JSONDecodeError, AttributeError):
+            tripped = False
+        if tripped:
+            out.append(Alert("OutlierSafeguardTripped", "firing", "critical", g.name,
+                             f"{g.name}: safeguard tripped, quarantines held back",
+                             "More nodes look slow than the group may lose (max_quarantine_fraction): "
+                             "suspect a group-wide cause (traffic surge, bad deploy) rather than single nodes.",
+                             path=_group_path(g)))
+    return out
+
+
+@dataclass
+class SyncResult:
+    started: list[Alert] = field(default_factory=list)  # began firing in this sync
+    resolved: list[Alert] = field(default_factory=list)  # left the active set in this sync
+    active: int = 0  # alerts active after this sync
+    resent: bool = False  # the whole active set went to Alertmanager
+    delivered: dict[str, int] = field(default_factory=lambda: {"sent": 0, "failed": 0})
+
+
+def resend_interval() -> float:
+    return float(getattr(settings, "ALERT_RESEND_S", 60))
+
+
+def sync_alerts(now: float | None = None, *, receivers: list[Receiver] | None = None,
+                client: httpx.Client | None = None) -> SyncResult:
+    """Bring every receiver up to date with :func:`active_alerts` (see module docstring).
+
+    Call under the event scan's lock (one caller at a time). Alertmanager receivers get the whole
+    active set when ``ALERT_RESEND_S`` has passed since the last full send or an alert started, and
+    every resolved alert; a failed POST is not kept (the next send carries the state again), a
+    resolved alert stays in ``ACTIVE_KEY`` until a resolve was delivered. Webhook receivers get the
+    started and resolved alerts through :func:`deliver`."""
+    from outlier_admin.control.redis_conn import get_redis
+
+    now = time.time() if now is None else now
+    r = get_redis()
+    result = SyncResult()
+    wanted = {a.fingerprint(): a for a in active_alerts(now)}
+    kept = {k.decode(): orjson.loads(v) for k, v in r.hgetall(ACTIVE_KEY).items()}
+    at = rfc3339(now)
+    firing: dict[str, Alert] = {}
+    for fp, alert in wanted.items():
+        old = kept.get(fp)
+        if old is None or old.get("resolved_at"):
+            alert.starts_at = at
+            result.started.append(alert)
+        else:
+            alert.starts_at = old["alert"]["starts_at"]
+        firing[fp] = alert
+    resolving: dict[str, Alert] = {}
+    for fp, old in kept.items():
+        if fp in wanted:
+            continue
+        alert = Alert(**old["alert"])  # exactly the labels it fired with
+        alert.status, alert.ends_at = "resolved", old.get("resolved_at") or at
+        resolving[fp] = alert
+        if not old.get("resolved_at"):
+            result.resolved.append(alert)
+    resend = resend_interval()
+    last = float(r.get(RESENT_KEY) or 0)
+    result.resent = bool(firing) and (bool(result.started) or now - last >= resend or now < last)
+    for alert in firing.values():
+        alert.ends_at = rfc3339(now + ENDS_AFTER_RESENDS * resend)
+    receivers = configured_receivers() if receivers is None else receivers
+    to_am = [x for x in receivers if x.kind == "alertmanager"]
+    body = [alertmanager_alert(a) for a in (list(firing.values()) if result.resent else []) + list(resolving.values())]
+    resolves_delivered = not to_am
+    if body and to_am:
+        resolves_delivered = True
+        retries = int(getattr(settings, "ALERT_RETRIES", 2))
+        own = client is None
+        http = client or httpx.Client(timeout=float(getattr(settings, "ALERT_TIMEOUT_S", 5)))
+        try:
+            for receiver in to_am:
+                error = _post(http, receiver.url, body, retries)
+                outcome = "sent" if error is None else "failed"
+                result.delivered[outcome] += 1
+                metrics.ALERTS.labels(receiver.kind, outcome).inc()
+                if error is not None:
+                    resolves_delivered = False
+                    log.error("alert delivery to %s failed: %s", receiver.url, error,
+                              extra={"event": {"kind": "alert_failed", "receiver": receiver.url, "error": error}})
+        finally:
+            if own:
+                http.close()
+    edges = result.started + result.resolved
+    others = [x for x in receivers if x.kind != "alertmanager"]
+    if edges and others:
+        for k, v in deliver(edges, others, client=client).items():
+            result.delivered[k] += v
+    pipe = r.pipeline()
+    for fp, alert in firing.items():
+        pipe.hset(ACTIVE_KEY, fp, orjson.dumps({"alert": asdict(alert)}))
+    for fp, alert in resolving.items():
+        if resolves_delivered:
+            pipe.hdel(ACTIVE_KEY, fp)
+        else:  # told nobody yet: keep it, marked, and send the resolve again at the next sync
+            old = kept[fp]["alert"]
+            pipe.hset(ACTIVE_KEY, fp, orjson.dumps({"alert": old, "resolved_at": alert.ends_at}))
+    if result.resent:
+        pipe.set(RESENT_KEY, repr(now))
+    pipe.execute()
+    result.active = len(firing)
     return result

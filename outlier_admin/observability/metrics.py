@@ -10,9 +10,13 @@ Two kinds, so that ``/metrics`` is right whichever process serves the scrape:
   the events below are still served.
 * **Events** (ingest records, ticks, publish latency, alerts) are counters and histograms defined
   here and recorded by :mod:`outlier_admin.observability.hooks` in the process where they happen.
-  With ``PROMETHEUS_MULTIPROC_DIR`` set (gunicorn, Celery prefork) ``prometheus_client`` writes them
-  to per-process files and :func:`render` merges them (``MultiProcessCollector``); without it (the
-  demo, tests) they live in :data:`EVENTS`.
+  With ``PROMETHEUS_MULTIPROC_DIR`` set (gunicorn, Celery prefork; a Celery worker makes a private
+  one when it is unset, :func:`outlier_admin.observability.worker_metrics.ensure_multiprocess_dir`)
+  ``prometheus_client`` writes them to per-process files and :func:`render` merges them
+  (``MultiProcessCollector``); without it (the demo, tests) they live in :data:`EVENTS`.
+
+The group is labelled ``group`` in every series (and in the alerts' labels), never another name: rules
+and dashboards join series on it.
 
 Series (labels):
 
@@ -38,6 +42,8 @@ Series (labels):
 ``outlier_tick_samples_total``              samples applied by ticks (group)
 ``outlier_transitions_total``               node transitions seen by the event scan (group, to_state)
 ``outlier_alerts_total``                    alert deliveries (receiver kind, result=sent|failed)
+``outlier_scrape_failures_total``           failed model-server scrapes (group, node, kind; kinds in
+                                            :data:`outlier_admin.ingest.scraper.KINDS`)
 ``outlier_metrics_sql_up``                  1 if the scrape read the fleet state from the database,
                                             0 if not (the SQL-backed series above are then absent)
 =========================================  ====================================================
@@ -88,6 +94,10 @@ TRANSITIONS = Counter("outlier_transitions", "Node state transitions seen by the
                       ["group", "to_state"], registry=EVENTS)
 ALERTS = Counter("outlier_alerts", "Alert deliveries by receiver kind and result (sent, failed).",
                  ["receiver", "result"], registry=EVENTS)
+SCRAPE_FAILURES = Counter(
+    "outlier_scrape_failures", "Failed model-server /metrics scrapes by group, node and kind "
+    "(timeout, connect, http_status, too_large, protocol, parse).", ["group", "node", "kind"], registry=EVENTS,
+)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: The body of a refused scrape (web ``/metrics`` and the Celery workers' server alike).

@@ -2,7 +2,7 @@
 
 The one owner of the rule "a database outage is a 503, retry later": :func:`is_database_outage`
 says which exceptions are an outage, :class:`DatabaseOutageMiddleware` turns them into the answer
-(the API's JSON error body, or a small HTML page for the dashboard and the admin), and ``/metrics``
+(the API's problem body, or a small HTML page for the dashboard and the admin), and ``/metrics``
 (:class:`outlier_admin.observability.metrics.FleetCollector`) asks the same function to decide which
 failures only cost it its SQL-backed series.
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-import orjson
 from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
 
@@ -70,14 +69,14 @@ def _wants_json(request: HttpRequest) -> bool:
 
 
 def unavailable_response(request: HttpRequest) -> HttpResponse:
-    """The 503 answer: the API's JSON error shape under ``/api/`` (or for JSON clients), else the
-    standalone HTML page. Neither touches the database (the page is rendered without the request:
+    """The 503 answer: the API's problem (:mod:`outlier_admin.api.errors`) under ``/api/`` (or for
+    JSON clients), else the standalone HTML page. Neither touches the database (the page is rendered without the request:
     context processors would read the session and the user from SQL)."""
     if _wants_json(request):
-        from outlier_admin.api.errors import error_body
+        from outlier_admin.api.errors import problem_response
 
-        body = orjson.dumps(error_body(MESSAGE, "database_unavailable", retry_after_s=RETRY_AFTER_S))
-        resp = HttpResponse(body, status=503, content_type="application/json")
+        resp = problem_response(503, MESSAGE, code="database_unavailable", instance=request.path,
+                                retry_after_s=RETRY_AFTER_S)
     else:
         html = render_to_string("dashboard/unavailable.html", {"retry_after_s": RETRY_AFTER_S})
         resp = HttpResponse(html, status=503, content_type="text/html; charset=utf-8")

@@ -2,9 +2,19 @@
 multi-process files), on ``WORKER_METRICS_BIND``:``WORKER_METRICS_PORT`` (defaults 127.0.0.1 and
 9808; port 0 = off).
 
-Started once in the worker's main process (signal ``worker_ready``); with prefork children and
-``PROMETHEUS_MULTIPROC_DIR`` set, the server merges every child's files. Fleet gauges are not
-served here (the web ``/metrics`` has them): scrape both, as usual in this ecosystem.
+Started once in the worker's main process (signal ``worker_ready``); the server merges the files
+every prefork child writes to ``PROMETHEUS_MULTIPROC_DIR``. Fleet gauges are not served here (the web
+``/metrics`` has them): scrape both, as usual in this ecosystem.
+
+**A multi-process directory by default.** Tasks run in the pool's children, so their counters live in
+the children's memory, which the main process's server cannot read: under the README's plain
+``celery -A outlier_admin worker`` (no ``PROMETHEUS_MULTIPROC_DIR``) every event series had 0 samples.
+So when the variable is unset, :func:`ensure_multiprocess_dir` (signal ``worker_init``: in the main
+process, after Django's set-up and before the pool forks) creates a private directory
+(``tempfile.mkdtemp``: a fresh name no other user can predict or pre-create, mode 0700), sets the
+variable for the children to inherit and switches ``prometheus_client`` to its multi-process values;
+it is removed at ``worker_shutdown``. A directory the operator set (the image's ``/run/prometheus``)
+is used as it is, created if missing, and never removed.
 
 Loopback by default: a worker has no reason to answer the network unless a Prometheus outside the
 host scrapes it, and then ``WORKER_METRICS_BIND=0.0.0.0`` (or the pod's address) says so on purpose.
@@ -15,6 +25,9 @@ web ``/metrics`` (the same check: :func:`outlier_admin.observability.metrics.scr
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from threading import Thread
 
@@ -22,6 +35,9 @@ import orjson
 
 log = logging.getLogger(__name__)
 _started: list[ThreadingHTTPServer] = []
+#: The directory :func:`ensure_multiprocess_dir` created itself (removed at shutdown), if any.
+_created_dir: list[str] = []
+ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -64,6 +80,40 @@ def start(port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
     return server
 
 
+def ensure_multiprocess_dir() -> str:
+    """Make sure ``PROMETHEUS_MULTIPROC_DIR`` names an existing directory and ``prometheus_client``
+    records into it; returns the directory. Unset: a new private one (see the module docstring).
+
+    Must run before the pool forks: a child inherits the environment and the value class. Series
+    already created in this process keep their in-memory values (the main process records none:
+    tasks run in the children, and every event metric is labelled, so its values are created on
+    first use)."""
+    from prometheus_client import values
+
+    path = os.environ.get(ENV)
+    if path:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    else:
+        path = tempfile.mkdtemp(prefix="outlier-worker-metrics-")
+        _created_dir.append(path)
+        os.environ[ENV] = path
+    if values.ValueClass is values.MutexValue:  # imported before the variable was set
+        values.ValueClass = values.get_value_class()
+    return path
+
+
+def _on_worker_init(**_: object) -> None:
+    from django.conf import settings
+
+    if settings.WORKER_METRICS_PORT:
+        log.info("worker metrics: multi-process directory %s", ensure_multiprocess_dir())
+
+
+def _on_worker_shutdown(**_: object) -> None:
+    while _created_dir:
+        shutil.rmtree(_created_dir.pop(), ignore_errors=True)
+
+
 def _on_worker_ready(**_: object) -> None:
     from django.conf import settings
 
@@ -77,6 +127,8 @@ def _on_worker_ready(**_: object) -> None:
 
 
 def connect() -> None:
-    from celery.signals import worker_ready
+    from celery.signals import worker_init, worker_ready, worker_shutdown
 
+    worker_init.connect(_on_worker_init, weak=False, dispatch_uid="outlier-worker-metrics-dir")
     worker_ready.connect(_on_worker_ready, weak=False, dispatch_uid="outlier-worker-metrics")
+    worker_shutdown.connect(_on_worker_shutdown, weak=False, dispatch_uid="outlier-worker-metrics-cleanup")

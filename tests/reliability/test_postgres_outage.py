@@ -15,7 +15,7 @@ from django.db.models import Count
 from outlier_admin.control import degraded
 from outlier_admin.control.models import GroupBaseline, NodeHistory, QuarantineProposal, Transition
 from outlier_admin.control.publish import read_weights
-from outlier_admin.control.redis_conn import stream_key
+from outlier_admin.control.redis_conn import state_key, stream_key
 from outlier_admin.control.tasks import tick_all_groups
 from outlier_admin.control.tick import run_tick
 from outlier_admin.fleet.models import ModelGroup
@@ -76,7 +76,10 @@ def test_ticks_publish_from_redis_during_outage_and_outbox_drains_exactly_once(r
     assert {n["node"]: n["weight"] for n in doc["nodes"]}[SLOW] == 0
     assert outbox_items >= 1
     assert sum(r.samples for r in degraded_results) == 9 * 8 * 40, "every streamed sample applied once"
-    assert redis_client.xlen(stream_key("g1")) == 0, "entries acknowledged and deleted"
+    assert redis_client.xpending(stream_key("g1"), "ticks")["pending"] == 0, "entries acknowledged"
+    checkpoint = redis_client.hget(state_key("g1"), "last_id")
+    kept = [eid for eid, _ in redis_client.xrange(stream_key("g1"))]
+    assert all(eid > checkpoint for eid in kept), "entries the checkpoint covers are deleted"
     expected_transitions = sum(r.transitions for r in degraded_results)
     assert expected_transitions >= 1
     # Nothing reached PostgreSQL during the outage.
@@ -163,8 +166,8 @@ def test_postgres_failing_during_the_sql_write_keeps_the_rows_and_applies_inputs
     outage = postgres_down()
     real_store = degraded.store_snapshot
 
-    def store_then_fail(pipe, group, nodes):  # the state MULTI is queued: PostgreSQL goes away now
-        real_store(pipe, group, nodes)
+    def store_then_fail(pipe, group, nodes, **kw):  # the state MULTI is queued: PostgreSQL goes away now
+        real_store(pipe, group, nodes, **kw)
         outage.__enter__()
 
     monkeypatch.setattr(degraded, "store_snapshot", store_then_fail)
@@ -245,8 +248,9 @@ def test_api_and_dashboard_answer_503_with_retry_after_and_metrics_keep_the_even
     assert anonymous.status_code in (401, 403)
     for resp in (api, by_session):
         assert resp.status_code == 503 and resp["Retry-After"] == "5"  # outage.RETRY_AFTER_S
-        body = resp.json()  # the API's error shape: one sentence in "error", a code in "detail"
-        assert body["detail"] == "database_unavailable" and "database is unavailable" in body["error"]
+        body = resp.json()  # the API's RFC 9457 problem: one sentence in "detail", a code in "errors"
+        assert resp["Content-Type"] == "application/problem+json"
+        assert body["errors"][0]["code"] == "database_unavailable" and "database is unavailable" in body["detail"]
         assert body["retry_after_s"] == 5
     for resp in (page, sign_in):
         assert resp.status_code == 503 and resp["Retry-After"] == "5"

@@ -58,7 +58,7 @@ def test_ingest_refuses_while_redis_is_down_and_nothing_is_lost(client, ingest_t
         resp = _post(client, ingest_token, body)
         assert resp.status_code == 503, resp.content
         assert int(resp["Retry-After"]) > 0
-        assert "retry" in resp.json()["error"]
+        assert "retry" in resp.json()["detail"]
         refused_bodies.append(body)
     # The gateway keeps the last good document while it is fresh, then falls back to base weights.
     assert gateway.refresh() is False and gateway.stats.redis_errors == 1

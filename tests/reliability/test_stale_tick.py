@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 
 from outlier_admin.control import tick
-from outlier_admin.control.redis_conn import lock_key, state_key
+from outlier_admin.control.redis_conn import lock_key
 from outlier_admin.ingest.pipeline import submit
 from tests.outlier_admin.helpers import make_records
 
@@ -21,9 +21,11 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services]
 
 
 def accepted_total(r, group: str) -> int:
-    from detector import GroupDetector
+    """Samples in the group's stored detector: its checkpoint plus the entries applied since."""
+    from outlier_admin.fleet.models import ModelGroup
 
-    return GroupDetector.from_bytes(r.hget(state_key(group), "detector")).accepted_total
+    tick._HELD.pop(group, None)  # what Redis holds, not this process's copy
+    return tick._load_detector(r, ModelGroup.objects.get(name=group), 0.0)[0].accepted_total
 
 
 def feed(t: float, rng) -> int:

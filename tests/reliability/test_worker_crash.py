@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 from django.db import connection
 
-from detector import GroupDetector
 from outlier_admin.control.actions import do_create_group, do_register_node
 from outlier_admin.control.publish import read_weights
-from outlier_admin.control.redis_conn import GroupLock, lock_key, state_key, stream_key
+from outlier_admin.control.redis_conn import GroupLock, lock_key, stream_key
 from outlier_admin.control.tick import CONSUMER_GROUP, run_tick
 from outlier_admin.ingest.pipeline import submit
 from tests.outlier_admin.helpers import make_records
@@ -38,7 +37,7 @@ from outlier_admin.control import publish, tick
 def die(*a, **k):
     os.kill(os.getpid(), signal.SIGKILL)
 if sys.argv[1] == "before_publish":
-    publish.publish_weights = die          # decided, nothing stored yet
+    publish.queue_document = die           # decided, nothing stored yet (the fenced MULTI not sent)
 else:
     redis.Redis.xack = die                 # state and SQL committed, entries not acknowledged
 tick.run_tick("g1", now=float(sys.argv[2]), consumer="doomed-worker")
@@ -73,7 +72,12 @@ def _kill_mid_tick(where: str, now: float, settings) -> None:
 
 
 def _applied_samples(redis_client) -> int:
-    gd = GroupDetector.from_bytes(redis_client.hget(state_key("g1"), "detector"))
+    """Samples in the stored detector: its checkpoint plus the entries applied since (replayed)."""
+    from outlier_admin.control import tick
+    from outlier_admin.fleet.models import ModelGroup
+
+    tick._HELD.pop("g1", None)  # what Redis holds, not this process's copy
+    gd = tick._load_detector(redis_client, ModelGroup.objects.get(name="g1"), time.time())[0]
     return int(gd.evaluate(time.time()).counts.sum())
 
 
@@ -186,13 +190,13 @@ import django
 django.setup()
 from outlier_admin.control import publish
 flag, hung, name = sys.argv[1:4]
-real = publish.publish_weights
+real = publish.queue_document
 def publish_or_hang(*args, **kwargs):
     if os.path.exists(flag):
         open(hung, "w").close()
         time.sleep(3600)
     return real(*args, **kwargs)
-publish.publish_weights = publish_or_hang
+publish.queue_document = publish_or_hang
 from celery.__main__ import main
 sys.argv = ["celery", "-A", "outlier_admin", "worker", "--pool", "solo", "--loglevel", "WARNING",
             "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", name + "@%h"]

@@ -32,7 +32,7 @@ def _routes() -> list[tuple[str, str]]:
 
     group = ModelGroup.objects.first()
     node = Node.objects.first()
-    values = {"name": group.name, "pk": str(node.pk), "object_id": str(node.pk), "app_label": "auth"}
+    values = {"name": group.name, "slug": group.slug, "pk": str(node.pk), "object_id": str(node.pk), "app_label": "auth"}
     out = []
 
     def walk(patterns, ns: str) -> None:

@@ -35,14 +35,14 @@ def test_oversized_body_is_413_and_nothing_is_stored(client, ingest_token, redis
     body = orjson.dumps([_rec() for _ in range(40)])
     assert len(body) > 2048
     resp = _post(client, ingest_token, body)
-    assert resp.status_code == 413 and "limit" in resp.json()["error"]
+    assert resp.status_code == 413 and "limit" in resp.json()["detail"]
     assert not Node.objects.exists() and redis_client.dbsize() == 0
 
 
 @pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", "application/xml"])
 def test_wrong_content_type_is_415(client, ingest_token, redis_client, ctype):
     resp = _post(client, ingest_token, orjson.dumps([_rec()]), ctype)
-    assert resp.status_code == 415 and ctype in resp.json()["error"]
+    assert resp.status_code == 415 and ctype in resp.json()["detail"]
 
 
 def test_unknown_node_rejected_with_reason_when_auto_registration_is_off(client, ingest_token, redis_client,

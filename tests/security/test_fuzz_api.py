@@ -445,7 +445,8 @@ def test_ingest_a_lone_surrogate_is_one_rejected_record_kept_with_its_escape(
 
 BIG = 10**400  # an integer far beyond a double (the standard library writes it; orjson would refuse)
 #: ``(method, path, body, content type, status)``: each found by the fuzzer or by probing around what it
-#: found, now a 4xx in the API's error shape. ``{node}``/``{proposal}``: a real object's id.
+#: found, now a 4xx in the API's one error shape (an RFC 9457 problem). ``{node}``/``{proposal}``:
+#: a real object's id.
 BAD_INPUTS = [
     ("GET", "/api/v1/transitions/?since=2026-01-01T00:00:00%2B23:14", None, None, 200),  # PG: offset > 15:59
     ("GET", "/api/v1/audit/?until=0001-01-01T00:00:00%2B10:00", None, None, 400),  # before year 1 in UTC
@@ -473,8 +474,10 @@ BAD_INPUTS = [
      "application/json", 400),  # RecursionError in the JSON parser
     ("POST", "/api/v1/nodes/{node}/release/", '{"reason": "' + "x" * 3_000_000 + '"}', "application/json",
      413),
+    # A form of 1,200 fields was a 400 (DATA_UPLOAD_MAX_NUMBER_FIELDS); the API now reads JSON only.
     ("POST", "/api/v1/nodes/{node}/release/", "&".join(f"f{i}=1" for i in range(1200)),
-     "application/x-www-form-urlencoded", 400),
+     "application/x-www-form-urlencoded", 415),
+    ("POST", "/api/v1/nodes/{node}/release/", "reason=x", "multipart/form-data; boundary=b", 415),
 ]
 
 
@@ -494,10 +497,13 @@ def test_inputs_once_answered_5xx_get_a_clear_answer(world: dict[str, Any], meth
     resp = Client(get_wsgi_application()).open(path, method=method, headers=headers,
                                                data=body.encode() if body is not None else None)
     assert resp.status_code == expected, resp.get_data()[:300]
-    assert resp.mimetype == "application/json"
-    if expected >= 400:
-        error = orjson.loads(resp.get_data())["error"]
-        assert isinstance(error, str) and error
+    if expected >= 400:  # an RFC 9457 problem (outlier_admin.api.errors)
+        assert resp.mimetype == "application/problem+json"
+        problem = orjson.loads(resp.get_data())
+        assert problem["status"] == expected and isinstance(problem["detail"], str) and problem["detail"]
+        assert problem["errors"] and all(isinstance(e["code"], str) for e in problem["errors"])
+    else:
+        assert resp.mimetype == "application/json"
 
 
 # --- 4. the schema itself -----------------------------------------------------------------------------

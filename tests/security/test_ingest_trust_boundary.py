@@ -181,7 +181,7 @@ def test_an_error_before_acceptance_applies_nothing_and_a_retry_applies_once(
     monkeypatch.setattr(pipeline, "_resolve_nodes", failing)
     for _ in range(3):
         resp = post(client, ingest_token, body)
-        assert resp.status_code == 500 and "no record" in resp.json()["error"]
+        assert resp.status_code == 500 and "no record" in resp.json()["detail"]
     assert stream_rows(redis_client, "g1") == [] and stream_rows(redis_client, "g2") == []
     monkeypatch.setattr(pipeline, "_resolve_nodes", real)
     assert post(client, ingest_token, body).json()["accepted"] == 3

@@ -7,9 +7,21 @@ raises :class:`ParseError` with a short reason code. Lines that are valid log li
 sample (no upstream chosen, a health check) also raise ``ParseError`` (reason ``no_upstream`` ...),
 so the tailer keeps them as rejected input with the reason instead of dropping them silently.
 
-``node_map`` maps an upstream address as it appears in the log (``10.0.0.5:8000``) to the node name
-or address to put in the record; addresses not in it pass through unchanged (the pipeline resolves
-addresses to nodes). Register a new format by adding one line to :data:`FORMATS`.
+``node_map`` maps an upstream address as it appears in the log (``127.0.0.5:8000``, or HAProxy's
+``backend/server``) to the node name or address to put in the record; addresses not in it pass
+through unchanged (the pipeline resolves addresses to nodes). Its key ``*`` names the node of lines
+that name no upstream at all (an nginx in front of one node that logs no ``$upstream_addr``).
+Register a new format by adding a line to :data:`FORMATS` and its label to :data:`LABELS`.
+
+Formats read with no custom configuration: nginx ``combined`` (optionally with ``$request_time``,
+``$upstream_addr``, ``$upstream_response_time`` appended) and ingress-nginx's upstream format;
+Envoy's default text format and JSON access logs (Envoy AI Gateway's token fields); HAProxy's
+default ``option httplog``; LiteLLM's ``StandardLoggingPayload``; OpenAI-style JSON with a nested
+``usage``; our own JSONL. ``auto`` recognises each line's format (:mod:`.auto`).
+
+Every refusal names the format the line looks like (``ParseError.fmt``; :data:`LABELS` for humans):
+a parser given a line of another known format refuses it as ``wrong_format`` naming that format,
+not as ``bad_format``, so an operator who picked the wrong ``--format`` is told which one to pick.
 """
 
 from __future__ import annotations
@@ -21,12 +33,14 @@ import orjson
 
 
 class ParseError(ValueError):
-    """A line or record that cannot become a sample. ``reason`` is a short code (``bad_json``)."""
+    """A line or record that cannot become a sample. ``reason`` is a short code (``bad_json``);
+    ``fmt`` the key in :data:`FORMATS` of the format the line looks like ("" when none)."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: str, detail: str = "", *, fmt: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+        self.fmt = fmt
 
 
 NodeMap = Mapping[str, str]
@@ -40,26 +54,106 @@ def map_node(address: str, node_map: NodeMap | None) -> str:
     return address
 
 
-def load_object(line: str, *, reason: str, what: str) -> dict[str, Any]:
+def default_node(node_map: NodeMap | None) -> str | None:
+    """The node of lines that name no upstream (``node_map["*"]``), if the source has one."""
+    return node_map.get("*") if node_map else None
+
+
+MAX_NODE_MAP = 10_000
+
+
+def parse_node_map(text: str) -> dict[str, str]:
+    """An operator's node map: ``"K=NODE,K=NODE"`` or a JSON object -> ``{K: NODE}``. ``K`` is what a
+    line names (HAProxy's ``backend/server``, an upstream address) or ``*``; every ``NODE`` must be a
+    valid node id (:func:`outlier_admin.fleet.names.validate_node_id`); at most :data:`MAX_NODE_MAP`
+    entries. Raises ``ValueError`` naming the bad entry."""
+    from outlier_admin.fleet.names import NameError_, validate_node_id
+
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            raw = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"not JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ValueError("a JSON node map must be an object")
+        pairs: list[tuple[Any, Any]] = list(raw.items())
+    else:
+        pairs = [tuple(item.split("=", 1)) if "=" in item else (item, "") for item in text.split(",") if item.strip()]
+    if len(pairs) > MAX_NODE_MAP:
+        raise ValueError(f"{len(pairs)} entries, at most {MAX_NODE_MAP}")
+    out: dict[str, str] = {}
+    for key, value in pairs:
+        if not isinstance(key, str) or not key.strip() or len(key) > 300 or not isinstance(value, str):
+            raise ValueError(f"bad entry {str(key)[:40]!r}: write KEY=NODE")
+        try:
+            out[key.strip()] = validate_node_id(value.strip())
+        except NameError_ as exc:
+            raise ValueError(f"{key.strip()!r}: {exc.detail}") from None
+    return out
+
+
+def load_object(line: str, *, reason: str, what: str, fmt: str = "") -> dict[str, Any]:
     """The JSON object on ``line``; ``bad_json`` when it is not JSON, ``reason`` when not an object."""
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        raise ParseError("bad_json", str(exc)) from None
+        raise ParseError("bad_json", f"{what}: {exc}", fmt=fmt) from None
     if not isinstance(obj, dict):
-        raise ParseError(reason, f"{what} must be an object")
+        raise ParseError(reason, f"{what} must be an object", fmt=fmt)
     return obj
 
 
 # Imported after ParseError/map_node are defined: the format modules import them from here.
-from outlier_admin.ingest.logformats import envoy, haproxy, jsonl, nginx  # noqa: E402
+from outlier_admin.ingest.logformats import envoy, haproxy, jsonl, litellm, nginx, openai  # noqa: E402
 
-FORMATS: dict[str, Parser] = {
+LABELS: dict[str, str] = {
+    "nginx": "nginx (combined / ingress-nginx)",
+    "envoy": "Envoy access log (default text format or JSON)",
+    "haproxy": "HAProxy httplog",
+    "litellm": "LiteLLM StandardLoggingPayload",
+    "openai": openai.LABEL,
+    "jsonl": "outlier-admin JSONL records",
+}
+_PARSERS: dict[str, Parser] = {
     "envoy": envoy.parse_line,
     "haproxy": haproxy.parse_line,
     "nginx": nginx.parse_line,
+    "litellm": litellm.parse_line,
+    "openai": openai.parse_line,
     "jsonl": jsonl.parse_line,
 }
+# Refusals that say "this is not a line of my format": filed under no format unless one is recognised.
+_NOT_MINE = frozenset({"bad_format", "bad_json", "not_an_object"})
+
+
+def _named(name: str, parse: Parser) -> Parser:
+    """``parse`` whose refusals name the format the line looks like (see module docstring)."""
+
+    def parse_named(line: str, *, node_map: NodeMap | None = None) -> dict[str, Any]:
+        try:
+            rec = parse(line, node_map=node_map)
+        except ParseError as exc:
+            # Any refusal, not only "not my format": a LiteLLM payload read as Envoy JSON decodes fine
+            # and would be refused "no_upstream", which sends the operator looking in the wrong place.
+            other = auto.sniff(line) if isinstance(line, str) else None
+            if other is not None and other != name:
+                raise ParseError("wrong_format", f"this line looks like {LABELS[other]}, but the source "
+                                 f"reads {LABELS[name]} (use --format {other} or auto)", fmt=other) from None
+            exc.fmt = (other or "") if exc.reason in _NOT_MINE else (exc.fmt or name)
+            raise
+        rec["_format"] = name  # what the pipeline files the record's refusal under, if it is refused
+        return rec
+
+    parse_named.__doc__ = parse.__doc__
+    return parse_named
+
+
+from outlier_admin.ingest.logformats import auto  # noqa: E402  (needs _PARSERS and LABELS)
+
+FORMATS: dict[str, Parser] = {name: _named(name, parse) for name, parse in _PARSERS.items()}
+FORMATS["auto"] = auto.parse_line
+LABELS["auto"] = "auto (recognised per line)"
 
 
 def get_parser(name: str) -> Parser:

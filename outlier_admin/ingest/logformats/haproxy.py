@@ -12,6 +12,11 @@ none with ``log stdout format raw``); the captured-header blocks are optional.
 Mapping onto an ingest record
 -----------------------------
 * ``node``: ``node_map["<backend>/<server>"]``, else ``node_map["<server>"]``, else the server name.
+  HAProxy's default format logs server *names*, never addresses, while nodes are keyed by address
+  (the weights the agent applies name addresses): give the map — the shipper reads it from the
+  runtime API (``show servers state``), ``tail_logs --node-map`` takes it explicitly. An unmapped
+  name reaches the pipeline as it is: it matches a node registered under that name, and is never
+  auto-registered (a name is not an address).
 * ``ttft_ms`` = ``Tr``, the time until the server's response headers. HAProxy has no first-token
   timer; for a non-streaming completion Tr is the whole generation, for a streaming one it is the
   time to the first bytes. ``None`` when Tr is -1 (no response headers, e.g. a refused connection).
@@ -78,6 +83,12 @@ _TCP_LOG = re.compile(
     r"\S+:\d+ \[[^\]]+\] \S+ \S+ -?\d+/-?\d+/\+?-?\d+ \+?\d+ \S{2} \d+/\d+/\d+/\d+/\+?\d+ \d+/\d+\s*$"
 )
 _NO_SERVER = {"<NOSRV>", "<STATS>", "<CACHE>"}
+_NOTICE = re.compile(r"haproxy\[\d+\]: (?:Server|Proxy|Backup Server|backend|Health check) ")
+
+
+def looks_like(text: str) -> bool:
+    """Whether ``text`` is an HAProxy HTTP or TCP log line (however it would parse)."""
+    return bool(_HTTP_LOG.search(text) or _TCP_LOG.search(text))
 
 
 def _ms(value: str) -> int:
@@ -95,6 +106,9 @@ def parse_line(line: str, *, node_map: dict[str, str] | None = None) -> dict:
     if match is None:
         if _TCP_LOG.search(text):
             raise ParseError("tcp_log", "HAProxy TCP log (option tcplog) has no HTTP status or response timer")
+        if _NOTICE.search(text):
+            # "Server llm/s3 is going DOWN", "Proxy llm_in started": HAProxy's own events, same target.
+            raise ParseError("not_a_request", "an HAProxy notice, not a request log line")
         raise ParseError("bad_format", "not an HAProxy HTTP log line (option httplog default format)")
     g = match.groupdict()
     server = g["server"]

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+import pytest
 from prometheus_client import generate_latest
 
 from outlier_admin.agent.__main__ import main
@@ -133,3 +134,25 @@ def test_agent_and_client_import_without_django():
                           timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+def test_the_agent_reports_the_version_it_applied_and_only_after_applying(redis_client, group, settings, tmp_path):
+    """The first screen shows what the gateways really run: an agent writes ``{version, applied_at,
+    mode}`` under its id once an apply succeeded, never for a refused one."""
+    key = f"outlier:applied:{group}"
+    flaky = Agent(GatewayClient(redis_client, group), FlakyApplier(failures=1), gateway_id="gw-1/flaky")
+    publish(redis_client, weights_document(group, 5, SERVERS))
+    with pytest.raises(ApplyError):
+        flaky.run_once()
+    assert redis_client.hgetall(key) == {}
+    before = time.time()
+    assert flaky.run_once()
+    report = json.loads(redis_client.hget(key, "gw-1/flaky"))
+    # applied_at is rounded to the millisecond
+    assert report["version"] == 5 and report["mode"] == "live" and before - 0.001 <= report["applied_at"] <= time.time() + 0.001
+    assert 0 < redis_client.ttl(key) <= 86400
+    # The CLI names the gateway with --gateway-id.
+    publish(redis_client, weights_document(group, 6, SERVERS))
+    assert main(["--gateway", "envoy", "--group", group, "--redis-url", settings.REDIS_URL, "--gateway-id", "edge-3",
+                 "--envoy-eds-path", str(tmp_path / "e.json"), "--once"]) == 0
+    assert json.loads(redis_client.hget(key, "edge-3"))["version"] == 6

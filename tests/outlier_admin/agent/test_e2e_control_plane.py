@@ -201,7 +201,7 @@ def test_haproxy_control_plane_quarantines_and_canary_restores(
     # The only lines that are not request logs are HAProxy's own notices about s3 ("Server llm/s3
     # enters drain state ..."), kept with their reason: HAProxy agrees on what happened.
     assert shipper.post_errors == 0 and shipper.shipped > 200
-    assert all(reason == "bad_format" and "Server llm/s3 " in line for reason, line in shipper.rejected)
+    assert all(reason == "not_a_request" and "Server llm/s3 " in line for reason, line in shipper.rejected)
     assert any("enters drain state" in line for _, line in shipper.rejected)
     figures = report_latency(agent, "haproxy")
     assert figures["changes"]["n"] >= 2 and figures["changes"]["p99_ms"] < 2000

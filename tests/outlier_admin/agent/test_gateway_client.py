@@ -17,6 +17,7 @@ from outlier_admin.gateway_client import (
     MODE_LIVE,
     DocumentError,
     GatewayClient,
+    check_document,
     effective_weights,
     parse_document,
     split_address,
@@ -51,14 +52,10 @@ def test_document_without_base_weight_uses_default_scale():
     [
         (lambda d: d.pop("version"), "missing field 'version'"),
         (lambda d: d.update(version=True), "version"),
-        (lambda d: d["nodes"][0].update(weight=101), "outside 0..100"),
-        (lambda d: d["nodes"][0].update(weight=-1), "outside 0..100"),
-        (lambda d: d["nodes"][0].update(weight=33.5), "not an integer"),
-        (lambda d: d["nodes"][0].update(address="127.0.0.1"), "not host:port"),
-        (lambda d: d["nodes"][1].update(address="127.0.0.1:8000"), "duplicate"),
         (lambda d: d.update(stale_after_s=0), "stale_after_s"),
         (lambda d: d.update(group="other"), "expected 'g'"),
         (lambda d: d.update(nodes={}), "nodes"),
+        (lambda d: [n.update(weight=-1) for n in d["nodes"]], "no valid node"),
     ],
 )
 def test_parse_rejects_with_reason(mutate, reason):
@@ -66,6 +63,48 @@ def test_parse_rejects_with_reason(mutate, reason):
     mutate(d)
     with pytest.raises(DocumentError, match=reason):
         parse_document(json.dumps(d), expected_group="g")
+
+
+@pytest.mark.parametrize(
+    ("mutate", "skipped", "reason"),
+    [
+        (lambda d: d["nodes"][0].update(weight=101), "a", "outside 0..100"),
+        (lambda d: d["nodes"][0].update(weight=-1), "a", "outside 0..100"),
+        (lambda d: d["nodes"][0].update(weight=33.5), "a", "not an integer"),
+        (lambda d: d["nodes"][0].update(address="127.0.0.1"), "a", "not host:port"),
+        (lambda d: d["nodes"][0].update(address="<script>alert('xss')</script>"), "a", "not host:port"),
+        (lambda d: d["nodes"][0].update(address="127.0.0.1:8000;include /etc/passwd"), "a", "not host:port"),
+        (lambda d: d["nodes"][0].update(address="http://127.0.0.1:8000"), "a", "not host:port"),
+        (lambda d: d["nodes"][1].update(address="127.0.0.1:8000"), "b", "duplicate"),
+    ],
+)
+def test_one_invalid_node_is_skipped_with_its_reason_and_the_rest_applied(mutate, skipped, reason, caplog):
+    """Finding: one bad node (``<script>...`` published at weight 12) made the client refuse the whole
+    group's document, so a quarantined node of that group kept its traffic. Now the node is skipped,
+    with a logged reason, and the others are applied."""
+    d = json.loads(doc_json(quarantined=("c",)))
+    mutate(d)
+    doc = parse_document(json.dumps(d), expected_group="g")
+    names = {n.node for n in doc.nodes}
+    assert names == {"a", "b", "c"} - {skipped}
+    assert len(doc.skipped) == 1 and f"({skipped!r})" in doc.skipped[0] and reason in doc.skipped[0]
+    client = GatewayClient(redis.Redis(), "g")
+    with caplog.at_level("WARNING", logger="outlier_admin.gateway_client"):
+        assert client.offer(json.dumps(d))
+    assert client.effective(now=d["generated_at"]).nodes == doc.nodes
+    assert client.stats.skipped_nodes == 1 and reason in caplog.text
+    assert next(n for n in doc.nodes if n.node == "c").quarantined  # the quarantine still reaches gateways
+
+
+def test_check_document_leaves_invalid_nodes_out_as_a_gateway_would():
+    d = json.loads(doc_json())
+    d["nodes"].append({"node": "bad", "address": "<script>alert('xss')</script>", "weight": 12, "state": "healthy",
+                       "base_weight": 100})
+    kept, skipped = check_document(d)
+    assert [n["node"] for n in kept["nodes"]] == ["a", "b", "c"] and len(skipped) == 1 and "'bad'" in skipped[0]
+    assert parse_document(json.dumps(kept)).skipped == ()
+    with pytest.raises(DocumentError, match="stale_after_s"):
+        check_document({**d, "stale_after_s": -1})
 
 
 def test_parse_rejects_non_json():

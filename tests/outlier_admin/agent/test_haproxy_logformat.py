@@ -87,3 +87,11 @@ def test_token_and_ttft_captures_in_last_header_block():
 def test_request_id_is_stable_and_distinct():
     assert parse_line(LINES[0])["request_id"] == parse_line("  " + LINES[0])["request_id"]
     assert parse_line(LINES[4])["request_id"] != parse_line(LINES[5])["request_id"]
+
+
+def test_haproxy_notices_are_not_requests():
+    for line in ("<129>Dec  3 07:05:42 haproxy[13145]: Server llm/s3 is going DOWN for maintenance.",
+                 "<133>Dec  3 07:05:42 haproxy[13145]: Proxy llm_in started."):
+        with pytest.raises(ParseError) as err:
+            parse_line(line)
+        assert err.value.reason == "not_a_request"

@@ -1,4 +1,5 @@
-"""LogShipper with a pluggable parser, tail_file on an nginx access log, retry on a failed POST."""
+"""LogShipper with a pluggable parser (default: every format, recognised per line), tail_file on an
+nginx access log, retry on a failed POST."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from outlier_admin.agent.harness import free_port
 from outlier_admin.agent.shipper import LogShipper, tail_file
 from outlier_admin.ingest.logformats import nginx as nginx_format
+from tests.conftest import FIXTURES
 
 LINE = ('127.0.0.1 - - [03/Dec/2026:07:35:32 +0000] "POST /v1/completions HTTP/1.1" 200 180 "-" "-" 120 0.071 '
         '[outlier_llm] [] 127.0.0.1:{port} 180 0.070 200 {rid} prompt_tokens=12 completion_tokens=30 ttft_ms=7.4')
@@ -97,7 +99,7 @@ def test_tail_file_ships_new_complete_lines_and_follows_truncation(tmp_path, ing
     assert all(auth == "Bearer secret" for auth, _ in posts)
     assert records[0] | {"ts": None} == {
         "ts": None, "node": "127.0.0.1:9001", "group": "llm", "prompt_tokens": 12.0, "completion_tokens": 30.0,
-        "ttft_ms": 7.4, "total_ms": 70.0, "status": 200, "request_id": "r1"}
+        "cached_tokens": None, "ttft_ms": 7.4, "total_ms": 70.0, "status": 200, "request_id": "r1"}
     assert shipper.rejected_by_reason == {"bad_format": 1}
     assert shipper.rejected[0] == ("bad_format", "not a log line")
 
@@ -134,3 +136,51 @@ def test_an_answer_the_api_will_never_change_does_not_block_the_records_behind_i
         assert shipper.flush() == 3  # 413 -> batches of 2: [a, b] 200, [poison, c] 400 dropped, [d] 200
         assert (shipper.dropped, len(shipper.buffer), shipper.batch_size) == (2, 0, 2)
         assert answers == [401, 413, 200, 400, 200]
+
+
+def test_default_logs_of_every_gateway_with_no_configuration(ingest_stub):
+    """The default parser reads each line's format: HAProxy's default httplog (keyed by address through
+    the runtime API's map), nginx combined + upstream fields (as real HAProxy 2.6 and nginx 1.22 wrote
+    them), Envoy's default text format, OpenAI-style JSON; lines without tokens ship latency-only."""
+    url, posts = ingest_stub
+    logs = FIXTURES / "gateway-logs"
+    shipper = LogShipper(url, "t", node_map={"llm/s0": "127.0.0.1:9000", "llm/s1": "127.0.0.1:9001"})
+    lines = [*(logs / "haproxy-2.6-httplog-default.log").read_text().splitlines(),
+             *(logs / "nginx-1.22-upstream.log").read_text().splitlines(),
+             (logs / "envoy-default-format-example.log").read_text().strip(),
+             (logs / "openai-usage-accesslog.jsonl").read_text().splitlines()[0],
+             (logs / "nginx-1.22-combined.log").read_text().splitlines()[0], "not a log line"]
+    assert [shipper.feed(line) for line in lines] == [True] * 14 + [False, False]
+    assert shipper.flush() == 14
+    records = [rec for _, body in posts for rec in body]
+    assert [r["node"] for r in records[:6]] == ["127.0.0.1:9000", "127.0.0.1:9001"] * 3
+    assert [r["_format"] for r in records] == ["haproxy"] * 6 + ["nginx"] * 6 + ["envoy", "openai"]
+    assert all(r["prompt_tokens"] is None for r in records[:13])
+    assert (records[13]["prompt_tokens"], records[13]["cached_tokens"]) == (2006, 1920)
+    assert shipper.rejected_by_format == {("no_upstream", "nginx"): 1, ("unrecognized_format", ""): 1}
+
+
+def test_command_line_ships_a_file_in_any_format(tmp_path, ingest_stub):
+    """``python -m outlier_admin.agent.shipper --file --from-start``: default format auto, token from the
+    environment, a node map for an nginx that logs no upstream; stopped by SIGTERM (by its pid)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    url, posts = ingest_stub
+    log = tmp_path / "access.log"
+    log.write_text((FIXTURES / "gateway-logs" / "nginx-1.22-timed.log").read_text())
+    env = {**os.environ, "OUTLIER_SHIPPER_TOKEN": "cli-token"}
+    proc = subprocess.Popen([sys.executable, "-m", "outlier_admin.agent.shipper", "--ingest-url", url, "--file",
+                             str(log), "--from-start", "--group", "llm", "--node-map", "*=127.0.0.1:9005"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: sum(len(body) for _, body in posts) == 6, timeout_s=30)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    records = [rec for _, body in posts for rec in body]
+    assert {(r["node"], r["group"], r["_format"], r["prompt_tokens"]) for r in records} == {
+        ("127.0.0.1:9005", "llm", "nginx", None)}
+    assert {auth for auth, _ in posts} == {"Bearer cli-token"} and proc.returncode == 0

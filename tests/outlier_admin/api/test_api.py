@@ -71,7 +71,7 @@ def test_timeline_downsamples_24h_to_at_most_2000_points(fleet, users):
                                               ("signal=ttft", "signal")])
 def test_timeline_bad_query_is_400_with_message(fleet, users, query, field):
     resp = as_user(users["viewer"]).get(f"/api/v1/nodes/{fleet['nodes'][0].pk}/timeline/?{query}")
-    assert resp.status_code == 400 and field in resp.json()["error"]
+    assert resp.status_code == 400 and field in resp.json()["detail"]
 
 
 def test_thresholds_read_update_and_history(fleet, users):
@@ -93,9 +93,9 @@ def test_invalid_threshold_is_400_naming_field_and_range(fleet, users):
                    format="json")
     assert resp.status_code == 400
     body = resp.json()
-    assert body["field"] == "max_quarantine_fraction" and "[0, 1]" in body["error"]
+    assert body["errors"][0]["attr"] == "max_quarantine_fraction" and "[0, 1]" in body["detail"]
     missing = c.patch(f"/api/v1/groups/{g}/thresholds/", {"changes": {"quarantine_z": 4}}, format="json")
-    assert missing.status_code == 400 and "reason" in missing.json()["error"]
+    assert missing.status_code == 400 and "reason" in missing.json()["detail"]
     assert not ThresholdChange.objects.filter(group=fleet["group"], version__gt=2).exists()
 
 
@@ -118,14 +118,14 @@ def test_overrides_validate_and_audit(fleet, users):
     resp = c.post(f"/api/v1/nodes/{node.pk}/quarantine/", {"reason": "ECC storm", "expires_in_s": 900}, format="json")
     assert resp.status_code == 201 and resp.json()["kind"] == "quarantine" and resp.json()["expires_at"]
     bad = c.post(f"/api/v1/nodes/{node.pk}/quarantine/", {"reason": "x", "expires_in_s": -1}, format="json")
-    assert bad.status_code == 400 and "expires_in_s" in bad.json()["error"]
+    assert bad.status_code == 400 and "expires_in_s" in bad.json()["detail"]
     no_reason = c.post(f"/api/v1/nodes/{node.pk}/release/", {"reason": " "}, format="json")
-    assert no_reason.status_code == 400 and "reason" in no_reason.json()["error"]
+    assert no_reason.status_code == 400 and "reason" in no_reason.json()["detail"]
     pin = c.post(f"/api/v1/nodes/{node.pk}/pin/", {"reason": "x", "weight": 99999}, format="json")
-    assert pin.status_code == 400 and "[0, 1000]" in pin.json()["error"]
+    assert pin.status_code == 400 and "[0, 1000]" in pin.json()["detail"]
     assert Override.objects.filter(node=node).count() == 1
     missing = c.post("/api/v1/nodes/999999/release/", {"reason": "x"}, format="json")
-    assert missing.status_code == 404 and missing.json()["error"]
+    assert missing.status_code == 404 and missing.json()["detail"]
 
 
 def test_proposal_approve_once(fleet, users):
@@ -135,7 +135,7 @@ def test_proposal_approve_once(fleet, users):
     ok = c.post(f"/api/v1/proposals/{p.pk}/approve/", {"reason": "confirmed slow"}, format="json")
     assert ok.status_code == 200 and ok.json()["status"] == "approved"
     again = c.post(f"/api/v1/proposals/{p.pk}/reject/", {"reason": "no"}, format="json")
-    assert again.status_code == 400 and "already approved" in again.json()["error"]
+    assert again.status_code == 400 and "already approved" in again.json()["detail"]
     assert QuarantineProposal.objects.get(pk=p.pk).decided_actor == "operator"
 
 

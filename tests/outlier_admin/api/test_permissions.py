@@ -1,7 +1,7 @@
 """The permission matrix: every mutating endpoint x every role (and anonymous, and an ingest token).
 
 Expected: anonymous 401/403; ``norole`` 403; reads for every role; thresholds/policy/proposal
-decisions for ``operator`` only; manual quarantine/release/pin/unpin/activate for ``oncall`` only.
+decisions and creating/editing groups and nodes for ``operator`` only; manual quarantine/release/pin/unpin/activate for ``oncall`` only.
 An allowed request must have had its effect (an audit event), a refused one must have none.
 """
 
@@ -31,6 +31,10 @@ def endpoints(fleet):
         ("post", f"/api/v1/nodes/{n0}/pin/", {"reason": "r", "weight": 10}, "oncall"),
         ("post", f"/api/v1/nodes/{n0}/unpin/", {"reason": "r"}, "oncall"),
         ("post", f"/api/v1/nodes/{n0}/activate/", {"reason": "r"}, "oncall"),
+        ("post", "/api/v1/groups/", {"name": "matrix-new", "reason": "r"}, "operator"),
+        ("patch", f"/api/v1/groups/{g}/", {"model_name": "llama-3-70b", "reason": "r"}, "operator"),
+        ("post", "/api/v1/nodes/", {"group": g, "address": "127.0.9.1:8000", "reason": "r"}, "operator"),
+        ("patch", f"/api/v1/nodes/{n0}/", {"base_weight": 50, "reason": "r"}, "operator"),
     ]
 
 
@@ -42,7 +46,7 @@ def client_for(users, role):
 
 
 @pytest.mark.parametrize("role", ROLES)
-@pytest.mark.parametrize("index", range(9))
+@pytest.mark.parametrize("index", range(13))
 def test_mutating_endpoint_matrix(fleet, users, role, index):
     method, url, body, allowed_role = endpoints(fleet)[index]
     before = AuditEvent.objects.count()
@@ -54,7 +58,7 @@ def test_mutating_endpoint_matrix(fleet, users, role, index):
     else:
         assert resp.status_code == (401 if role == "anonymous" else 403), resp.content
         assert AuditEvent.objects.count() == before
-        assert resp.json()["error"]
+        assert resp.json()["detail"]
 
 
 READ_URLS = ["/api/v1/groups/", "/api/v1/nodes/", "/api/v1/audit/", "/api/v1/transitions/", "/api/v1/proposals/",
@@ -75,7 +79,8 @@ def test_api_token_acts_as_its_user(fleet, users):
     n0 = fleet["nodes"][0].pk
     assert c.post(f"/api/v1/nodes/{n0}/release/", {"reason": "canary ok"}, format="json").status_code == 201
     ev = AuditEvent.objects.get(action="node.release")
-    assert (ev.actor, ev.user, ev.reason) == ("oncall", users["oncall"], "canary ok")
+    # Audited as the token (issue 16: which credential acted), linked to the user it acts for.
+    assert (ev.actor, ev.user, ev.reason) == ("token:bot", users["oncall"], "canary ok")
     # ... and with that user's role only: an oncall may not approve proposals.
     p = fleet["proposal"].pk
     assert c.post(f"/api/v1/proposals/{p}/approve/", {"reason": "x"}, format="json").status_code == 403
@@ -86,7 +91,7 @@ def test_ingest_token_can_only_push(fleet):
     c = APIClient()
     c.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     resp = c.get("/api/v1/nodes/")
-    assert resp.status_code == 403 and "ingest" in resp.json()["error"]
+    assert resp.status_code == 403 and "ingest" in resp.json()["detail"]
     n0 = fleet["nodes"][0].pk
     assert c.post(f"/api/v1/nodes/{n0}/quarantine/", {"reason": "x"}, format="json").status_code == 403
 
@@ -95,4 +100,4 @@ def test_unknown_token_is_401(fleet):
     c = APIClient()
     c.credentials(HTTP_AUTHORIZATION="Bearer oa_nope")
     resp = c.get("/api/v1/nodes/")
-    assert resp.status_code == 401 and "token" in resp.json()["error"].lower()
+    assert resp.status_code == 401 and "token" in resp.json()["detail"].lower()

@@ -30,7 +30,7 @@ def url(fleet) -> str:
 def test_viewer_may_not_preview(fleet, users):
     resp = as_user(users["viewer"]).post(url(fleet), CHANGES, format="json")
     assert resp.status_code == 403
-    assert "needs the role oncall or operator" in resp.json()["error"]
+    assert "needs the role oncall or operator" in resp.json()["detail"]
     assert as_user(users["norole"]).post(url(fleet), CHANGES, format="json").status_code == 403
     assert APIClient().post(url(fleet), CHANGES, format="json").status_code in (401, 403)
 
@@ -57,8 +57,8 @@ def test_a_window_over_the_bound_is_a_400_naming_it(fleet, users):
     resp = c.post(url(fleet), {**CHANGES, "window_s": 7200}, format="json")
     assert resp.status_code == 400
     body = resp.json()
-    assert body["field"] == "window_s"
-    assert "window_s=7200 is over PREVIEW_MAX_WINDOW_S=3600" in body["error"]
+    assert body["errors"][0]["attr"] == "window_s"
+    assert "window_s=7200 is over PREVIEW_MAX_WINDOW_S=3600" in body["detail"]
     assert c.post(url(fleet), {**CHANGES, "window_s": 3600}, format="json").status_code == 200
 
 
@@ -67,8 +67,8 @@ def test_a_group_over_the_node_bound_is_refused_before_reading_history(fleet, us
     with CaptureQueriesContext(connection) as queries:
         resp = as_user(users["operator"]).post(url(fleet), CHANGES, format="json")
     assert resp.status_code == 400
-    assert "has 8 nodes, over PREVIEW_MAX_NODES=7" in resp.json()["error"]
-    assert resp.json()["field"] == "group"
+    assert "has 8 nodes, over PREVIEW_MAX_NODES=7" in resp.json()["detail"]
+    assert resp.json()["errors"][0]["attr"] == "group"
     history_table = NodeHistory._meta.db_table
     assert not [q for q in queries.captured_queries if history_table in q["sql"]], "no history row was read"
     settings.PREVIEW_MAX_NODES = 8
@@ -81,7 +81,7 @@ def test_the_default_node_bound_refuses_1001_nodes(fleet, users):
                               for i in range(1001 - 8)])
     resp = as_user(users["operator"]).post(url(fleet), CHANGES, format="json")
     assert resp.status_code == 400
-    assert "has 1001 nodes, over PREVIEW_MAX_NODES=1000" in resp.json()["error"]
+    assert "has 1001 nodes, over PREVIEW_MAX_NODES=1000" in resp.json()["detail"]
 
 
 def test_a_history_over_the_row_bound_is_refused_without_loading_rows(fleet, users, settings):
@@ -89,7 +89,7 @@ def test_a_history_over_the_row_bound_is_refused_without_loading_rows(fleet, use
     with CaptureQueriesContext(connection) as queries:
         resp = as_user(users["operator"]).post(url(fleet), CHANGES, format="json")
     assert resp.status_code == 400
-    assert "more than PREVIEW_MAX_ROWS=1000 history rows" in resp.json()["error"]
+    assert "more than PREVIEW_MAX_ROWS=1000 history rows" in resp.json()["detail"]
     history_table = NodeHistory._meta.db_table
     reads = [q["sql"] for q in queries.captured_queries if f'FROM "{history_table}"' in q["sql"]]
     # One count, capped in the database at the bound + 1; no row is loaded to be refused.

@@ -48,3 +48,18 @@ def test_the_replay_decides_with_the_detectors_ejection_layer():
     assert quarantined_at(capped) is None
     approval = replay(rows(40), t.replace(require_approval=True), node_count=10, baselines=baselines)
     assert [(x.to_state, x.rule) for x in approval][-1] == ("pending_approval", "z_quarantine")
+
+
+def test_a_node_slow_only_in_prefill_is_replayed_on_the_larger_queue_free_z():
+    # Decode rows say all three nodes are fine; the prefill-time rows say one is 2x slow: the replay
+    # judges it on the larger queue-free Z, as the detector does, and without them it would not.
+    t = Thresholds()
+    at = [T0 + timedelta(seconds=i) for i in range(40)]
+    decode = [(a, n, 0.0, 1.0, None, None, "healthy", None) for a in at for n in ("slow", "peer0", "peer1")]
+    prefill = [(a, "slow", 4.0, 2.0, None, None, "healthy", None) for a in at]
+    prefill += [(a, f"peer{k}", 0.0, 1.0, None, None, "healthy", None) for a in at for k in range(2)]
+    ones = dict.fromkeys(at, 1.0)
+    assert replay(decode, t, node_count=10, baselines=ones) == []
+    both = replay(decode, t, node_count=10, baselines=ones, also={"prefill_time": (prefill, ones)})
+    # Cut on its evidence, never quarantined on prefill time alone (detector.detectors.zscore).
+    assert [(x.node, x.to_state) for x in both] == [("slow", "degraded")] and quarantined_at(both) is None

@@ -96,4 +96,4 @@ def test_timeline_json_is_what_drf_would_have_rendered(fleet, users):
     body = json.loads(resp.content)
     assert body == json.loads(JSONRenderer().render(resp.data))
     assert body["end"].endswith("Z") and len(body["transitions"]) == 2 and body["baseline"][0]["baseline"] is None
-    assert c.get(f"/api/v1/nodes/{fleet['nodes'][0].pk}/timeline/?hours=x").json()["error"]
+    assert c.get(f"/api/v1/nodes/{fleet['nodes'][0].pk}/timeline/?hours=x").json()["detail"]

@@ -63,3 +63,45 @@ def test_groups_no_longer_listed_are_forgotten(redis_client):
     assert redis_client.zcard(TICK_LAST_KEY) == 2, "a partial list (from Redis) prunes nothing"
     scheduling.claim_due(redis_client, ["kept"], prune=True)
     assert [m.decode() for m in redis_client.zrange(TICK_LAST_KEY, 0, -1)] == ["kept"]
+
+
+# --- event-driven tickers ---------------------------------------------------------------------------------
+
+
+def test_rendezvous_ownership_moves_only_the_groups_of_a_ticker_that_leaves():
+    groups = [f"g{i}" for i in range(200)]
+    three = {g: scheduling.owner_of(g, ["a", "b", "c"]) for g in groups}
+    two = {g: scheduling.owner_of(g, ["a", "c"]) for g in groups}
+    assert {t: sum(o == t for o in three.values()) for t in "abc"} == pytest.approx({"a": 67, "b": 67, "c": 67}, abs=20)
+    moved = [g for g in groups if three[g] != two[g]]
+    assert moved and all(three[g] == "b" for g in moved), "only the leaver's groups move"
+    assert scheduling.owner_of("g1", []) is None
+
+
+def test_a_ticker_ticks_a_group_on_new_rows_before_its_heartbeat(redis_client, settings):
+    settings.TICK_INTERVAL_MS = 60_000  # a heartbeat far away: a second tick can only be event-driven
+    ticked: list[tuple[str, float]] = []
+    ticker = scheduling.Ticker("t1", redis_client, tick=lambda g, c: ticked.append((g, time.monotonic())),
+                               list_groups=lambda: ["ga", "gb"])
+    ticker.step()  # registers, owns both, ticks both once (new to it)
+    assert sorted(g for g, _ in ticked) == ["ga", "gb"] and scheduling.tickers_alive(redis_client) == ["t1"]
+    assert ticker.step() == 0  # nothing new: waits (briefly, until its renewal) and ticks nothing
+    written = time.monotonic()
+    redis_client.xadd("outlier:stream:gb", {"rows": b"[]"})
+    deadline = time.monotonic() + 5
+    while len(ticked) < 3 and time.monotonic() < deadline:
+        ticker.step()
+    assert [g for g, _ in ticked[2:]] == ["gb"], "only the group with a new row"
+    assert ticked[2][1] - written < 1.0
+    ticker.leave()
+    assert scheduling.tickers_alive(redis_client) == []
+
+
+def test_the_beat_enqueues_nothing_while_a_ticker_is_alive(redis_client, make_group):
+    from outlier_admin.control.tasks import tick_all_groups
+
+    make_group("g1")
+    redis_client.zadd(scheduling.TICKERS_KEY, {"t1": scheduling.redis_now(redis_client) + 60})
+    assert tick_all_groups.run() == 0
+    redis_client.zadd(scheduling.TICKERS_KEY, {"t1": scheduling.redis_now(redis_client) - 1})  # lapsed
+    assert tick_all_groups.run() == 1

@@ -31,7 +31,9 @@ def test_pages_render_for_viewer(fleet, users):
     group = c.get(f"/groups/{g}/").content.decode()
     assert group.count('class="row-') == 8 and "✖ quarantined" in group and "4.20" in group
     node = c.get(f"/nodes/{n0.pk}/").content.decode()
-    assert node.count("<svg") == 5 and 'class="threshold"' in node and 'class="marker"' in node
+    # State bands (one shaded span per run of a state), not a marker per transition.
+    assert node.count("<svg") == 5 and 'class="threshold"' in node and 'class="band"' in node
+    assert 'class="marker"' not in node
     assert "quarantine Z 3.5" in node and "Quarantine…" not in node  # viewer: no override buttons
     for url in ("/approvals/", "/canary/", "/audit/", f"/groups/{g}/thresholds/"):
         assert c.get(url).status_code == 200, url

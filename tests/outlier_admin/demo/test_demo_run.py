@@ -3,6 +3,7 @@ this area): a node must be degraded or quarantined, and the web endpoints must a
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import re
@@ -69,7 +70,14 @@ def test_demo_degrades_and_quarantines_the_throttled_node(tmp_path, settings, re
     assert set(answered) == {"/healthz", "/readyz", "/metrics"}, out
     assert f"Redis at {settings.REDIS_URL}" in out
     assert "login: demo / test-only" in out
+    # The printed API token is a real api-scope token of the demo user, and the database is named
+    # so that manage.py commands can be pointed at it.
+    token = re.search(r"api token: (oa_\S+)", out).group(1)
+    assert f"manage.py: DATABASE_URL=sqlite:///{db} DJANGO_DEBUG=1 python manage.py" in out
     with sqlite3.connect(db) as conn:
+        assert conn.execute(
+            "SELECT t.scope, u.username FROM fleet_apitoken t JOIN auth_user u ON u.id = t.user_id "
+            "WHERE t.token_hash = ?", (hashlib.sha256(token.encode()).hexdigest(),)).fetchall() == [("api", "demo")]
         rows = conn.execute(
             "SELECT n.name, t.to_state FROM control_transition t JOIN fleet_node n ON n.id = t.node_id "
             "WHERE t.to_state IN ('degraded', 'quarantined', 'pending_approval')").fetchall()

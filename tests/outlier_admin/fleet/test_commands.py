@@ -28,10 +28,30 @@ def test_create_group_register_node_and_set_auto_register():
     (["register_node", "nope", "127.0.0.1:8000"], "no group"),
     (["register_node", "g", "http://127.0.0.1:8000/admin"], "host:port only"),
     (["register_node", "g", "127.0.0.1:8000", "--metrics-url", "file:///etc/passwd"], "http"),
-    (["create_group", "bad/name"], "group name"),
+    (["create_group", "bad//name"], "group name"),
     (["create_group", "g2", "--auto-register", "com"], "two labels"),
 ])
 def test_bad_input_is_a_clear_error(args, message):
     call_command("create_group", "g")
     with pytest.raises(CommandError, match=message):
         call_command(*args)
+
+
+def test_create_user_with_roles_prints_a_password_once_and_is_audited(capsys):
+    from django.contrib.auth import authenticate
+    from django.contrib.auth.models import User
+
+    call_command("create_user", "alice", "--role", "oncall", "--role", "viewer")
+    out = capsys.readouterr()
+    password = out.out.strip().splitlines()[-1]
+    assert "shown only once" in out.err and len(password) >= 20
+    alice = User.objects.get(username="alice")
+    assert sorted(alice.groups.values_list("name", flat=True)) == ["oncall", "viewer"]
+    assert authenticate(username="alice", password=password) == alice
+    event = AuditEvent.objects.get(action="user.create")
+    assert (event.actor, event.detail) == ("cli:create_user", {"username": "alice", "roles": ["oncall", "viewer"]})
+    with pytest.raises(CommandError, match="already exists"):
+        call_command("create_user", "alice", "--role", "viewer")
+    with pytest.raises(CommandError, match="invalid choice"):
+        call_command("create_user", "bob", "--role", "admin")
+    assert not User.objects.filter(username="bob").exists()

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from outlier_admin.fleet.names import (
+    GROUP_NAME_RE,
     NameError_,
+    group_slug,
     host_allowed,
     parse_address,
     validate_allow_entry,
@@ -15,6 +19,8 @@ from outlier_admin.fleet.names import (
     validate_node_id,
     validate_scrape_url,
 )
+
+SLUG_RE = re.compile(r"[-a-zA-Z0-9_]+")  # Django's <slug:> converter
 
 
 @pytest.mark.parametrize(("text", "base", "hostport"), [
@@ -60,10 +66,26 @@ def test_node_ids_and_group_names():
     for bad in ("", "a" * 201, "http://x:1/", "a b", "x\x00", "<script>", None, 5):
         with pytest.raises(NameError_):
             validate_node_id(bad)
-    assert validate_group_name("llama-70b_h100") == "llama-70b_h100"
-    for bad in ("", "-x", "a/b", "a" * 101, None):
+    for ok in ("llama-70b_h100", "llama3-70b/h800", "meta-llama/Llama-3.1-70B-Instruct@h100",
+               "Qwen/Qwen2.5-72B-Instruct", "a" * 200):
+        assert validate_group_name(ok) == ok
+    for bad in ("", "-x", "/a", "a/", "a//b", "a/../b", "a b", "a\n", "<script>", "a" * 201, None):
         with pytest.raises(NameError_):
             validate_group_name(bad)
+
+
+@pytest.mark.parametrize(("name", "slug"), [
+    ("llama-70b_h100", "llama-70b_h100"),  # a name allowed before "/ . @" is its own slug: old URLs hold
+    ("llama3-70b/h800", "llama3-70b-h800"),
+    ("meta-llama/Llama-3.1-70B-Instruct@h100", "meta-llama-Llama-3-1-70B-Instruct-h100"),
+])
+def test_group_slugs(name, slug):
+    assert group_slug(name) == slug and SLUG_RE.fullmatch(slug)
+
+
+@given(st.from_regex(GROUP_NAME_RE, fullmatch=True))
+def test_every_valid_group_name_has_a_url_safe_slug(name):
+    assert SLUG_RE.fullmatch(group_slug(name)) and len(group_slug(name)) <= 210
 
 
 def test_scrape_urls():

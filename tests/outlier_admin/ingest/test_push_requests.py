@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import orjson
 import pytest
 
@@ -72,7 +73,7 @@ def test_duplicates_by_request_id_are_counted_once(client, ingest_token, redis_c
 def test_whole_request_errors(client, ingest_token, redis_client, token, content_type, body, status):
     resp = post(client, ingest_token if token == "ok" else token, body, content_type)
     assert resp.status_code == status
-    assert "error" in resp.json()
+    assert resp.json()["status"] == status and resp.json()["detail"]  # an RFC 9457 problem
 
 
 def test_body_over_limit_is_413(client, ingest_token, redis_client, settings):
@@ -102,3 +103,40 @@ def test_record_without_group_uses_the_nodes_group(client, ingest_token, redis_c
     assert post(client, ingest_token, orjson.dumps([no_group, rec(node="127.9.9.9:1", group=None)])).json()["errors"] == [
         {"line": 2, "reason": "no_group"}
     ]
+
+
+def test_records_without_token_counts_are_kept_latency_only(client, ingest_token, redis_client):
+    from outlier_admin.control.tick import _batch
+    from outlier_admin.ingest.pipeline import decode_entry
+
+    no_tokens = rec(total_ms=730.0, ttft_ms=None)
+    del no_tokens["prompt_tokens"], no_tokens["completion_tokens"]
+    body = orjson.dumps([no_tokens, rec(prompt_tokens=None, completion_tokens=None, total_ms=740.0),
+                         rec(completion_tokens=None, total_ms=750.0),  # half a size: latency-only too
+                         rec(prompt_tokens=100, completion_tokens=50, cached_tokens=64, total_ms=760.0),
+                         rec(cached_tokens=101)])  # more cached than prompt: refused
+    data = post(client, ingest_token, body).json()
+    assert (data["accepted"], data["errors"]) == (4, [{"line": 5, "reason": "bad_cached_tokens"}])
+    rows = [row for _, fields in redis_client.xrange("outlier:stream:llama") for row in decode_entry(fields)]
+    assert [(r[2], r[3], r[5]) for r in rows] == [(None, None, 730.0), (None, None, 740.0), (None, None, 750.0),
+                                                  (100, 50, 760.0)]
+    batch = _batch(rows)  # the tick: null -> NaN, latency-only rows kept
+    assert np.isnan(batch.prompt_tokens[:3]).all() and batch.prompt_tokens[3] == 100.0 and len(batch) == 4
+
+
+def test_cached_tokens_and_queue_time_reach_the_detector_and_older_rows_still_read(client, ingest_token,
+                                                                                  redis_client):
+    from outlier_admin.control.tick import _batch
+    from outlier_admin.ingest.pipeline import decode_entry
+
+    body = orjson.dumps([rec(prompt_tokens=1000, completion_tokens=50, cached_tokens=800, ttft_ms=300.0,
+                             queue_ms=120.0, total_ms=900.0),
+                         rec(ttft_ms=300.0, queue_ms=301.0, total_ms=900.0)])  # more queue than TTFT: refused
+    data = post(client, ingest_token, body).json()
+    assert (data["accepted"], data["errors"]) == (1, [{"line": 2, "reason": "bad_queue_ms"}])
+    rows = [row for _, fields in redis_client.xrange("outlier:stream:llama") for row in decode_entry(fields)]
+    assert rows[0][7:] == [800, 120.0]
+    # A row of 7 written before the last two columns, next to a new one, in one tick's batch.
+    batch = _batch([rows[0][:7], rows[0]])
+    assert np.isnan(batch.cached_tokens[0]) and batch.cached_tokens[1] == 800.0
+    assert batch.queue_ms[1] == 120.0 and batch.computed_prompt()[1] == 200.0

@@ -1,6 +1,9 @@
-"""``manage.py tail_logs [--source NAME] [--add NAME --path P --format F --group G] [--once]``.
+"""``manage.py tail_logs [--source NAME] [--add NAME --path P [--format F] [--group G] [--node-map M]] [--once]``.
 
-Runs the log tailer standalone (without Celery): every ``--interval`` seconds, or once.
+Runs the log tailer standalone (without Celery): every ``--interval`` seconds, or once. Prints, per
+pass and source, what was accepted (and how much of it latency-only) and every refusal counted by
+reason and by the format the line looks like, so a wrong ``--format`` or a log without latency is
+seen at once, not in SQL. ``--format`` defaults to ``auto`` (each line's format recognised).
 """
 
 from __future__ import annotations
@@ -10,37 +13,56 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from outlier_admin.control.actions import ActionError, do_save_log_source
 from outlier_admin.fleet.models import ModelGroup
-from outlier_admin.ingest.logformats import FORMATS
+from outlier_admin.ingest.logformats import FORMATS, LABELS, parse_node_map
 from outlier_admin.ingest.models import IngestSource
+from outlier_admin.ingest.pipeline import IngestOutcome
 from outlier_admin.ingest.tailer import tail_source
 
 
+def describe(name: str, out: IngestOutcome) -> list[str]:
+    """The lines ``tail_logs`` prints for one pass over one source."""
+    lines = [f"{name}: accepted {out.accepted} ({out.latency_only} latency-only) rejected {out.rejected}"
+             + (f" duplicates {out.duplicates}" if out.duplicates else "")]
+    for (reason, fmt), n in out.rejected_by_reason.most_common():
+        lines.append(f"  rejected {n} {reason}" + (f" (looks like {LABELS[fmt]})" if fmt in LABELS else ""))
+    return lines
+
+
 class Command(BaseCommand):
-    help = "Tail gateway access logs (Envoy JSON, nginx, JSONL) into the ingest pipeline."
+    help = ("Tail gateway access logs (nginx, Envoy, HAProxy, LiteLLM, OpenAI-style JSON, JSONL; --format auto "
+            "recognises each line) into the ingest pipeline.")
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--source", help="only this source (default: every enabled log source)")
         parser.add_argument("--add", metavar="NAME", help="create/update a log source first")
         parser.add_argument("--path")
-        parser.add_argument("--format", choices=sorted(FORMATS))
+        parser.add_argument("--format", choices=sorted(FORMATS), help="log format (default with --add: auto)")
+        parser.add_argument("--node-map", help="K=NODE,... or a JSON object: what lines name (HAProxy "
+                            "backend/server, an address) -> node address; '*': node of lines naming none")
         parser.add_argument("--group", help="group for records that do not name one")
         parser.add_argument("--once", action="store_true")
         parser.add_argument("--interval", type=float, default=2.0)
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if opts["add"]:
-            if not opts["path"] or not opts["format"]:
-                raise CommandError("--add needs --path and --format")
+            if not opts["path"]:
+                raise CommandError("--add needs --path")
+            try:
+                node_map = parse_node_map(opts["node_map"]) if opts["node_map"] else {}
+            except ValueError as exc:
+                raise CommandError(f"--node-map: {exc}") from None
             group = ModelGroup.objects.filter(name=opts["group"]).first() if opts["group"] else None
             if opts["group"] and group is None:
                 # Ingest never creates groups: a typo here would otherwise reject every line later.
                 raise CommandError(f"group {opts['group']!r} does not exist; create it first")
-            IngestSource.objects.update_or_create(
-                name=opts["add"],
-                defaults={"kind": "log", "location": opts["path"], "log_format": opts["format"],
-                          "default_group": group, "enabled": True},
-            )
+            try:
+                do_save_log_source(opts["add"], path=opts["path"], log_format=opts["format"] or "auto",
+                                   group=group, node_map=node_map, actor="cli:tail_logs",
+                                   reason="manage.py tail_logs --add")
+            except ActionError as exc:
+                raise CommandError(str(exc)) from None
         sources = IngestSource.objects.filter(kind="log", enabled=True).select_related("default_group")
         if opts["source"] or opts["add"]:
             sources = sources.filter(name=opts["source"] or opts["add"])
@@ -49,8 +71,9 @@ class Command(BaseCommand):
         while True:
             for source in sources:
                 out = tail_source(source)
-                if out.accepted or out.rejected:
-                    self.stdout.write(f"{source.name}: accepted {out.accepted} rejected {out.rejected}")
+                if out.accepted or out.rejected or out.duplicates:
+                    for line in describe(source.name, out):
+                        self.stdout.write(line)
             if opts["once"]:
                 return
             time.sleep(opts["interval"])

@@ -1,0 +1,187 @@
+"""The overview's first screen, for the on-call engineer woken at 3 a.m.: what is wrong *now*.
+
+Every live node that is not ``healthy``, most urgent first (:data:`outlier_admin.api.queries.ATTENTION_ORDER`,
+then the highest Z), each with its state, since when (the transition into it), the cause in words,
+its weight, and whether the group's gateways have applied the weights that say so: the agents
+report the version they applied (:meth:`outlier_admin.gateway_client.GatewayClient.report_applied`,
+hash ``outlier:applied:<group>``), and a published version that no gateway applied is a control loop
+that is not closed. Three queries whatever the fleet size, plus one Redis round trip.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import orjson
+import redis
+from django.db.models import OuterRef, Subquery
+
+from outlier_admin.api.queries import attention_rank
+from outlier_admin.control.models import QuarantineProposal, Transition
+from outlier_admin.control.redis_conn import get_redis
+from outlier_admin.dashboard.tables import STATE_ICONS
+from outlier_admin.fleet.models import ModelGroup, Node
+from outlier_admin.gateway_client import APPLIED_KEY_PREFIX
+
+log = logging.getLogger(__name__)
+
+#: At most this many rows (the rest is counted, and on the group pages): a fleet-wide incident must
+#: not make the first screen itself slow.
+MAX_PROBLEMS = 200
+
+#: Transition reason codes (:class:`detector.states.Reason`) in words.
+CAUSE_WORDS = {
+    "warmed_up": "warm-up finished",
+    "z_degrade": "slower than its peers (Z over the degrade threshold)",
+    "z_recovered": "back in line with its peers",
+    "z_quarantine": "much slower than its peers, for long enough to quarantine",
+    "tail_ratio": "its slowest requests are far slower than its median (P99/P50 test)",
+    "cross_p50": "its median latency is over twice its peers'",
+    "consecutive_errors": "consecutive errors",
+    "success_rate": "success rate far below its peers'",
+    "probe_due": "quarantined; a canary probe is due",
+    "probe_failed": "a canary probe failed",
+    "probes_passed": "canary probes passed; restoring its weight step by step",
+    "recovery_step_failed": "slow again while its weight was being restored",
+    "recovered": "fully restored",
+    "approved": "an operator approved its quarantine",
+    "rejected": "an operator rejected its quarantine",
+    "condition_cleared": "the condition that proposed its quarantine cleared",
+    "operator_quarantine": "quarantined by an operator",
+    "operator_active": "forced into service by an operator",
+    "operator_release": "released by an operator",
+    "override_expired": "an operator's override expired",
+}
+
+
+def cause_in_words(reason: str) -> str:
+    return CAUSE_WORDS.get(reason, reason.replace("_", " "))
+
+
+@dataclass(frozen=True)
+class GatewayReport:
+    """What one gateway said it applied (``behind``: versions behind the published one)."""
+
+    gateway: str
+    version: int
+    applied_at: datetime
+    mode: str
+    behind: int
+
+
+@dataclass
+class GroupGateways:
+    """The published version of a group and what its gateways applied (``None``: Redis unreachable)."""
+
+    published: int
+    reports: list[GatewayReport] | None
+
+    @property
+    def oldest(self) -> int | None:
+        return min((r.version for r in self.reports), default=None) if self.reports else None
+
+    @property
+    def summary(self) -> str:
+        if self.reports is None:
+            return "unknown (Redis unreachable)"
+        if not self.reports:
+            return f"no gateway has reported (published v{self.published})"
+        behind = [r for r in self.reports if r.behind > 0]
+        if not behind:
+            return f"v{self.published} on all {len(self.reports)} gateway(s)"
+        return (f"v{self.oldest} on the oldest of {len(self.reports)} gateway(s); published v{self.published} "
+                f"({len(behind)} behind)")
+
+
+@dataclass(frozen=True)
+class Problem:
+    node: Node
+    icon: str
+    since: datetime | None
+    cause: str
+    detail: str
+    z: float | None
+    gateways: GroupGateways
+
+
+@dataclass
+class FirstScreen:
+    problems: list[Problem] = field(default_factory=list)  # warming nodes last, see ``urgent``
+    more: int = 0  # problems beyond MAX_PROBLEMS
+    live_nodes: int = 0
+    gateways: dict[str, GroupGateways] = field(default_factory=dict)  # group name -> report
+
+    @property
+    def urgent(self) -> list[Problem]:
+        return [p for p in self.problems if p.node.state != "warming"]
+
+    @property
+    def warming(self) -> list[Problem]:
+        return [p for p in self.problems if p.node.state == "warming"]
+
+
+def applied_versions(groups: list[ModelGroup], now: float | None = None) -> dict[str, GroupGateways]:
+    """``{group name: GroupGateways}`` from the agents' reports (one Redis pipeline). Malformed
+    report fields are skipped: the hash is written by gateway hosts, so it is untrusted input."""
+    now = time.time() if now is None else now
+    try:
+        pipe = get_redis().pipeline(transaction=False)
+        for g in groups:
+            pipe.hgetall(f"{APPLIED_KEY_PREFIX}{g.name}")
+        raw = pipe.execute()
+    except (redis.RedisError, OSError) as exc:
+        log.warning("cannot read the applied versions: %s", exc)
+        return {g.name: GroupGateways(g.weights_version, None) for g in groups}
+    out = {}
+    for g, fields in zip(groups, raw, strict=True):
+        reports = []
+        for gw, body in sorted(fields.items()):
+            try:
+                d = orjson.loads(body)
+                version, at = int(d["version"]), float(d["applied_at"])
+                applied = datetime.fromtimestamp(min(at, now), tz=UTC)
+            except (ValueError, TypeError, KeyError, OverflowError, OSError):
+                continue
+            reports.append(GatewayReport(gw.decode(errors="replace")[:200], version, applied, str(d.get("mode", ""))[:20],
+                                         max(0, g.weights_version - version)))
+        out[g.name] = GroupGateways(g.weights_version, reports)
+    return out
+
+
+def first_screen(gateways: dict[str, GroupGateways] | None = None, now: float | None = None) -> FirstScreen:
+    """Every live node that is not healthy, most urgent first, with the evidence for each (see the
+    module docstring); ``gateways``: :func:`applied_versions` already read for (at least) their groups."""
+    latest = Transition.objects.filter(node=OuterRef("pk")).order_by("-at")
+    nodes = list(
+        Node.objects.filter(retired=False).exclude(state="healthy").select_related("group")
+        .annotate(last_transition=Subquery(latest.values("pk")[:1]))
+    )
+    screen = FirstScreen(live_nodes=Node.objects.filter(retired=False).count())
+    groups = {n.group_id: n.group for n in nodes}
+    missing = [g for g in groups.values() if gateways is None or g.name not in gateways]
+    screen.gateways = {**(gateways or {}), **applied_versions(missing, now)} if missing else dict(gateways or {})
+    transitions = Transition.objects.in_bulk([n.last_transition for n in nodes if n.last_transition])
+    pending = {p.node_id: p for p in QuarantineProposal.objects.filter(
+        status="pending", node__in=[n.pk for n in nodes])}
+    rows = []
+    for n in nodes:
+        t = transitions.get(n.last_transition)
+        current = t is not None and t.to_state == n.state
+        if n.state == "pending_approval" and n.pk in pending:
+            p = pending[n.pk]
+            cause, detail, since = f"waiting for approval: {cause_in_words(p.reason)}", p.reason, p.created_at
+        elif current:
+            cause, detail, since = cause_in_words(t.reason), t.explanation.get("detail", ""), t.at
+        elif n.state == "warming":
+            cause, detail, since = "new or restarted: warming up before it is judged", "", n.registered_at
+        else:
+            cause, detail, since = "no transition recorded into this state", "", None
+        rows.append(Problem(n, STATE_ICONS.get(n.state, "○"), since, cause, detail,
+                            t.z if current else None, screen.gateways[n.group.name]))
+    rows.sort(key=lambda r: (attention_rank(r.node.state), -(r.z if r.z is not None else float("inf")),
+                             r.node.group.name, r.node.name))
+    screen.problems, screen.more = rows[:MAX_PROBLEMS], max(0, len(rows) - MAX_PROBLEMS)
+    return screen

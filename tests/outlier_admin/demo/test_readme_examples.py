@@ -1,0 +1,85 @@
+"""The README's code examples run: the gateway client example (it raised AttributeError: the client
+had no ``weights()``), the contract's JSON (a document the client accepts), and every benchmark or
+simulator command (its module or script exists and takes the flags the README gives it)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from outlier_admin.agent.harness import publish, weights_document
+from outlier_admin.gateway_client import parse_document
+
+ROOT = Path(__file__).resolve().parents[3]
+README = (ROOT / "README.md").read_text()
+
+
+def blocks(lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", README, flags=re.S | re.M)
+
+
+def test_the_gateway_client_example_runs(redis_client, settings):
+    [example] = blocks("python")
+    group = re.search(r'group="([^"]+)"', example).group(1)
+    publish(redis_client, weights_document(group, 7, {"a": "127.0.0.1:8000", "b": "127.0.0.2:8000"},
+                                           quarantined=("b",), weights={"a": 60}))
+    # The example's Redis URL, pointed at the test database number (never the machine's db 0).
+    code = example.replace("redis://127.0.0.1:6379/0", settings.REDIS_URL)
+    assert code != example
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)  # the README's own example
+    assert scope["weights"] == {"127.0.0.1:8000": 60, "127.0.0.2:8000": 0}
+
+
+def test_the_example_with_redis_down_keeps_the_last_good_weights(redis_client):
+    from outlier_admin.gateway_client import GatewayClient
+
+    publish(redis_client, weights_document("g", 1, {"a": "127.0.0.1:8000"}, weights={"a": 40}))
+    client = GatewayClient(redis_client, "g")
+    assert client.weights() == {"127.0.0.1:8000": 40}
+    client.redis_client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    assert client.weights() == {"127.0.0.1:8000": 40} and client.stats.redis_errors == 1
+
+
+def test_the_contract_json_is_a_document_the_client_accepts():
+    [doc] = [b for b in blocks("json") if '"nodes"' in b]
+    parsed = parse_document(doc)
+    assert parsed.skipped == () and [n.quarantined for n in parsed.nodes] == [False, True]
+    assert json.loads(doc)["group"] == parsed.group
+
+
+def commands() -> list[list[str]]:
+    out = []
+    for block in blocks("bash"):
+        for line in block.splitlines():
+            line = line.split("  #")[0].strip()
+            words = [w for w in shlex.split(line) if not re.fullmatch(r"[A-Z_]+=\S*", w)]
+            if words and words[0] == "python":
+                out.append(words[1:])
+    return out
+
+
+@pytest.mark.parametrize("argv", commands(), ids=lambda a: " ".join(a[:3]))
+def test_every_readme_command_takes_its_flags(argv):
+    if argv[0] == "-m":
+        target, rest = ["-m", argv[1]], argv[2:]
+    else:
+        assert (ROOT / argv[0]).is_file(), argv[0]
+        target, rest = [argv[0]], argv[1:]
+    sub = [rest[0]] if rest and re.fullmatch(r"[a-z]+", rest[0]) else []  # a subcommand (detector.sim run)
+    proc = subprocess.run([sys.executable, *target, *sub, "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env={"DJANGO_DEBUG": "1", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for flag in (w for w in rest if w.startswith("--")):
+        assert flag.split("=")[0] in proc.stdout, f"{flag} not in the --help of {' '.join(argv[:2])}"
+
+
+def test_commands_were_found():
+    assert len(commands()) >= 8

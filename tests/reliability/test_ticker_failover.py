@@ -1,0 +1,103 @@
+"""Event-driven ticks sharded over real worker processes (``manage.py run_ticker``): every group is
+owned by one live ticker, a row is ticked long before the heartbeat interval, and when a ticker is
+SIGKILLed its groups move to the survivor within the tick lock's TTL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from django.db import connection
+
+from outlier_admin.control.actions import do_create_group, do_register_node
+from outlier_admin.control.publish import read_weights
+from outlier_admin.control.scheduling import TICKER_GROUPS_KEY, owner_of, tickers_alive
+from outlier_admin.ingest.pipeline import submit
+from tests.outlier_admin.helpers import make_records
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.slow,
+              pytest.mark.timeout(120)]
+ROOT = Path(__file__).resolve().parents[2]
+GROUPS = [f"t{i}" for i in range(8)]
+LOCK_TTL_MS = 2000
+HEARTBEAT_MS = 6000  # long: a tick within a second of a row can only be event-driven
+
+
+def _wait(predicate, timeout_s: float, step_s: float = 0.05):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if (value := predicate()):
+            return value
+        time.sleep(step_s)
+    return None
+
+
+@pytest.fixture
+def tickers(redis_client, settings, tmp_path):
+    db = connection.settings_dict
+    env = {k: v for k, v in os.environ.items() if k not in ("TICK_INTERVAL_MS", "TICK_LOCK_TTL_MS")}
+    env.update(DJANGO_SETTINGS_MODULE="outlier_admin.settings", REDIS_URL=settings.REDIS_URL, OUTLIER_TESTING="1",
+               DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+               TICK_LOCK_TTL_MS=str(LOCK_TTL_MS), TICK_INTERVAL_MS=str(HEARTBEAT_MS), LOG_LEVEL="WARNING",
+               WORKER_METRICS_PORT="0")
+    procs: dict[str, subprocess.Popen] = {}
+
+    def start(ticker_id: str) -> subprocess.Popen:
+        with open(tmp_path / f"{ticker_id}.log", "w") as out:
+            procs[ticker_id] = subprocess.Popen(
+                [sys.executable, "manage.py", "run_ticker", "--id", ticker_id, "--seconds", "100"],
+                cwd=ROOT, env=env, stdout=out, stderr=out)
+        return procs[ticker_id]
+
+    yield start
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_groups_are_sharded_ticked_on_rows_and_move_when_a_ticker_dies(tickers, redis_client, settings):
+    for name in GROUPS:
+        group = do_create_group(name, actor="test")
+        for i in range(4):
+            do_register_node(group, f"127.0.0.1:{9000 + i}", actor="test")
+    victim = tickers("wa")
+    tickers("wb")
+    assert _wait(lambda: tickers_alive(redis_client) == ["wa", "wb"], 30), "both tickers registered"
+    assert _wait(lambda: all(read_weights(g) for g in GROUPS), 30), "every group ticked once at start"
+    expected = {t: sum(owner_of(g, ["wa", "wb"]) == t for g in GROUPS) for t in ("wa", "wb")}
+
+    def owned() -> dict[str, int]:
+        return {k.decode(): int(v) for k, v in redis_client.hgetall(TICKER_GROUPS_KEY).items()}
+
+    assert _wait(lambda: owned() == expected, 5), owned()  # each renewal recomputes its share
+    owned = owned()
+    assert owned["wa"] > 0 and owned["wb"] > 0 and sum(owned.values()) == len(GROUPS)
+
+    # Event-driven: rows reach the document well before the 6 s heartbeat.
+    target = GROUPS[0]
+    before = read_weights(target)["version"]
+    time.sleep(0.3)  # off the startup burst
+    fed_at = time.time()
+    recs = make_records(fed_at, group=target, nodes=4, per_node=5, rng=np.random.default_rng(1))
+    assert submit([(i + 1, r, None) for i, r in enumerate(recs)], source="test").accepted == len(recs)
+    assert _wait(lambda: read_weights(target)["version"] > before, 3), "ticked on the new rows"
+    assert time.time() - fed_at < 2.0
+
+    # SIGKILL one ticker: its groups move to the survivor within the lock TTL (+ one poll).
+    victim_groups = [g for g in GROUPS if owner_of(g, ["wa", "wb"]) == "wa"]
+    procs_killed_at = time.time()
+    victim.send_signal(signal.SIGKILL)
+    moved = _wait(lambda: all(read_weights(g)["generated_at"] > procs_killed_at for g in victim_groups),
+                  LOCK_TTL_MS / 1000.0 + 3)
+    took = time.time() - procs_killed_at
+    assert moved, f"the dead ticker's groups were not ticked again within {took:.1f} s"
+    assert took <= LOCK_TTL_MS / 1000.0 + 1.0
+    assert tickers_alive(redis_client) == ["wb"]
+
