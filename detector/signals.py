@@ -80,10 +80,11 @@ _FITS = ("norm", "prefill", "prefill_time", "batch")
 #: The load features of the decode curve: running batch, prompt tokens processed per decode token, and
 #: KV-cache usage (the context every decode step reads).
 LOAD_FEATURES: tuple[str, ...] = ("b", "w", "k")
-#: Healthy rows with a batch needed before the decode curve is fitted (two coefficients: a few dozen
-#: rows fix them; the robust fit ignores the odd stall).
+#: Healthy rows with a batch needed before the decode curve is fitted (at most four coefficients: a few
+#: dozen rows fix them; the robust fit ignores the odd stall).
 BATCH_CURVE_MIN_ROWS = 60
-#: The decode curve is extrapolated at most to this multiple of the largest healthy batch seen (P99).
+#: The decode curve is extrapolated at most to this multiple of the largest healthy load seen (P99 of
+#: each feature).
 BATCH_EXTRAPOLATION = 2.0
 #: A latency-only sample counts at most this many times the typical latency, either way (see the
 #: module docstring).

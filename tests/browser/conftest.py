@@ -46,3 +46,24 @@ def chromium_page(*extra_args: str) -> Iterator[Any]:
             browser.close()
     finally:
         os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+
+
+SHOTS = Path(__file__).resolve().parents[2] / "reports" / "screenshots"
+
+
+@pytest.fixture
+def page():
+    """A Chromium page (screenshots go to ``reports/screenshots``)."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with chromium_page() as pg:
+        yield pg
+
+
+def recreate_roles() -> None:
+    """An earlier transactional test (any directory) flushes the database, the migrated roles
+    included: browser tests recreate them before making their users."""
+    from django.contrib.auth.models import Group
+
+    for role in ("viewer", "operator", "oncall"):
+        Group.objects.get_or_create(name=role)
+

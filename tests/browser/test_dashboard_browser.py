@@ -7,31 +7,16 @@ Screenshots go to ``reports/screenshots/`` (gitignored; CI keeps them as artefac
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from django.contrib.auth.models import Group
 
 from outlier_admin.control.models import Override, QuarantineProposal
-from tests.browser.conftest import chromium_page
+from tests.browser.conftest import SHOTS, recreate_roles
 from tests.outlier_admin.api.conftest import make_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-SHOTS = Path(__file__).resolve().parents[2] / "reports" / "screenshots"
-
-
-@pytest.fixture
-def page():
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with chromium_page() as pg:
-        yield pg
-
-
 def test_oncall_shift(live_server, fleet, page):
-    # An earlier transactional test (any directory) flushes the database, the migrated roles included.
-    for role in ("viewer", "operator", "oncall"):
-        Group.objects.get_or_create(name=role)
+    recreate_roles()
     make_user("shift", "operator", "oncall")
     url = live_server.url
     n0, proposal = fleet["nodes"][0], fleet["proposal"]

@@ -6,32 +6,18 @@ Screenshots go to ``reports/screenshots/``."""
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import Group
 
 from outlier_admin.control.models import AuditEvent, Transition
 from outlier_admin.fleet.models import Node
-from tests.browser.conftest import chromium_page
+from tests.browser.conftest import SHOTS, recreate_roles
 from tests.outlier_admin.api.conftest import make_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-SHOTS = Path(__file__).resolve().parents[2] / "reports" / "screenshots"
-
-
-@pytest.fixture
-def page():
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with chromium_page() as pg:
-        yield pg
-
-
 def test_first_screen_heatmap_and_retiring_a_node(live_server, fleet, page):
-    # Transactional tests flush the database, roles included (see test_dashboard_csp_browser.py).
-    for role in ("viewer", "operator", "oncall"):
-        Group.objects.get_or_create(name=role)
+    recreate_roles()
     make_user("night", "viewer", "oncall")
     url = live_server.url
     group, nodes = fleet["group"], fleet["nodes"]
