@@ -403,7 +403,8 @@ def decode_entry(fields: dict[bytes, bytes]) -> list[list[Any]]:
 
 
 def decode_progress(fields: dict[bytes, bytes]) -> list[list[Any]]:
-    """The streamed-progress rows ``[node, ts, interval_s, tokens, token_ms]`` of one stream entry
-    (written by :mod:`outlier_admin.ingest.modelserver`); none for a request entry."""
+    """The streamed-progress rows of one stream entry, laid out as
+    :data:`detector.engine_metrics.ROW_FIELDS` (written by :mod:`outlier_admin.ingest.scraper` and
+    :mod:`outlier_admin.ingest.modelserver`); none for a request entry."""
     raw = fields.get(b"progress")
     return orjson.loads(raw) if raw is not None else []
