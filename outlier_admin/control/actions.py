@@ -680,13 +680,18 @@ def do_update_node(node: Node, changes: dict[str, Any], *, actor: Actor, reason:
         locked = Node.objects.select_for_update().get(pk=node.pk)
         if locked.retired:
             raise ActionError(f"node {locked.name} is retired")
-        diff = {k: [getattr(locked, k), v] for k, v in clean.items() if getattr(locked, k) != v}
-        for key, value in clean.items():
-            setattr(locked, key, value)
-        locked.save(update_fields=list(clean))
-        audit("node.update", actor, node=locked, reason=reason, detail={"diff": diff})
+        audit("node.update", actor, node=locked, reason=reason, detail={"diff": _save_changes(locked, clean)})
     node.refresh_from_db()
     return node
+
+
+def _save_changes(locked: Any, clean: dict[str, Any]) -> dict[str, list[Any]]:
+    """Set ``clean`` on the locked row and save those fields; the diff ``{field: [old, new]}``."""
+    diff = {k: [getattr(locked, k), v] for k, v in clean.items() if getattr(locked, k) != v}
+    for key, value in clean.items():
+        setattr(locked, key, value)
+    locked.save(update_fields=list(clean))
+    return diff
 
 
 def do_update_group(group: ModelGroup, changes: dict[str, Any], *, actor: Actor, reason: str) -> ModelGroup:
@@ -705,11 +710,7 @@ def do_update_group(group: ModelGroup, changes: dict[str, Any], *, actor: Actor,
         clean["auto_register_allow"] = _allow_list(clean["auto_register_allow"])
     with transaction.atomic():
         locked = ModelGroup.objects.select_for_update().get(pk=group.pk)
-        diff = {k: [getattr(locked, k), v] for k, v in clean.items() if getattr(locked, k) != v}
-        for key, value in clean.items():
-            setattr(locked, key, value)
-        locked.save(update_fields=list(clean))
-        audit("group.update", actor, group=locked, reason=reason, detail={"diff": diff})
+        audit("group.update", actor, group=locked, reason=reason, detail={"diff": _save_changes(locked, clean)})
     group.refresh_from_db()
     return group
 

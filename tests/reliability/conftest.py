@@ -88,3 +88,13 @@ def private_redis(settings, tmp_path) -> Iterator[PrivateRedis]:
     finally:
         server.stop()
         directory.clear()
+
+
+def wait_for(predicate, timeout_s: float, step_s: float = 0.05):
+    """Poll ``predicate`` until it returns something truthy (returned) or ``timeout_s`` passes (None)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if (value := predicate()):
+            return value
+        time.sleep(step_s)
+    return None

@@ -20,6 +20,7 @@ from outlier_admin.control.publish import read_weights
 from outlier_admin.control.scheduling import TICKER_GROUPS_KEY, owner_of, tickers_alive
 from outlier_admin.ingest.pipeline import submit
 from tests.outlier_admin.helpers import make_records
+from tests.reliability.conftest import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.slow,
               pytest.mark.timeout(120)]
@@ -27,15 +28,6 @@ ROOT = Path(__file__).resolve().parents[2]
 GROUPS = [f"t{i}" for i in range(8)]
 LOCK_TTL_MS = 2000
 HEARTBEAT_MS = 6000  # long: a tick within a second of a row can only be event-driven
-
-
-def _wait(predicate, timeout_s: float, step_s: float = 0.05):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if (value := predicate()):
-            return value
-        time.sleep(step_s)
-    return None
 
 
 @pytest.fixture
@@ -69,14 +61,14 @@ def test_groups_are_sharded_ticked_on_rows_and_move_when_a_ticker_dies(tickers, 
             do_register_node(group, f"127.0.0.1:{9000 + i}", actor="test")
     victim = tickers("wa")
     tickers("wb")
-    assert _wait(lambda: tickers_alive(redis_client) == ["wa", "wb"], 30), "both tickers registered"
-    assert _wait(lambda: all(read_weights(g) for g in GROUPS), 30), "every group ticked once at start"
+    assert wait_for(lambda: tickers_alive(redis_client) == ["wa", "wb"], 30), "both tickers registered"
+    assert wait_for(lambda: all(read_weights(g) for g in GROUPS), 30), "every group ticked once at start"
     expected = {t: sum(owner_of(g, ["wa", "wb"]) == t for g in GROUPS) for t in ("wa", "wb")}
 
     def owned() -> dict[str, int]:
         return {k.decode(): int(v) for k, v in redis_client.hgetall(TICKER_GROUPS_KEY).items()}
 
-    assert _wait(lambda: owned() == expected, 5), owned()  # each renewal recomputes its share
+    assert wait_for(lambda: owned() == expected, 5), owned()  # each renewal recomputes its share
     owned = owned()
     assert owned["wa"] > 0 and owned["wb"] > 0 and sum(owned.values()) == len(GROUPS)
 
@@ -87,14 +79,14 @@ def test_groups_are_sharded_ticked_on_rows_and_move_when_a_ticker_dies(tickers, 
     fed_at = time.time()
     recs = make_records(fed_at, group=target, nodes=4, per_node=5, rng=np.random.default_rng(1))
     assert submit([(i + 1, r, None) for i, r in enumerate(recs)], source="test").accepted == len(recs)
-    assert _wait(lambda: read_weights(target)["version"] > before, 3), "ticked on the new rows"
+    assert wait_for(lambda: read_weights(target)["version"] > before, 3), "ticked on the new rows"
     assert time.time() - fed_at < 2.0
 
     # SIGKILL one ticker: its groups move to the survivor within the lock TTL (+ one poll).
     victim_groups = [g for g in GROUPS if owner_of(g, ["wa", "wb"]) == "wa"]
     procs_killed_at = time.time()
     victim.send_signal(signal.SIGKILL)
-    moved = _wait(lambda: all(read_weights(g)["generated_at"] > procs_killed_at for g in victim_groups),
+    moved = wait_for(lambda: all(read_weights(g)["generated_at"] > procs_killed_at for g in victim_groups),
                   LOCK_TTL_MS / 1000.0 + 3)
     took = time.time() - procs_killed_at
     assert moved, f"the dead ticker's groups were not ticked again within {took:.1f} s"

@@ -22,6 +22,7 @@ from outlier_admin.control.redis_conn import GroupLock, lock_key, stream_key
 from outlier_admin.control.tick import CONSUMER_GROUP, run_tick
 from outlier_admin.ingest.pipeline import submit
 from tests.outlier_admin.helpers import make_records
+from tests.reliability.conftest import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.timeout(60)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,15 +205,6 @@ main()
 """
 
 
-def _wait(predicate, timeout_s: float, step_s: float = 0.05):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if (value := predicate()):
-            return value
-        time.sleep(step_s)
-    return None
-
-
 @pytest.fixture
 def celery_procs(redis_client, settings, tmp_path):
     """Start Celery processes with this test's database and Redis and the *default* tick timing;
@@ -253,11 +245,11 @@ def test_worker_lost_mid_tick_group_publishes_again_before_stale_after(redis_cli
     celery_procs("-m", "celery", "-A", "outlier_admin", "beat", "--loglevel", "WARNING",
                  "-s", str(tmp_path / "beat-schedule"), log="beat.log")
     doomed = celery_procs("-c", HANGING_WORKER, str(flag), str(hung), "doomed", log="doomed.log")
-    assert _wait(lambda: (read_weights("crash") or {}).get("version", 0) >= 2, 40), "worker never published"
+    assert wait_for(lambda: (read_weights("crash") or {}).get("version", 0) >= 2, 40), "worker never published"
 
     _feed(time.time(), rng, group="crash", nodes=4)  # the hanging tick reads these entries
     flag.touch()
-    assert _wait(hung.exists, 10), "the worker never reached its hanging tick"
+    assert wait_for(hung.exists, 10), "the worker never reached its hanging tick"
     last = read_weights("crash")  # the hung tick publishes nothing: this is the gateways' last document
     assert redis_client.exists(lock_key("crash")), "the hung worker holds the group's lock"
     if fate == "killed":
@@ -268,7 +260,7 @@ def test_worker_lost_mid_tick_group_publishes_again_before_stale_after(redis_cli
     celery_procs("-c", HANGING_WORKER, str(flag), str(hung), "survivor", log="survivor.log")
 
     stale_after_s = last["stale_after_s"]
-    nxt = _wait(lambda: (d := read_weights("crash")) and d["version"] > last["version"] and d,
+    nxt = wait_for(lambda: (d := read_weights("crash")) and d["version"] > last["version"] and d,
                 last["generated_at"] + stale_after_s + 5 - time.time())
     gap = None if nxt is None else nxt["generated_at"] - last["generated_at"]
     print(f"\nworker {fate} mid-tick: last document {lost_at - last['generated_at']:.1f} s old then, "
@@ -276,4 +268,4 @@ def test_worker_lost_mid_tick_group_publishes_again_before_stale_after(redis_cli
           f"lease {settings.TICK_LOCK_TTL_MS} ms)")
     assert gap is not None and gap < stale_after_s, "the gateways failed open: no document within stale_after_s"
     # The lost tick's entries were reclaimed and acknowledged by the survivor.
-    assert _wait(lambda: redis_client.xpending(stream_key("crash"), CONSUMER_GROUP)["pending"] == 0, 10)
+    assert wait_for(lambda: redis_client.xpending(stream_key("crash"), CONSUMER_GROUP)["pending"] == 0, 10)
