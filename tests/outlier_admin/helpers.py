@@ -1,8 +1,26 @@
-"""Record generators shared by the pipeline tests: a group of nodes, one of them slower."""
+"""Shared by the control-plane tests: record generators (a group of nodes, one of them slower) and a
+local HTTP server standing in for a model server's or an exporter's endpoint."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import numpy as np
+
+
+@contextlib.contextmanager
+def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve ``handler`` on 127.0.0.1 (a free port) in a thread; yields ``http://127.0.0.1:<port>``."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def make_records(

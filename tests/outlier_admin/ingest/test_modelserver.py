@@ -3,14 +3,14 @@ PostgreSQL, a real local HTTP server standing in for vLLM)."""
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from detector.engine_metrics import parse
 from outlier_admin.ingest.modelserver import record_scrape, scrape_all
 from tests.conftest import FIXTURES
+from tests.outlier_admin.helpers import http_server
 
 VLLM = (FIXTURES / "vllm" / "datadog-vllm_metrics.txt").read_text()
 SGLANG = (FIXTURES / "vllm" / "datadog-sglang_metrics.txt").read_text()
@@ -51,12 +51,8 @@ class Metrics(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def metrics_server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/metrics"
-    srv.shutdown()
-    srv.server_close()
+    with http_server(Metrics) as url:
+        yield f"{url}/metrics"
 
 
 @pytest.mark.django_db

@@ -5,8 +5,7 @@ Redis and PostgreSQL; local HTTP servers on 127.0.0.1 stand in for vLLM."""
 from __future__ import annotations
 
 import asyncio
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import orjson
 import pytest
@@ -26,6 +25,7 @@ from outlier_admin.ingest.scraper import (
 )
 from outlier_admin.ingest.scraper_bench import VARIANTS, _response, start_server_thread, vllm_page
 from outlier_admin.observability.metrics import EVENTS
+from tests.outlier_admin.helpers import http_server
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +53,8 @@ class Plain(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def plain_server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Plain)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    with http_server(Plain) as url:
+        yield url
 
 
 def failures(group: str, node: str, kind: str) -> float:
