@@ -345,6 +345,8 @@ def do_expire_silence(silence: Silence, *, actor: Actor, reason: str) -> Silence
         locked.save(update_fields=["expires_at", "expired_by"])
         audit("silence.expire", actor, node=locked.node, reason=reason,
               detail={"silence": locked.pk, "cause": locked.cause, "was_until": old.isoformat()})
+        # The detector holds the silence (silenced_until): its tick must read the inputs again.
+        _signal_tick(locked.node.group.name)
     return locked
 
 
