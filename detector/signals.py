@@ -256,8 +256,13 @@ class SignalModel:
             w = np.where(b.tokens > 0, b.prefill_work / b.tokens, np.nan)
         keep = np.isfinite(y) | (np.isfinite(b.running) & np.isfinite(d))
         self.engine.add(x=x[keep], y=y[keep], b=b.running[keep], w=w[keep], k=b.kv_usage[keep], d=d[keep])
-        if keep.any() and ((self.fit_batch is None and not self.batch_flat) or self.fit_prefill_time is None):
-            self._refit_engine()  # the first fits as soon as there is enough (later: on the refit cadence)
+        # The first fits as soon as there is enough (later: on the refit cadence), and only for a fit
+        # this batch brings data to: a group whose servers report no prefill histogram would refit
+        # the batch curve on every row otherwise.
+        first_prefill = self.fit_prefill_time is None and bool(np.isfinite(y).any())
+        first_batch = self.fit_batch is None and not self.batch_flat and bool((keep & np.isfinite(b.running)).any())
+        if first_prefill or first_batch:
+            self._refit_engine()
 
     def refit(self, now: float | None = None) -> None:
         """Refit the models on the reservoirs (with ``now``: at most every ``cost_model_refit_s``)."""
