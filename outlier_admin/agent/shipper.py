@@ -1,7 +1,8 @@
 """Gateway log shipper: access-log lines -> ingest records -> ``POST /api/v1/ingest/requests``.
 
 Runs on the gateway host, next to the agent; standard library only (plus the
-``outlier_admin.ingest.logformats`` parsers, which need ``orjson``). Lines come from HAProxy's UDP
+``outlier_admin.ingest.logformats`` parsers, which decode JSON with orjson when it is installed and
+with the standard library's ``json`` otherwise). Lines come from HAProxy's UDP
 syslog (``log 127.0.0.1:5514 local0`` in its ``global`` section; :func:`serve_udp`) or from an
 access-log file (:func:`tail_file`). Every format :mod:`outlier_admin.ingest.logformats` reads is read
 with no custom configuration — nginx ``combined`` (+ ``$request_time $upstream_addr
@@ -10,8 +11,9 @@ $upstream_response_time``), Envoy's default text format, HAProxy's default ``htt
 ``auto`` recognises each line's; lines without token counts become latency-only records. Parsed
 records are batched and POSTed as a JSON array with ``Authorization: Bearer <token>``.
 
-``python -m outlier_admin.agent.shipper --ingest-url URL (--udp HOST:PORT | --file PATH)`` runs it
-(token in ``OUTLIER_SHIPPER_TOKEN``, never on the command line).
+``outlier-shipper --ingest-url URL (--udp HOST:PORT | --file PATH)`` runs it (the console script of
+``outlier-admin-agent``; ``python -m outlier_admin.agent.shipper`` in any install; token in
+``OUTLIER_SHIPPER_TOKEN``, never on the command line).
 
 HAProxy logs server *names*; the ingest pipeline resolves node *addresses*. ``node_map_from_haproxy``
 reads ``show servers state`` once at start (and on ``refresh_node_map``) and maps ``backend/server``

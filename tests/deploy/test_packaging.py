@@ -1,6 +1,7 @@
 """The lean install: runtime dependencies with upper bounds, the extras, the lock file the image
-installs, the wheel's contents, the image's HEALTHCHECK against a real server, and the gateway agent
-running in a fresh venv that has only redis-py."""
+installs, the wheel's contents, the image's HEALTHCHECK against a real server, and the gateway host's
+distribution (outlier-admin-agent, deploy/agent): its wheel's contents, and the agent and the log
+parsers running from it in a fresh venv that has only redis-py."""
 
 from __future__ import annotations
 
@@ -138,27 +139,114 @@ def test_the_wheel_ships_templates_static_files_migrations_and_console_scripts(w
     assert not any(n.startswith(("tests/", "templates/")) for n in names)
 
 
+# --- outlier-admin-agent: what a gateway host installs (deploy/agent, built from the same sources) ---
+
+AGENT_PROJECT = ROOT / "deploy" / "agent"
+NOT_IN_THE_AGENT = {"bench", "bench_e2e", "harness"}  # outlier_admin/agent modules that need more than redis-py
+
+
+def _run(argv: list[str], **kw) -> subprocess.CompletedProcess:
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=kw.pop("timeout", 300), **kw)
+    assert out.returncode == 0, f"{shlex.join(argv)}: {out.stderr or out.stdout}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def agent_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("agent-dist")
+    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(AGENT_PROJECT)])
+    return next(out.glob("outlier_admin_agent-*.whl"))
+
+
+def _agent_modules() -> set[str]:
+    """What the agent distribution must hold, and nothing else: the agent, the gateway client and
+    what it imports, the log parsers the shipper uses."""
+    src = ROOT / "outlier_admin"
+    agent = {f"outlier_admin/agent/{p.name}" for p in (src / "agent").glob("*.py") if p.stem not in NOT_IN_THE_AGENT}
+    parsers = {f"outlier_admin/ingest/logformats/{p.name}" for p in (src / "ingest" / "logformats").glob("*.py")}
+    return agent | parsers | {
+        "detector/__init__.py", "detector/states.py", "outlier_admin/__init__.py", "outlier_admin/gateway_client.py",
+        "outlier_admin/fleet/__init__.py", "outlier_admin/fleet/names.py",
+        "outlier_admin/ingest/__init__.py", "outlier_admin/ingest/records.py",
+    }
+
+
+@pytest.mark.slow
+def test_the_agent_wheel_holds_the_gateway_side_only_at_the_projects_version(agent_wheel: Path) -> None:
+    zf = zipfile.ZipFile(agent_wheel)
+    names = set(zf.namelist())
+    files = {n for n in names if ".dist-info/" not in n}
+    assert files == _agent_modules()
+    assert not any(part in n for n in files for part in ("migrations/", "templates/", "static/", "/models.py",
+                                                         "/views.py", "/apps.py", "/urls.py", "/tasks.py",
+                                                         "/settings.py", "/celery.py"))
+    meta = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    headers = [tuple(line.split(": ", 1)) for line in meta.split("\n\n", 1)[0].splitlines()]
+    assert ("Name", "outlier-admin-agent") in headers and ("Version", PROJECT["version"]) in headers
+    runtime = [Requirement(v) for k, v in headers if k == "Requires-Dist" and "extra ==" not in v]
+    assert [(r.name, r.specifier) for r in runtime] == [
+        (r.name, r.specifier) for r in RUNTIME if r.name == "redis"]  # redis-py only, the main range
+    entry_points = zf.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "outlier-agent = outlier_admin.agent.__main__:main" in entry_points
+    assert "outlier-shipper = outlier_admin.agent.shipper:main" in entry_points
+
+
+# Run by the agent venv's python: every module of the wheel imports, nothing of the control plane (nor
+# orjson) is there, and the shipper parses an nginx `combined` line and a JSON line with the
+# standard library's json.
+_IN_THE_AGENT_VENV = """
+import importlib, importlib.util, json, sys
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+absent = [m for m in ("django", "rest_framework", "celery", "numpy", "psycopg", "orjson") if importlib.util.find_spec(m)]
+assert not absent, absent
+from outlier_admin.agent.shipper import LogShipper
+from outlier_admin.ingest.logformats import jsondecode
+assert jsondecode.BACKEND == "json", jsondecode.BACKEND
+shipper = LogShipper("http://127.0.0.1:9/api/v1/ingest/requests", "token")
+lines = [line for line in sys.stdin.read().splitlines() if line.strip()]
+assert all(shipper.feed(line) for line in lines), list(shipper.rejected)
+print(json.dumps(list(shipper.buffer)))
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.services
-def test_the_agent_runs_from_a_venv_with_only_redis(wheel: Path, tmp_path: Path) -> None:
-    """A gateway host: ``pip install --no-deps outlier-admin`` plus the ``[agent]`` requirements.
-    The agent's --help, then one real pull-and-apply from Redis into an Envoy EDS file."""
+def test_the_agent_distribution_runs_in_a_venv_with_only_redis(agent_wheel: Path, tmp_path: Path) -> None:
+    """A gateway host: ``pip install outlier-admin-agent`` (its wheel here; redis-py from the index).
+    The venv holds the agent distribution and redis-py; the agent's and the shipper's --help, every
+    module imports, the log parsers work without orjson, and one real pull-and-apply from Redis
+    into an Envoy EDS file."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    py = str(venv / "bin" / "python")
-    pip = [py, "-m", "pip", "install", "--quiet"]
-    subprocess.run([*pip, "--no-deps", str(wheel)], check=True, timeout=300)
-    subprocess.run([*pip, *(str(r) for r in EXTRAS["agent"])], check=True, timeout=300)
-    installed = json.loads(subprocess.run([py, "-m", "pip", "list", "--format", "json"], check=True,
-                                          capture_output=True, text=True).stdout)
-    assert {canonicalize_name(d["name"]) for d in installed} <= {"outlier-admin", "redis", "pip", "setuptools",
-                                                                  "async-timeout"}
-    out = subprocess.run([py, "-m", "outlier_admin.agent", "--help"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "--gateway" in out.stdout, out.stderr
-    script = subprocess.run([str(venv / "bin" / "outlier-agent"), "--help"], capture_output=True, timeout=60)
-    assert script.returncode == 0
-    for absent in ("django", "numpy", "celery"):  # really nothing else: the agent did not need them
-        assert subprocess.run([py, "-c", f"import {absent}"], capture_output=True).returncode != 0
+    _run([sys.executable, "-m", "venv", str(venv)], timeout=120)
+    # Nothing of this checkout or of the test's own environment may leak into the venv's processes.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") and k != "VIRTUAL_ENV"}
+
+    def in_venv(argv: list[str], **kw) -> subprocess.CompletedProcess:
+        return _run(argv, env=env, cwd=tmp_path, **kw)
+
+    py, bin_ = str(venv / "bin" / "python"), venv / "bin"
+    in_venv([py, "-m", "pip", "install", "--quiet", str(agent_wheel)])
+    installed = {canonicalize_name(d["name"]) for d in json.loads(
+        in_venv([py, "-m", "pip", "list", "--format", "json"]).stdout)} - {"pip", "setuptools", "wheel"}
+    # async-timeout: redis-py's own dependency on Python < 3.11.3
+    assert {"outlier-admin-agent", "redis"} <= installed <= {"outlier-admin-agent", "redis", "async-timeout"}
+    in_venv([py, "-m", "pip", "check"], timeout=60)
+    assert "--gateway" in in_venv([str(bin_ / "outlier-agent"), "--help"], timeout=60).stdout
+    assert "--ingest-url" in in_venv([str(bin_ / "outlier-shipper"), "--help"], timeout=60).stdout
+
+    modules = sorted(n.removesuffix(".py").removesuffix("/__init__").replace("/", ".") for n in _agent_modules())
+    logs = ROOT / "tests" / "fixtures" / "gateway-logs"
+    # nginx's `combined` with `$request_time $upstream_addr $upstream_response_time` appended (the
+    # bare format has no latency), written by a real nginx
+    lines = [(logs / "nginx-1.22-upstream.log").read_text().splitlines()[0],
+             (logs / "openai-usage-accesslog.jsonl").read_text().splitlines()[0],  # JSON
+             (logs / "envoy-default-format-example.log").read_text().strip()]  # its RFC 3339 time: ingest.records
+    out = in_venv([py, "-c", _IN_THE_AGENT_VENV, *modules], input="\n".join(lines), timeout=60)
+    nginx_rec, json_rec, envoy_rec = json.loads(out.stdout)
+    assert (nginx_rec["_format"], nginx_rec["node"], nginx_rec["total_ms"]) == ("nginx", "127.0.0.1:41657", 11.0)
+    assert (json_rec["_format"], json_rec["node"], json_rec["prompt_tokens"]) == ("openai", "127.0.0.1:8000", 2006)
+    assert (envoy_rec["_format"], envoy_rec["ts"]) == ("envoy", 1460751420.536)
 
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     group = f"venv-{uuid.uuid4().hex[:8]}"
@@ -170,9 +258,9 @@ def test_the_agent_runs_from_a_venv_with_only_redis(wheel: Path, tmp_path: Path)
     r.set(f"{prefix}{group}", json.dumps(doc))
     eds = tmp_path / "eds.json"
     try:
-        cmd = (f"{py} -m outlier_admin.agent --gateway envoy --group {group} --redis-url {url} --key-prefix {prefix} "
-               f"--envoy-eds-path {eds} --once")
-        out = subprocess.run(shlex.split(cmd), capture_output=True, text=True, timeout=60)
+        cmd = (f"{bin_ / 'outlier-agent'} --gateway envoy --group {group} --redis-url {url} --key-prefix {prefix} "
+               f"--envoy-eds-path {eds} --channel {prefix}notify --once")
+        out = subprocess.run(shlex.split(cmd), capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     finally:  # the document, and whatever the agent reported back for this group
         r.delete(f"{prefix}{group}", *r.scan_iter(f"*{group}*"))
     assert out.returncode == 0, out.stderr

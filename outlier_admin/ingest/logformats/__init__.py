@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import orjson
+from outlier_admin.ingest.logformats import jsondecode  # orjson when installed, else the standard library
 
 
 class ParseError(ValueError):
@@ -72,8 +72,8 @@ def parse_node_map(text: str) -> dict[str, str]:
     text = text.strip()
     if text.startswith("{"):
         try:
-            raw = orjson.loads(text)
-        except orjson.JSONDecodeError as exc:
+            raw = jsondecode.loads(text)
+        except jsondecode.JSONDecodeError as exc:
             raise ValueError(f"not JSON: {exc}") from None
         if not isinstance(raw, dict):
             raise ValueError("a JSON node map must be an object")
@@ -96,8 +96,8 @@ def parse_node_map(text: str) -> dict[str, str]:
 def load_object(line: str, *, reason: str, what: str, fmt: str = "") -> dict[str, Any]:
     """The JSON object on ``line``; ``bad_json`` when it is not JSON, ``reason`` when not an object."""
     try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
+        obj = jsondecode.loads(line)
+    except jsondecode.JSONDecodeError as exc:
         raise ParseError("bad_json", f"{what}: {exc}", fmt=fmt) from None
     if not isinstance(obj, dict):
         raise ParseError(reason, f"{what} must be an object", fmt=fmt)

@@ -21,8 +21,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import orjson
-
 from outlier_admin.ingest.logformats import (
     _PARSERS,
     LABELS,
@@ -30,6 +28,7 @@ from outlier_admin.ingest.logformats import (
     ParseError,
     envoy,
     haproxy,
+    jsondecode,
     jsonl,
     litellm,
     openai,
@@ -64,8 +63,8 @@ def sniff(line: str) -> str | None:
         return None
     if text[0] == "{":
         try:
-            obj = orjson.loads(text)
-        except orjson.JSONDecodeError:
+            obj = jsondecode.loads(text)
+        except jsondecode.JSONDecodeError:
             return None
         return json_format(obj) if isinstance(obj, dict) else None
     if _ENVOY_TEXT.match(text):
@@ -88,8 +87,8 @@ def parse_line(line: str, *, node_map: NodeMap | None = None) -> dict[str, Any]:
     text = line.strip()
     if text.startswith("{"):
         try:
-            obj = orjson.loads(text)
-        except orjson.JSONDecodeError as exc:
+            obj = jsondecode.loads(text)
+        except jsondecode.JSONDecodeError as exc:
             raise ParseError("bad_json", f"a JSON line that does not decode: {exc}") from None
         fmt = json_format(obj) if isinstance(obj, dict) else None
         if fmt is None:
