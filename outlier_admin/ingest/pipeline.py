@@ -36,18 +36,21 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import orjson
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from detector.samples import REQUEST_ROW_FIELDS
 from outlier_admin.control.redis_conn import get_redis, stream_key
 from outlier_admin.fleet.models import ModelGroup, Node, RegisteredVia
 from outlier_admin.fleet.names import NameError_, parse_address
+from outlier_admin.ingest.columns import CANONICAL_FIELDS, normalize_many
 from outlier_admin.ingest.logformats import FORMATS, ParseError
 from outlier_admin.ingest.models import IngestSource, RejectedInput
-from outlier_admin.ingest.records import RecordError, limits, normalize
+from outlier_admin.ingest.records import limits
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,11 @@ ROWS_PER_ENTRY = 5000
 # batches, so this is millions of records (approximate trimming keeps XADD O(1)).
 STREAM_MAXLEN = 200_000
 SYSTEM_ACTOR = "system:ingest"
+# A canonical record (records.CANONICAL_FIELDS): its first _ROW fields are the stream row.
+_ROW = len(REQUEST_ROW_FIELDS)
+_GROUP = CANONICAL_FIELDS.index("group")
+_REQUEST_ID = CANONICAL_FIELDS.index("request_id")
+_REFUSED = object()  # the group of a record that was refused
 
 # line, reason, detail, record object (or None), raw text (or None), format it looks like ("" unknown)
 Reject = tuple[int, str, str, Any, str | None, str]
@@ -230,7 +238,7 @@ def _dedup_keys(group: str) -> tuple[str, str]:
     return f"outlier:dedup:{group}:{slot}", f"outlier:dedup:{group}:{slot - 1}"
 
 
-def _append(r: Any, per_group: dict[str, list[dict[str, Any]]]) -> dict[str, tuple[int, int, int]]:
+def _append(r: Any, per_group: dict[str, list[tuple[Any, ...]]]) -> dict[str, tuple[int, int, int]]:
     """Append each group's records to its stream in one MULTI/EXEC; returns ``{group: (accepted,
     duplicates, latency_only)}``.
 
@@ -251,21 +259,21 @@ def _append(r: Any, per_group: dict[str, list[dict[str, Any]]]) -> dict[str, tup
         plan = []
         for group, recs in per_group.items():
             cur, prev = dedup[group]
-            ids = list(dict.fromkeys(rec["request_id"] for rec in recs if rec["request_id"]))
-            seen: set[str] = set()
-            if ids:
+            ids = list(dict.fromkeys(filter(None, map(itemgetter(_REQUEST_ID), recs))))
+            batch_ids: set[str] = set()
+            if not ids:  # the common case: rows as they are, no per-record work
+                rows = [rec[:_ROW] for rec in recs]
+            else:
                 in_cur, in_prev = pipe.smismember(cur, ids), pipe.smismember(prev, ids)
                 seen = {rid for rid, a, b in zip(ids, in_cur, in_prev, strict=True) if a or b}
-            rows, batch_ids = [], set()
-            for rec in recs:
-                rid = rec["request_id"]
-                if rid and (rid in seen or rid in batch_ids):
-                    continue
-                if rid:
-                    batch_ids.add(rid)
-                rows.append([rec["node"], rec["ts"], rec["prompt_tokens"], rec["completion_tokens"],
-                             rec["ttft_ms"], rec["total_ms"], rec["status"], rec.get("cached_tokens"),
-                             rec.get("queue_ms")])
+                rows = []
+                for rec in recs:
+                    rid = rec[_REQUEST_ID]
+                    if rid and (rid in seen or rid in batch_ids):
+                        continue
+                    if rid:
+                        batch_ids.add(rid)
+                    rows.append(rec[:_ROW])
             plan.append((group, rows, batch_ids, len(recs)))
         pipe.multi()
         for group, rows, batch_ids, n in plan:
@@ -276,9 +284,9 @@ def _append(r: Any, per_group: dict[str, list[dict[str, Any]]]) -> dict[str, tup
                 cur = dedup[group][0]
                 pipe.sadd(cur, *batch_ids)
                 pipe.expire(cur, 2 * settings.INGEST_DEDUP_WINDOW_S)
-            result[group] = (len(rows), n - len(rows), sum(1 for row in rows if row[2] is None))
+            result[group] = (len(rows), n - len(rows), list(map(itemgetter(2), rows)).count(None))
 
-    if any(rec["request_id"] for recs in per_group.values() for rec in recs):
+    if any(any(map(itemgetter(_REQUEST_ID), recs)) for recs in per_group.values()):
         r.transaction(attempt, *(k for pair in dedup.values() for k in pair))
     else:  # no ids to check: a plain MULTI, nothing to watch
         pipe = r.pipeline(transaction=True)
@@ -319,48 +327,63 @@ def submit(
     now = time.time() if now is None else now
     out = IngestOutcome()
     rejects: list[Reject] = []
-    per_group: dict[str, list[tuple[int, dict[str, Any], Any, str | None]]] = {}
-    bounds = limits()
-    group_of_node: dict[str, str | None] = {}
+    items = items if isinstance(items, list) else list(items)
+    # Canonical tuples (records.CANONICAL_FIELDS: the stream row, then group and request id) or the
+    # refusal, for the whole batch at once (records.normalize_many: columns, each name checked once).
+    checked = normalize_many([obj for _, obj, _ in items], now=now, **limits())
 
-    for line, obj, raw in items:
-        if isinstance(obj, ParseError):
-            rejects.append((line, obj.reason, obj.detail, None, raw, _looks_like(obj)))
-            continue
-        try:
-            rec = normalize(obj, now=now, **bounds)
-        except RecordError as exc:
-            rejects.append((line, exc.reason, exc.detail, obj, raw, _looks_like(obj)))
-            continue
-        group = rec["group"] or default_group
-        if group is None:
-            if rec["node"] not in group_of_node:
-                group_of_node[rec["node"]] = directory.group_of_node(rec["node"])
-            group = group_of_node[rec["node"]]
-        if group is None:
-            rejects.append((line, "no_group", "no group given and the node is not registered", obj, raw,
-                            _looks_like(obj)))
-            continue
-        per_group.setdefault(group, []).append((line, rec, obj, raw))
+    def refuse(i: int, reason: str, detail: str) -> None:
+        line, obj, raw = items[i]
+        rejects.append((line, reason, detail, obj, raw, _looks_like(obj)))
 
-    accepted_recs: dict[str, list[dict[str, Any]]] = {}
-    for group, recs in per_group.items():
+    # Record indices by group. Most batches are one group throughout: then no per-record work.
+    groups = [rec[_GROUP] if type(rec) is tuple else _REFUSED for rec in checked]
+    distinct = set(groups)
+    per_group: dict[str, list[int]] = {}
+    if len(distinct) == 1 and next(iter(distinct)) not in (None, _REFUSED):
+        per_group[next(iter(distinct))] = list(range(len(items)))
+    else:
+        group_of_node: dict[str, str | None] = {}
+        for i, (rec, group) in enumerate(zip(checked, groups, strict=True)):
+            if group is _REFUSED:
+                line, obj, raw = items[i]
+                if isinstance(obj, ParseError):
+                    rejects.append((line, obj.reason, obj.detail, None, raw, _looks_like(obj)))
+                else:
+                    refuse(i, rec.reason, rec.detail)  # type: ignore[union-attr]
+                continue
+            if group is None:
+                group = default_group
+            if group is None:
+                node = rec[0]  # type: ignore[index]
+                if node not in group_of_node:
+                    group_of_node[node] = directory.group_of_node(node)
+                group = group_of_node[node]
+            if group is None:
+                refuse(i, "no_group", "no group given and the node is not registered")
+                continue
+            per_group.setdefault(group, []).append(i)
+
+    accepted_recs: dict[str, list[tuple[Any, ...]]] = {}
+    for group, indices in per_group.items():
         group_id, why = _group_id(group)
         if group_id is None:
             detail = f"group {group!r} does not exist (operators create groups)"
-            rejects.extend((line, why or "unknown_group", detail, obj, raw, _looks_like(obj))
-                           for line, _, obj, raw in recs)
+            for i in indices:
+                refuse(i, why or "unknown_group", detail)
             continue
-        resolved = _resolve_nodes(group, group_id, {rec["node"] for _, rec, _, _ in recs})
-        kept = accepted_recs.setdefault(group, [])
-        for line, rec, obj, raw in recs:
-            name, why = resolved[rec["node"]]
+        recs: list[tuple[Any, ...]] = [checked[i] for i in indices]  # type: ignore[misc]
+        resolved = _resolve_nodes(group, group_id, set(map(itemgetter(0), recs)))
+        if all(name == key for key, (name, _) in resolved.items()):
+            accepted_recs[group] = recs  # every node known by its own name: the rows as they are
+            continue
+        kept = accepted_recs[group] = []
+        for i, rec in zip(indices, recs, strict=True):
+            name, why = resolved[rec[0]]
             if name is None:
-                rejects.append((line, why or "unknown_node", _unknown_node_detail(rec["node"], group), obj, raw,
-                                _looks_like(obj)))
-                continue
-            rec["node"] = name
-            kept.append(rec)
+                refuse(i, why or "unknown_node", _unknown_node_detail(rec[0], group))
+            else:
+                kept.append(rec if name == rec[0] else (name, *rec[1:]))
 
     rejects.sort(key=lambda x: x[0])
     with transaction.atomic():

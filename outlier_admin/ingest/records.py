@@ -59,7 +59,10 @@ def parse_ts(value: Any) -> float:
     if isinstance(value, bool):
         raise RecordError("bad_ts", "ts must be epoch seconds or RFC 3339")
     if isinstance(value, int | float):
-        ts = float(value)
+        try:
+            ts = float(value)
+        except OverflowError:  # an integer past a double (JSON allows any): not a time
+            raise RecordError("bad_ts", "ts is not finite") from None
     elif isinstance(value, str):
         text = value.strip()
         try:
@@ -96,8 +99,9 @@ def _number(rec: dict[str, Any], key: str, *, integer: bool, high: float) -> flo
         if kind is float and not math.isfinite(value):
             raise RecordError(f"bad_{key}", f"{key} must be finite")
         if value < 0:
-            raise RecordError(f"bad_{key}", f"{key} must be >= 0, got {value}")
-        raise RecordError(f"bad_{key}", f"{key} must be <= {high:g}, got {value:g}")
+            raise RecordError(f"bad_{key}", f"{key} must be >= 0, got {str(value)[:40]}")
+        # str(), not :g: an integer past a double (JSON allows any) cannot be formatted as a float.
+        raise RecordError(f"bad_{key}", f"{key} must be <= {high:g}, got {str(value)[:40]}")
     if integer and kind is float and not value.is_integer():
         raise RecordError(f"bad_{key}", f"{key} must be an integer, got {value}")
     return value
@@ -190,8 +194,8 @@ def normalize(
         "prompt_tokens": None if prompt is None else int(prompt),
         "completion_tokens": None if completion is None else int(completion),
         "cached_tokens": None if cached is None else int(cached),
-        "ttft_ms": ttft,
-        "queue_ms": queue,
+        "ttft_ms": None if ttft is None else float(ttft),
+        "queue_ms": None if queue is None else float(queue),
         "total_ms": float(total),
         "status": status,
         "request_id": request_id or None,
