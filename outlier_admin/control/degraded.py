@@ -40,7 +40,7 @@ from typing import Any
 
 import orjson
 import redis
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Model
 
 from detector import GroupDetector
@@ -80,16 +80,23 @@ def group_snapshot(group: ModelGroup, nodes: list[Node]) -> bytes:
     })
 
 
-# The snapshot this process wrote last per group: an unchanged one is not written again (at 100 nodes
-# it is ~15 KB, as much as the weights document, at every tick of every group).
+# The snapshot this process wrote last per group, and the key it was written under: an unchanged one
+# is not written again (at 100 nodes it is ~15 KB, as much as the weights document, at every tick of
+# every group), nor even built when the caller's key says its input did not change.
 _written: dict[str, bytes] = {}
+_written_key: dict[str, Any] = {}
 
 
-def store_snapshot(pipe: Any, group: ModelGroup, nodes: list[Node], *, force: bool = True) -> None:
+def store_snapshot(pipe: Any, group: ModelGroup, nodes: list[Node], *, force: bool = True, key: Any = None) -> None:
     """Queue the snapshot writes on a pipeline (the normal tick adds them to its state MULTI); with
     ``force=False`` only if it changed since this process last wrote it (the tick forces it at its
-    checkpoints, which bounds how long a Redis that lost it goes without)."""
+    checkpoints, which bounds how long a Redis that lost it goes without). ``key``: a value that
+    changes whenever ``group`` or ``nodes`` changes what the snapshot holds (the tick's node cache
+    generation); the same key as the last write, unforced, skips building the snapshot at all."""
+    if not force and key is not None and _written_key.get(group.name) == key:
+        return
     snap = group_snapshot(group, nodes)
+    _written_key[group.name] = key
     if not force and _written.get(group.name) == snap:
         return
     pipe.set(snapshot_key(group.name), snap)
@@ -258,13 +265,19 @@ class sql_or_outbox:  # lower case: used like transaction.atomic
 
     def __init__(self, r: redis.Redis, group: str,
                  rows_if_failed: Callable[[], tuple[list[Model], list[dict[str, Any]]]],
-                 applied: Callable[[], dict[str, Any]], *, version: int | None = None) -> None:
+                 applied: Callable[[], dict[str, Any]], *, version: int | None = None,
+                 atomic: bool = True) -> None:
         self.r, self.group, self.rows_if_failed, self.applied = r, group, rows_if_failed, applied
         self.version = version  # the published version, recorded in SQL by the drain
-        self._atomic = transaction.atomic()
+        # ``atomic=False``: the body is one statement (atomic by itself); BEGIN and COMMIT would be two
+        # more round trips to PostgreSQL. Inside a caller's transaction a savepoint still isolates a
+        # failed statement, so the caller's transaction stays usable.
+        self._atomic = transaction.atomic() if atomic or connection.in_atomic_block else None
         self._entered = False
 
     def __enter__(self) -> sql_or_outbox:
+        if self._atomic is None:
+            return self
         try:
             self._atomic.__enter__()
             self._entered = True
@@ -273,7 +286,7 @@ class sql_or_outbox:  # lower case: used like transaction.atomic
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
-        if self._entered:
+        if self._entered and self._atomic is not None:
             try:
                 self._atomic.__exit__(exc_type, exc, tb)  # commit, or roll back on an exception
             except DB_ERRORS as commit_error:
@@ -302,6 +315,9 @@ class OutageStore:
 
     def load(self, r: redis.Redis) -> tuple[ModelGroup, list[Node]] | None:
         return load_snapshot(r, self.name)
+
+    def drain(self, r: redis.Redis, group: ModelGroup) -> None:
+        """Nothing: the outbox waits for PostgreSQL."""
 
     def late_nodes(self, group: ModelGroup, names: list[str]) -> dict[str, Node]:
         # Nodes registered after the snapshot join at the first normal tick; their samples are

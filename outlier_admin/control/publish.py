@@ -58,33 +58,38 @@ def record_version(group: ModelGroup, version: int) -> None:
 def build_document(group: str, version: int, nodes: list[dict[str, Any]], *, safeguard: bool,
                    now: float, stale_after_s: float) -> dict[str, Any]:
     """The document, checked against the gateways' contract (``gateway_client.check_document``): a
-    node a gateway would refuse is left out, with its reason logged, and never published."""
-    doc = {
-        "group": group,
-        "version": version,
-        "generated_at": round(now, 3),
-        "stale_after_s": stale_after_s,
-        "safeguard": safeguard,
-        "nodes": [
-            {
-                "node": n["node"],
-                "address": _hostport(n["address"]),
-                "weight": int(n["weight"]),
-                "state": n["state"],
-                "base_weight": int(n.get("base_weight", 100)),
-            }
-            for n in nodes
-        ],
-    }
-    doc, skipped = check_document(doc)
+    node a gateway would refuse is left out, with its reason logged, and never published.
+
+    The check is a function of the document: the node list of the last document built for ``group``
+    is kept with its verdict, and an equal list (most ticks: no weight or state moved) reuses it; the
+    document's own fields (version, time) are checked at every call."""
+    head = {"group": group, "version": version, "generated_at": round(now, 3), "stale_after_s": stale_after_s,
+            "safeguard": safeguard}
+    last = _last_checked.get(group)
+    if last is not None and last[0] == nodes:
+        check_document({**head, "nodes": []})
+        return {**head, "nodes": last[1]}
+    doc, skipped = check_document({**head, "nodes": [
+        {
+            "node": n["node"],
+            "address": _hostport(n["address"]),
+            "weight": int(n["weight"]),
+            "state": n["state"],
+            "base_weight": int(n.get("base_weight", 100)),
+        }
+        for n in nodes
+    ]})
     if skipped and _last_skipped.get(group) != skipped:  # logged when it changes, not at every tick
         for why in skipped:
             log.error("weights of group %s: node left out of the document: %s", group, why)
     _last_skipped[group] = skipped
+    _last_checked[group] = ([dict(n) for n in nodes], doc["nodes"])  # a copy: the caller's list may change
     return doc
 
 
 _last_skipped: dict[str, list[str]] = {}
+# Per group: the node list last built into a document, and the nodes that passed the contract check.
+_last_checked: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
 
 
 @functools.lru_cache(maxsize=65536)  # the same addresses are published at every tick

@@ -31,30 +31,63 @@ def ts(value: float) -> datetime:
     return datetime.fromtimestamp(value, tz=UTC)
 
 
+#: Columns of a :class:`NodeHistory` row as :func:`history_records` lays them out.
+HISTORY_COLUMNS = ("node_id", "signal", "at", "ema", "z", "p50", "p99", "samples", "weight", "state", "evidence",
+                   "downsampled")
+#: Columns of a :class:`GroupBaseline` row as :func:`baseline_records` lays them out.
+BASELINE_COLUMNS = ("group_id", "signal", "at", "baseline", "spread", "peers", "downsampled")
+
+_LABELS = {int(s): s.label for s in NodeState}
+
+
+def finite_list(values: Any) -> list[float | None]:
+    """``values`` as floats, each non-finite one as None (SQL NULL): :func:`finite` over an array."""
+    arr = np.asarray(values, dtype=np.float64)
+    out: list[float | None] = arr.tolist()
+    for i in np.flatnonzero(~np.isfinite(arr)).tolist():
+        out[i] = None
+    return out
+
+
+def history_records(ev: Any, node_ids: dict[str, int], at: datetime, only: set[str] | None = None) -> list[tuple]:
+    """One :data:`HISTORY_COLUMNS` tuple per node (of ``node_ids``, name -> primary key; of ``only`` too
+    when given) and signal of evaluation ``ev``, node by node. The tail window's P50/P99 go on the
+    ``norm`` row, the evidence on the row of the signal the detector decides on. Built column-wise
+    (one ``tolist`` per signal): at 1,000 nodes a new history slot writes 5,000 rows."""
+    picked = [(i, node_ids[name]) for i, name in enumerate(ev.nodes)
+              if name in node_ids and (only is None or name in only)]
+    if not picked:
+        return []
+    idx = np.fromiter((i for i, _ in picked), dtype=np.int64, count=len(picked))
+    pks = [pk for _, pk in picked]
+    states = [_LABELS[c] for c in np.asarray(ev.states)[idx].astype(np.int64).tolist()]
+    samples = np.asarray(ev.counts)[idx].astype(np.int64).tolist()
+    weights = np.asarray(ev.weights, dtype=np.float64)[idx].tolist()
+    none = [None] * len(idx)
+    evidence = (finite_list(np.asarray(ev.evidence)[idx]) if len(ev.evidence) else none)
+    columns = []
+    for sig, ema in ev.ema.items():
+        norm = sig == "norm"
+        columns.append((sig, finite_list(np.asarray(ema)[idx]), finite_list(np.asarray(ev.z_by_signal[sig])[idx]),
+                        finite_list(np.asarray(ev.p50)[idx]) if norm else none,
+                        finite_list(np.asarray(ev.p99)[idx]) if norm else none,
+                        evidence if sig == ev.decision_signal else none))
+    return [(pk, sig, at, ema[k], z[k], p50[k], p99[k], samples[k], weights[k], states[k], evi[k], False)
+            for k, pk in enumerate(pks) for sig, ema, z, p50, p99, evi in columns]
+
+
 def history_rows(ev: Any, by_name: dict[str, Node], at: datetime, only: set[str] | None = None) -> list[NodeHistory]:
-    """One :class:`NodeHistory` row per node (of ``by_name``; of ``only`` too when given) and signal of
-    evaluation ``ev``. The tail window's P50/P99 go on the ``norm`` row, the evidence on the row of
-    the signal the detector decides on."""
-    rows = []
-    for i, name in enumerate(ev.nodes):
-        if name not in by_name or (only is not None and name not in only):
-            continue
-        state_label = NodeState(int(ev.states[i])).label
-        for sig, ema in ev.ema.items():
-            rows.append(NodeHistory(
-                node=by_name[name], signal=sig, at=at, ema=finite(ema[i]), z=finite(ev.z_by_signal[sig][i]),
-                p50=finite(ev.p50[i]) if sig == "norm" else None, p99=finite(ev.p99[i]) if sig == "norm" else None,
-                samples=int(ev.counts[i]), weight=float(ev.weights[i]), state=state_label,
-                evidence=finite(ev.evidence[i]) if sig == ev.decision_signal and len(ev.evidence) else None,
-            ))
-    return rows
+    """:func:`history_records` as unsaved :class:`NodeHistory` instances (the outbox keeps those)."""
+    ids = {name: node.pk for name, node in by_name.items()}
+    return [NodeHistory(**dict(zip(HISTORY_COLUMNS, rec, strict=True)))
+            for rec in history_records(ev, ids, at, only)]
 
 
-def baseline_rows(ev: Any, group: ModelGroup, at: datetime) -> list[GroupBaseline]:
-    """One :class:`GroupBaseline` per signal of ``ev``: ``ev.baseline[s]``/``ev.spread[s]`` (NaN ->
-    NULL). ``peers``: the detector's own count when the evaluation carries one (``ev.peers[s]``);
-    otherwise the nodes with a finite Z on ``s`` in a baseline state (healthy or degraded) *after*
-    the tick, which is off by the nodes that changed state in this tick."""
+def baseline_records(ev: Any, group_id: int, at: datetime) -> list[tuple]:
+    """One :data:`BASELINE_COLUMNS` tuple per signal of ``ev``: ``ev.baseline[s]``/``ev.spread[s]``
+    (NaN -> NULL). ``peers``: the detector's own count when the evaluation carries one
+    (``ev.peers[s]``); otherwise the nodes with a finite Z on ``s`` in a baseline state (healthy or
+    degraded) *after* the tick, which is off by the nodes that changed state in this tick."""
     exact = getattr(ev, "peers", None)
     in_baseline = np.isin(np.asarray(ev.states, dtype=np.int64), [int(NodeState.HEALTHY), int(NodeState.DEGRADED)])
     out = []
@@ -64,9 +97,13 @@ def baseline_rows(ev: Any, group: ModelGroup, at: datetime) -> list[GroupBaselin
             peers = int(exact[sig])
         else:
             peers = int((np.isfinite(z) & in_baseline).sum()) if z.shape == in_baseline.shape else 0
-        out.append(GroupBaseline(group=group, signal=sig, at=at, baseline=finite(base),
-                                 spread=finite(ev.spread.get(sig)), peers=peers))
+        out.append((group_id, sig, at, finite(base), finite(ev.spread.get(sig)), peers, False))
     return out
+
+
+def baseline_rows(ev: Any, group: ModelGroup, at: datetime) -> list[GroupBaseline]:
+    """:func:`baseline_records` as unsaved :class:`GroupBaseline` instances."""
+    return [GroupBaseline(**dict(zip(BASELINE_COLUMNS, rec, strict=True))) for rec in baseline_records(ev, group.pk, at)]
 
 
 def transition_row(t: Transition, group: ModelGroup, node: Node, shadow: bool, ev: Any) -> TransitionRow:
@@ -116,19 +153,17 @@ LAST_SEEN_RESOLUTION_S = 5.0
 def node_changes(view: list[dict[str, Any]], states: dict[str, str], by_name: dict[str, Node],
                  last_seen: dict[str, float]) -> list[tuple[int, str, int, datetime | None]]:
     """``(pk, state, weight, last_seen)`` of the nodes whose detector state (``states``), published
-    weight (``view``) or last-seen time (by ``LAST_SEEN_RESOLUTION_S`` or more) moved in this tick;
-    the instances in ``by_name`` are updated to match, so an unchanged node costs no write."""
+    weight (``view``) or last-seen time (by ``LAST_SEEN_RESOLUTION_S`` or more) moved in this tick,
+    against the row as read (``by_name``: the instances are not changed; the store reads the rows
+    again when they were written)."""
     out = []
     for v in view:
-        node = by_name.get(v["node"])
+        name = v["node"]
+        node = by_name.get(name)
         if node is None:
             continue
-        state = states[v["node"]]
-        seen = last_seen.get(node.name)
-        new_seen = ts(seen) if seen else node.last_seen
-        seen_moved = new_seen is not None and (
-            node.last_seen is None or (new_seen - node.last_seen).total_seconds() >= LAST_SEEN_RESOLUTION_S)
-        if node.state != state or node.weight != v["weight"] or seen_moved:
-            node.state, node.weight, node.last_seen = state, v["weight"], new_seen
-            out.append((node.pk, state, int(v["weight"]), new_seen))
+        state, weight, seen, old = states[name], v["weight"], last_seen.get(name), node.last_seen
+        seen_moved = bool(seen) and (old is None or seen - old.timestamp() >= LAST_SEEN_RESOLUTION_S)
+        if node.state != state or node.weight != weight or seen_moved:
+            out.append((node.pk, state, int(weight), ts(seen) if seen else old))
     return out

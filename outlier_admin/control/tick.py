@@ -1,18 +1,21 @@
 """One detector tick of one model group: stream -> detector -> weights in Redis -> history in SQL.
 
-One pipeline (:func:`_tick_locked`) over a store: :class:`SqlStore` (PostgreSQL up) or
-:class:`~outlier_admin.control.degraded.OutageStore` (PostgreSQL unreachable: the group from its
-Redis snapshot, the SQL rows to a Redis outbox). Order of a tick (any worker can run any group's
-tick; the per-group lock makes them sequential):
+One pipeline (:func:`_tick_locked`) over a store: :class:`~outlier_admin.control.sql_store.SqlStore`
+(PostgreSQL up) or :class:`~outlier_admin.control.degraded.OutageStore` (PostgreSQL unreachable: the
+group from its Redis snapshot, the SQL rows to a Redis outbox). Order of a tick (any worker can run
+any group's tick; the per-group lock makes them sequential):
 
 1. take ``outlier:lock:tick:<group>`` (``SET NX PX``, renewed while the tick runs); if held, skip;
-2. the store loads the group and its nodes (the SQL store first drains an outbox left by an outage);
-   the detector is this process's own copy when the state's ``rev`` is the one this process wrote
-   last (no deserialisation), else the checkpoint in ``outlier:state:<group>`` plus the stream
-   entries applied since it (replayed from the stream, where they stay until the next checkpoint);
-3. read new stream entries with the consumer group ``ticks`` (entries left pending by a dead worker
-   are reclaimed with ``XAUTOCLAIM``, this consumer's own with ``XREADGROUP 0``); entries at or below
-   the last applied id are only acknowledged (no sample is applied twice);
+2. the store loads the group and its nodes (the SQL store: one query; see its module);
+3. WATCH the lock and the state (:class:`~outlier_admin.control.redis_conn.Fence`), then read in one
+   round trip: the lock's value, the state's fields, the operator-input marks, whether an outbox
+   waits (the SQL store then drains it first), and the new stream entries with the consumer group
+   ``ticks`` (entries left pending by a dead worker are reclaimed with ``XAUTOCLAIM``, this
+   consumer's own with ``XREADGROUP 0``); entries at or below the last applied id are only
+   acknowledged (no sample is applied twice). The detector is this process's own copy when the
+   state's ``rev`` is the one this process wrote last (no deserialisation), else the checkpoint in
+   ``outlier:state:<group>`` plus the stream entries applied since it (replayed from the stream,
+   where they stay until the next checkpoint);
 4. apply operator inputs (overrides, decided proposals, canary probe results) — queried only when
    some are pending (the ``outlier:inputs:<group>`` counter the actions set), some node waits for
    approval, or on a new history slot — then ``evaluate(now)``;
@@ -21,10 +24,14 @@ tick; the per-group lock makes them sequential):
    due, and what the store adds (the SQL store: the outage snapshot; the outage store: the outbox
    item). The detector itself is serialised into that MULTI only at a checkpoint (see
    :func:`_checkpoint_due`); between checkpoints the stream entries are the log;
-6. then SQL, in one transaction (SQL store): transitions, proposals, history, the node rows that
-   changed in one ``UPDATE ... FROM (VALUES ...)``, the operator inputs' outcomes, the group's
-   version and ``last_tick_at``; if PostgreSQL fails there, the rows go to the outbox;
+6. then SQL (SQL store): transitions, history, baselines, the node rows that changed, the group's
+   version and ``last_tick_at`` in one statement, plus the operator inputs' outcomes when there are
+   some (then in one transaction); if PostgreSQL fails there, the rows go to the outbox;
 7. ``XACK`` the entries; at a checkpoint ``XTRIM MINID`` the ones it covers.
+
+A steady-state tick (nothing decided, no operator input) is 2 SQL statements and 8 Redis round trips
+(lock, WATCH, reads, EXEC, ack, and the lock's release); ``tests/outlier_admin/control/
+test_tick_cost.py`` holds it there.
 """
 
 from __future__ import annotations
@@ -34,41 +41,32 @@ import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Protocol
 
 import numpy as np
 import orjson
 import redis
 from django.conf import settings
-from django.db import connection
-from django.utils import timezone
 
 from detector import GroupDetector, NodeState, ProgressBatch, SampleBatch, Thresholds, Transition
-from detector.states import Traffic, traffic_of
-from outlier_admin.control import degraded, operator_inputs, publish
-from outlier_admin.control.models import CanaryProbe, GroupBaseline, NodeHistory
-from outlier_admin.control.models import Transition as TransitionRow
+from detector.states import TRAFFIC, Traffic
+from outlier_admin.control import degraded, publish
 from outlier_admin.control.redis_conn import (
+    Fence,
     GroupLock,
     LeaseLost,
-    fenced,
+    degraded_key,
     get_redis,
     inputs_key,
+    outbox_key,
     probes_key,
     state_key,
     stream_key,
     tick_lock,
     weights_key,
 )
-from outlier_admin.control.rows import (
-    baseline_rows,
-    history_rows,
-    node_changes,
-    rows_of_tick,
-    transition_row,
-    ts,
-)
+from outlier_admin.control.rows import baseline_rows, history_rows
+from outlier_admin.control.sql_store import SqlStore
 from outlier_admin.fleet.models import ModelGroup, Node, Policy
 from outlier_admin.ingest.pipeline import decode_entry, decode_progress
 
@@ -77,7 +75,8 @@ log = logging.getLogger(__name__)
 CONSUMER_GROUP = "ticks"
 _STATE_FIELDS = ["rev", "last_id", "thresholds_version", "history_slot", "version", "checkpoint_at"]
 
-# Re-exported: the row builders moved to control.rows (one owner for the tick and the outbox).
+# Re-exported: the row builders moved to control.rows (one owner for the tick and the outbox), the SQL
+# store to control.sql_store.
 __all__ = ["CONSUMER_GROUP", "SqlStore", "TickResult", "baseline_rows", "history_rows", "published_view", "run_tick"]
 
 
@@ -118,6 +117,7 @@ class TickOutput:
     last_seen: dict[str, float]
     inputs: tuple[list, list, list]
     marks: int  # operator-input marks seen by this tick (cleared once its inputs are stamped in SQL)
+    node_ids: dict[str, int] = field(default_factory=dict)  # name -> primary key, of ``by_name``
     checkpoint: bool = False  # the detector is serialised in this tick's MULTI
 
 
@@ -127,6 +127,8 @@ class TickStore(Protocol):
     outage: bool
 
     def load(self, r: redis.Redis) -> tuple[ModelGroup, list[Node]] | None: ...
+
+    def drain(self, r: redis.Redis, group: ModelGroup) -> None: ...
 
     def late_nodes(self, group: ModelGroup, names: list[str]) -> dict[str, Node]: ...
 
@@ -229,32 +231,30 @@ def _load_detector(r: redis.Redis, group: ModelGroup, now: float) -> tuple[Group
 
 def _sync_nodes(gd: GroupDetector, nodes: list[Node], now: float, fresh_state: bool) -> None:
     live = {n.name: n for n in nodes if not n.retired}
-    for name in list(gd.nodes):
-        if name not in live:
-            gd.remove_node(name)
+    present = set(gd.nodes)  # (``gd.nodes`` builds a tuple: a lookup per node in it is O(n^2))
+    for name in present - live.keys():
+        gd.remove_node(name)
     for name, node in live.items():
-        if name not in gd.nodes:
+        if name not in present:
             gd.add_node(name, base_weight=float(node.base_weight), now=now, warm=fresh_state)
 
 
-def _read_entries(r: redis.Redis, key: str, consumer: str, last_id: bytes,
-                  *, retry: bool = True) -> tuple[list, list[bytes]]:
-    """New entries (reclaimed, this consumer's own pending, fresh) not yet applied, in id order, and
-    every id to acknowledge; one round trip (two when the consumer group must be created first)."""
+def _queue_entry_reads(pipe: Any, key: str, consumer: str) -> None:
+    """Queue the reads of a group's new entries: reclaimed, this consumer's own pending, fresh."""
     # We hold the lock, so entries pending here belong to a tick whose lease lapsed. It lapsed at least
     # a lease after its last renewal, and renewals come every third of a lease (redis_conn.GroupLock):
     # its entries have been idle for more than 2/3 of a lease. Half a lease reclaims all of them at the
     # first tick after a crash, before ">" reads newer ones and moves ``last_id`` past them. This
     # consumer's own pending entries (a tick of ours that failed before its ack) are taken back at once.
     idle = settings.TICK_LOCK_TTL_MS // 2
-    pipe = r.pipeline(transaction=False)
     pipe.xautoclaim(key, CONSUMER_GROUP, consumer, min_idle_time=idle, start_id="0-0", count=1000)
     pipe.xreadgroup(CONSUMER_GROUP, consumer, {key: "0"}, count=settings.TICK_MAX_ENTRIES)
     pipe.xreadgroup(CONSUMER_GROUP, consumer, {key: ">"}, count=settings.TICK_MAX_ENTRIES)
-    claimed, own, got = pipe.execute(raise_on_error=False)
-    if retry and isinstance(got, redis.ResponseError) and "NOGROUP" in str(got):
-        _ensure_consumer_group(r, key)  # a new stream, or a Redis that lost it
-        return _read_entries(r, key, consumer, last_id, retry=False)
+
+
+def _entries_of(claimed: Any, own: Any, got: Any, last_id: bytes) -> tuple[list, list[bytes]]:
+    """The replies of :func:`_queue_entry_reads` as the new entries not yet applied (in id order) and
+    every id to acknowledge."""
     for reply in (own, got):
         if isinstance(reply, Exception):
             raise reply
@@ -275,6 +275,23 @@ def _read_entries(r: redis.Redis, key: str, consumer: str, last_id: bytes,
     floor = _id_tuple(last_id)
     fresh = sorted(((eid, f) for eid, f in entries.items() if _id_tuple(eid) > floor), key=lambda e: _id_tuple(e[0]))
     return fresh, list(dict.fromkeys(ids))
+
+
+def _is_nogroup(reply: Any) -> bool:
+    return isinstance(reply, redis.ResponseError) and "NOGROUP" in str(reply)
+
+
+def _read_entries(r: redis.Redis, key: str, consumer: str, last_id: bytes,
+                  *, retry: bool = True) -> tuple[list, list[bytes]]:
+    """New entries (reclaimed, this consumer's own pending, fresh) not yet applied, in id order, and
+    every id to acknowledge; one round trip (two when the consumer group must be created first)."""
+    pipe = r.pipeline(transaction=False)
+    _queue_entry_reads(pipe, key, consumer)
+    claimed, own, got = pipe.execute(raise_on_error=False)
+    if retry and _is_nogroup(got):
+        _ensure_consumer_group(r, key)  # a new stream, or a Redis that lost it
+        return _read_entries(r, key, consumer, last_id, retry=False)
+    return _entries_of(claimed, own, got, last_id)
 
 
 def _batch(rows: list[list[Any]]) -> SampleBatch:
@@ -298,152 +315,34 @@ def _apply_entries(gd: GroupDetector, entries: list[tuple[bytes, dict]]) -> None
     apply_progress(gd, entries)
 
 
+_FORCED = [int(NodeState.FORCED_QUARANTINE), int(NodeState.FORCED_ACTIVE)]
+_DRAIN = [int(state) for state, rule in TRAFFIC.items() if rule is Traffic.DRAIN]
+_LABELS = {int(state): state.label for state in NodeState}
+
+
 def published_view(ev: Any, group: ModelGroup, nodes_by_name: dict[str, Node]) -> list[dict[str, Any]]:
     """Per node: the weight (int) and state a gateway must apply.
 
     ``shadow`` policy: the detector's decisions are recorded but every node is published at its base
     weight as ``healthy`` — except operator-forced states, which an operator asked for explicitly.
+    Computed over the group's arrays at once (weights rounded half to even, as ``round``).
     """
-    forced = {NodeState.FORCED_QUARANTINE, NodeState.FORCED_ACTIVE}
+    codes = np.asarray(ev.states).astype(np.int64)
+    base = np.rint(np.asarray(ev.base_weights, dtype=np.float64))
+    weights = np.rint(np.asarray(ev.weights, dtype=np.float64))
+    if group.policy == Policy.SHADOW:
+        judged = ~np.isin(codes, _FORCED)
+        codes, weights = np.where(judged, int(NodeState.HEALTHY), codes), np.where(judged, base, weights)
+    weights = np.where(np.isin(codes, _DRAIN), 0.0, weights)
+    if not (np.isfinite(weights).all() and np.isfinite(base).all()):
+        raise ValueError(f"group {group.name}: a weight is not finite")
+    w, b = weights.astype(np.int64).tolist(), base.astype(np.int64).tolist()
     out = []
-    for i, name in enumerate(ev.nodes):
-        state = NodeState(int(ev.states[i]))
-        weight = round(float(ev.weights[i]))
-        if group.policy == Policy.SHADOW and state not in forced:
-            state, weight = NodeState.HEALTHY, round(float(ev.base_weights[i]))
-        if traffic_of(state) is Traffic.DRAIN:
-            weight = 0
+    for i, (name, code) in enumerate(zip(ev.nodes, codes.tolist(), strict=True)):
         node = nodes_by_name.get(name)
-        out.append(
-            {
-                "node": name,
-                "address": node.address if node else name,
-                "weight": weight,
-                "state": state.label,
-                "base_weight": round(float(ev.base_weights[i])),
-            }
-        )
+        out.append({"node": name, "address": node.address if node else name, "weight": w[i],
+                    "state": _LABELS[code], "base_weight": b[i]})
     return out
-
-
-# --- the SQL store ------------------------------------------------------------------------------------
-
-
-_NODE_UPDATE = """
-UPDATE {table} AS n SET state = v.state, weight = v.weight, last_seen = v.last_seen
-FROM (VALUES {values}) AS v(id, state, weight, last_seen)
-WHERE n.id = v.id
-"""
-
-
-def update_nodes(changes: list[tuple[int, str, int, datetime | None]]) -> int:
-    """Write the nodes' new state, weight and last-seen time in one statement (``UPDATE ... FROM
-    (VALUES ...)``): the ORM's ``bulk_update`` builds a CASE/WHEN per field and row in Python (12,000
-    ``resolve_expression`` calls per 20 ticks of 100 nodes, 60% of the tick). Returns rows updated."""
-    if not changes:
-        return 0
-    values = ",".join(["(%s::bigint, %s::varchar, %s::integer, %s::timestamptz)"] * len(changes))
-    params = [x for row in changes for x in row]
-    with connection.cursor() as cur:
-        cur.execute(_NODE_UPDATE.format(table=Node._meta.db_table, values=values), params)
-        return cur.rowcount
-
-
-def _record_group(group: ModelGroup, version: int, stamp: datetime) -> None:
-    """The published version (never lowered) and the tick time, in one statement."""
-    table = ModelGroup._meta.db_table
-    with connection.cursor() as cur:
-        cur.execute(f"UPDATE {table} SET weights_version = GREATEST(weights_version, %s), last_tick_at = %s "
-                    "WHERE id = %s", [version, stamp, group.pk])
-    group.weights_version = max(group.weights_version, version)
-
-
-def _clear_marks(r: redis.Redis, name: str, seen: int) -> None:
-    """Subtract the operator-input marks this tick saw (their rows are stamped applied now); marks
-    set meanwhile stay, so the next tick looks again. Never below zero (a Redis restart resets it)."""
-    key = inputs_key(name)
-    with r.pipeline() as pipe:
-        try:
-            pipe.watch(key)
-            left = max(int(pipe.get(key) or 0) - seen, 0)
-            pipe.multi()
-            if left:
-                pipe.set(key, left)
-            else:
-                pipe.delete(key)
-            pipe.execute()
-        except redis.WatchError:
-            pass  # a new mark arrived: keep them all, the next tick queries once more
-
-
-# What a tick reads of a node (its labels, URLs and registration are not loaded at every tick).
-_NODE_FIELDS = ("id", "group_id", "name", "address", "base_weight", "state", "weight", "last_seen",
-                "gpu_evidence", "retired")
-
-
-class SqlStore:
-    """The tick's store with PostgreSQL up."""
-
-    outage = False
-
-    def __init__(self, name: str, group: ModelGroup | None = None) -> None:
-        self.name, self.group = name, group
-
-    def load(self, r: redis.Redis) -> tuple[ModelGroup, list[Node]]:
-        group = self.group or ModelGroup.objects.get(name=self.name)
-        if self.group is not None:
-            group.refresh_from_db()
-        # Rows kept in Redis while PostgreSQL was down are written before this tick's own.
-        degraded.drain(r, group)
-        return group, list(Node.objects.filter(group=group).only(*_NODE_FIELDS))
-
-    def late_nodes(self, group: ModelGroup, names: list[str]) -> dict[str, Node]:
-        return {n.name: n for n in Node.objects.filter(group=group, name__in=names).only(*_NODE_FIELDS)
-                if not n.retired}
-
-    def apply_inputs(self, gd: GroupDetector, group: ModelGroup, now: float) -> tuple[list, list, list]:
-        return operator_inputs.apply(gd, group, now)
-
-    def queue(self, pipe: Any, out: TickOutput) -> None:
-        # What a tick needs to run while PostgreSQL is down (control.degraded): when it changed, and
-        # at every checkpoint.
-        degraded.store_snapshot(pipe, out.group, out.nodes, force=out.checkpoint)
-
-    def write(self, r: redis.Redis, out: TickOutput) -> None:
-        group, by_name, transitions = out.group, out.by_name, out.transitions
-        overrides, decided, probes = out.inputs
-        stamp = timezone.now()
-        # If PostgreSQL fails inside, the rows go to the Redis outbox and the tick goes on (control.degraded).
-        with degraded.sql_or_outbox(
-            r, group.name,
-            lambda: rows_of_tick(out.ev, group, by_name, transitions, shadow=out.shadow, now=out.now,
-                                 write_all=out.write_all),
-            lambda: degraded.applied_inputs(overrides, decided, probes),
-            version=out.version,
-        ):
-            transition_rows = TransitionRow.objects.bulk_create(
-                [transition_row(t, group, by_name[t.node], out.shadow, out.ev) for t in transitions])
-            for t in transitions:
-                if t.to_state == NodeState.PENDING_APPROVAL and not out.shadow:
-                    operator_inputs.open_detector_proposal(by_name[t.node], t)
-            at = ts(out.now)
-            moved = {t.node for t in transitions}
-            history = history_rows(out.ev, by_name, at, None if out.write_all else moved)
-            if history:
-                NodeHistory.objects.bulk_create(history, batch_size=2000)
-                # The baseline every Z of this write was measured against, one row per signal.
-                GroupBaseline.objects.bulk_create(baseline_rows(out.ev, group, at))
-            update_nodes(node_changes(out.view, out.states, by_name, out.last_seen))
-            # Outcomes and the transitions they caused; pending proposals whose node left pending_approval.
-            operator_inputs.record_applied(overrides, decided, transition_rows, stamp)
-            for pr in probes:
-                pr.applied_at = stamp
-            if probes:
-                CanaryProbe.objects.bulk_update(probes, ["passed", "normalised_latency", "applied_at"])
-            _record_group(group, out.version, stamp)
-        if out.marks:
-            # Stamped applied above, or by the drain if the write went to the outbox.
-            _clear_marks(r, group.name, out.marks)
 
 
 # --- the pipeline ----------------------------------------------------------------------------------------
@@ -498,14 +397,32 @@ def _tick_locked(r: redis.Redis, store: TickStore, name: str, now: float | None,
         return None
     group, nodes = loaded
     skey, hkey = stream_key(name), state_key(name)
+    fence = Fence(r, lock, hkey)
+    try:
+        return _tick_fenced(r, store, fence, group, nodes, name, now, consumer, started, skey, hkey)
+    finally:
+        fence.close()
+
+
+def _tick_fenced(r: redis.Redis, store: TickStore, fence: Fence, group: ModelGroup, nodes: list[Node], name: str,
+                 now: float, consumer: str, started: float, skey: str, hkey: str) -> TickResult | None:
+    # Everything the tick reads from Redis, in one round trip after the fence's WATCH.
     pipe = r.pipeline(transaction=False)
+    pipe.get(fence.lock.key if fence.lock is not None else hkey)
     pipe.hmget(hkey, _STATE_FIELDS)
     pipe.get(inputs_key(name))
-    state, marks_raw = pipe.execute()
+    pipe.exists(degraded_key(name), outbox_key(name))
+    _queue_entry_reads(pipe, skey, consumer)
+    lock_value, state, marks_raw, outbox_waits, claimed, own, got = pipe.execute(raise_on_error=False)
+    for reply in (lock_value, state, marks_raw, outbox_waits):
+        if isinstance(reply, Exception):
+            raise reply
     rev, _last_id, _tv, stored_slot, stored_version, checkpoint_at = state
     if store.outage and rev is None and not r.hexists(hkey, "detector"):
         log.warning("tick of %s skipped: PostgreSQL is down and Redis has no detector state yet", name)
         return None
+    if outbox_waits:
+        store.drain(r, group)
     held_before = name in _HELD and _HELD[name].rev == rev and rev is not None
     gd, applied, replay = _restore(r, group, now, state)
     fresh_state = applied == b"0-0" and not gd.nodes
@@ -514,7 +431,11 @@ def _tick_locked(r: redis.Redis, store: TickStore, name: str, now: float | None,
 
     if replay:  # entries after the checkpoint (this process had no current copy): applied first
         applied = replay[-1][0]
-    entries, ack_ids = _read_entries(r, skey, consumer, applied)
+    if _is_nogroup(got):  # a new stream, or a Redis that lost it: create the consumer group, read again
+        _ensure_consumer_group(r, skey)
+        entries, ack_ids = _read_entries(r, skey, consumer, applied, retry=False)
+    else:
+        entries, ack_ids = _entries_of(claimed, own, got, applied)
     entries = replay + entries
     result = TickResult(group=name, at=now, entries=len(entries), degraded=store.outage)
     rows: list[list[Any]] = []
@@ -535,8 +456,9 @@ def _tick_locked(r: redis.Redis, store: TickStore, name: str, now: float | None,
             mask = np.isin(batch.node, list(late))
             if mask.any():
                 result.samples += gd.ingest(batch.take(mask)).accepted
+        get = last_seen.get
         for node_name, t in zip(batch.node.tolist(), batch.ts.tolist(), strict=True):
-            if t > last_seen.get(node_name, 0.0):
+            if t > get(node_name, 0.0):
                 last_seen[node_name] = t
     result.progress = apply_progress(gd, entries)
     if entries:
@@ -547,7 +469,7 @@ def _tick_locked(r: redis.Redis, store: TickStore, name: str, now: float | None,
     marks = int(marks_raw or 0)
     # Operator inputs are SQL rows: look only when the actions marked some, when a node waits for an
     # approval (or for its silence to release it), or once per history slot (a lost mark's bound).
-    waiting = any(gd.state_of(n) == NodeState.PENDING_APPROVAL for n in gd.nodes)
+    waiting = bool(np.any(np.asarray(gd.a.state) == int(NodeState.PENDING_APPROVAL)))
     inputs = store.apply_inputs(gd, group, now) if (marks > 0 or waiting or write_all) else ([], [], [])
     ev = gd.evaluate(now)
     decided_at = time.perf_counter()
@@ -561,10 +483,11 @@ def _tick_locked(r: redis.Redis, store: TickStore, name: str, now: float | None,
     doc = publish.build_document(name, version, view, safeguard=bool(ev.safeguard), now=now,
                                  stale_after_s=settings.WEIGHTS_STALE_AFTER_S)
     transitions = [t for t in ev.transitions if t.node in by_name]
-    states = {v["node"]: NodeState(int(s)).label for v, s in zip(view, ev.states, strict=True)}
+    states = dict(zip(ev.nodes, [_LABELS[c] for c in np.asarray(ev.states).astype(np.int64).tolist()], strict=True))
     out = TickOutput(group=group, nodes=nodes, by_name=by_name, ev=ev, view=view, states=states,
                      transitions=transitions, version=version, now=now, write_all=write_all,
-                     shadow=group.policy == Policy.SHADOW, last_seen=last_seen, inputs=inputs, marks=marks)
+                     shadow=group.policy == Policy.SHADOW, last_seen=last_seen, inputs=inputs, marks=marks,
+                     node_ids={n: node.pk for n, node in by_name.items()})
     last_checkpoint = float(checkpoint_at or 0.0)
     checkpoint = _checkpoint_due(held_before, now, last_checkpoint,
                                  decided=bool(ev.transitions) or any(inputs), new_slot=write_all)
@@ -586,7 +509,7 @@ def _tick_locked(r: redis.Redis, store: TickStore, name: str, now: float | None,
         store.queue(p, out)
 
     # Only while this tick still holds the group (a stalled tick must not overwrite its successor's).
-    fenced(r, lock, hkey, rev, queue)
+    fence.commit(lock_value, rev, queue)
     _hold(name, _Held(rev=new_rev, gd=gd, applied=applied, checkpoint_at=now if checkpoint else last_checkpoint))
     result.publish_latency_ms = (time.perf_counter() - decided_at) * 1000.0
     if entries:  # an entry id's first part is its XADD time (Redis clock, ms)
