@@ -8,10 +8,14 @@ module decides, in this order at every evaluation:
    up gets one more warm-up's worth of samples (``grace``) before latency can quarantine it: requests
    dispatched during warm-up still complete slowly after it.
 2. **Persistence.** The Z verdict needs the deciding signal at quarantine strength for
-   ``quarantine_persistence`` samples, as a *leaky* count (each sample under the line takes one back:
-   a request already running at the onset completes only partly slowed and dips the EMA once, and
-   restarting a run for it would throw away the evidence before it), over at least
+   ``quarantine_persistence_s`` seconds (robust mode) of the node's own samples, the EMA over the
+   line and the tick's new samples too (a node-wide stall lasts well under a second and leaves the
+   EMA over the line after it; a slow GPU stays slow), or, in seed mode, for
+   ``quarantine_persistence`` samples; either is *leaky* (a tick or sample under the line takes its
+   share back: a request already running at the onset completes only partly slowed and dips the EMA
+   once, and restarting a run for it would throw away the evidence before it), over at least
    ``quarantine_min_evaluations`` evaluations (one tick can bring hundreds of samples of a busy node).
+   A count of samples is a different time at every cadence; seconds are not.
 3. **Cause priority and dry run.** Errors first (unambiguous), then success rate, Z, tail ratio, cross
    P50 (:data:`~detector.thresholds.DETECTORS`); a detector in ``dry_run`` is recorded, not acted on.
    Latency causes wait out a node's post-warm-up grace.
@@ -70,7 +74,7 @@ def evidence_line(t: Thresholds, flaps: np.ndarray | np.integer) -> np.ndarray:
 def reset_verdicts(a: NodeArrays, i: int) -> None:
     """Every detector forgets its case against node ``i`` (it left service or an operator decided):
     the one list, used by quarantine, rejection and release alike."""
-    a.reset(i, ("over_q", "over_q_evals", "pending_since"))
+    a.reset(i, ("over_q", "over_q_evals", "q_held", "q_seen_at", "pending_since"))
     ErrorDetector.reset(a, i)
     TailDetector.reset(a, i)
     cross_p50.reset(a, i)
@@ -111,15 +115,41 @@ def finish_warmup(a: NodeArrays, t: Thresholds, now: float, moves: Moves) -> Non
     moves(warmed, S.HEALTHY, Reason.WARMED_UP)
 
 
-def persistent_z(a: NodeArrays, t: Thresholds, d: Decision, over_q: np.ndarray) -> Verdict:
-    """The Z verdict: quarantine strength held as a leaky count over enough evaluations."""
+def in_time(t: Thresholds) -> bool:
+    """Persistence is measured in seconds (robust mode with ``quarantine_persistence_s > 0``)."""
+    return t.baseline_mode == "robust" and t.quarantine_persistence_s > 0
+
+
+def persistent_z(a: NodeArrays, t: Thresholds, d: Decision, over_q: np.ndarray, now: float | None = None) -> Verdict:
+    """The Z verdict: quarantine strength held over enough evaluations, for ``quarantine_persistence_s``
+    seconds of the node's samples (a leaky time) or, in seed mode, ``quarantine_persistence`` samples
+    (a leaky count). In time, a tick counts only if the node's new samples are themselves over the
+    quarantine line (most of them): after a stall its EMA stays over the line for a while, its
+    samples do not. Without ``now`` (a caller that replays recorded history steps, which hold neither
+    the tick's samples nor the evidence over the quarantine line) the sample count decides."""
     new = d.new
-    a.over_q = np.where(over_q, a.over_q + new, np.maximum(a.over_q - new, 0))
     seen = new > 0
+    timed = in_time(t) and now is not None
+    if timed:
+        samples_over = np.where(a.q_count > 0, 2 * a.q_hits >= a.q_count, True)
+        over_q = over_q & samples_over
+        # The time this tick's samples cover: since the node's last evaluation with samples, at most
+        # the persistence itself (the sample floor, quarantine_min_evaluations, does the rest).
+        dt = np.where(np.isfinite(a.q_seen_at), np.clip(now - a.q_seen_at, 0.0, t.quarantine_persistence_s), 0.0)
+        a.q_held = np.where(seen, np.where(over_q, a.q_held + dt, np.maximum(a.q_held - dt, 0.0)), a.q_held)
+        a.q_seen_at = np.where(seen, now, a.q_seen_at)
+    a.over_q = np.where(over_q, a.over_q + new, np.maximum(a.over_q - new, 0))
     a.over_q_evals = np.where(seen & over_q, a.over_q_evals + 1,
                               np.where(seen, np.maximum(a.over_q_evals - 1, 0), a.over_q_evals))
-    held = (a.over_q >= t.quarantine_persistence) & (a.over_q_evals >= t.quarantine_min_evaluations)
-    return Verdict(Reason.Z_QUARANTINE, held)
+    if timed:
+        # Duration and strength: held long enough (tolerance: tick times summed in floating point),
+        # and the node's CUSUM over the quarantine line has as much evidence as a weight cut needs
+        # over the degrade line: three rows of a 3x-slow node, not three noisy requests that happened
+        # to read slow (a log's per-request decode varies 2-3x with prompt length).
+        persisted = (a.q_held >= t.quarantine_persistence_s - 1e-6) & (a.evidence_q >= t.degrade_evidence * (1 - 1e-9))
+    else:
+        persisted = a.over_q >= t.quarantine_persistence
+    return Verdict(Reason.Z_QUARANTINE, persisted & (a.over_q_evals >= t.quarantine_min_evaluations))
 
 
 def degrade_wanted(a: NodeArrays, t: Thresholds, lines: Lines) -> np.ndarray:
@@ -201,6 +231,7 @@ def soft_degrade(a: NodeArrays, now: float, degrade_now: np.ndarray, lines: Line
     a.flaps[back] += 1
     a.evidence[back] = 0.0  # back under the line: a new cut needs new evidence
     a.evidence_prefill[back] = 0.0
+    a.evidence_q[back] = 0.0
     a.healthy_since[back] = now
     moves(back, S.HEALTHY, Reason.Z_RECOVERED)
     cleared = (state == S.PENDING_APPROVAL) & ~lines.over_d & (ej.cause < 0)
@@ -247,6 +278,7 @@ def end_of_tick(a: NodeArrays, now: float) -> None:
     out = (state != S.HEALTHY) & (state != S.DEGRADED)
     a.evidence[out] = 0.0
     a.evidence_prefill[out] = 0.0
+    a.evidence_q[out] = 0.0
     cut = (state == S.DEGRADED) | (state == S.PENDING_APPROVAL)
     a.cut_at = np.where(cut, np.where(np.isfinite(a.cut_at), a.cut_at, now), np.nan)
     # Counted in completed requests: streamed rows of a node just out of warm-up come from the slow
@@ -255,3 +287,5 @@ def end_of_tick(a: NodeArrays, now: float) -> None:
     a.new_samples[:] = 0
     a.new_requests[:] = 0
     a.new_drained[:] = 0
+    a.q_hits[:] = 0
+    a.q_count[:] = 0

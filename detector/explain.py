@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from detector import ejection
 from detector.detectors import zscore
 from detector.detectors.zscore import Decision, PeerView
-from detector.ejection import evidence_line
 from detector.moves import Move
 from detector.nodes import NodeArrays
 from detector.signals import SIGNALS
@@ -25,6 +25,7 @@ EXPLAINED = (
     "degrade_z",
     "quarantine_z",
     "quarantine_persistence",
+    "quarantine_persistence_s",
     "degrade_materiality",
     "quarantine_materiality",
     "spread_floor",
@@ -109,10 +110,13 @@ def detail(reason: Reason, a: NodeArrays, i: int, t: Thresholds) -> str:
     if reason is Reason.CROSS_P50:
         return f"P50 above {t.cross_p50_ratio}x the peers' median P50"
     if reason is Reason.Z_QUARANTINE:
+        if ejection.in_time(t):
+            return (f"Z >= {t.quarantine_z} held {float(a.q_held[i]):.2f} s over {int(a.over_q_evals[i])} "
+                    f"evaluations (limit {t.quarantine_persistence_s:g} s)")
         return f"Z >= {t.quarantine_z} for {int(a.over_q[i])} samples (limit {t.quarantine_persistence})"
     if reason is Reason.Z_DEGRADE and t.baseline_mode == "robust":
         return (f"evidence {float(zscore.evidence(a)[i]):.1f} sd over {t.degrade_materiality:g}x the baseline "
-                f"(cut at {float(evidence_line(t, a.flaps[i])):g}, or at once at quarantine strength)")
+                f"(cut at {float(ejection.evidence_line(t, a.flaps[i])):g}, or at once at quarantine strength)")
     return ""
 
 

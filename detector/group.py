@@ -39,23 +39,38 @@ from detector.detectors.errors import ErrorDetector
 from detector.detectors.tail import TailDetector
 from detector.explain import Evaluation
 from detector.moves import Moves, lookup
-from detector.nodes import NodeArrays
+from detector.nodes import POOLED, NodeArrays
 from detector.operator import NodeActions
 from detector.samples import (
     ProgressBatch,
     RejectReason,
     SampleBatch,
     classify_status,
+    is_cancelled,
     node_order,
     validate,
     validate_progress,
 )
-from detector.signals import SIGNALS, SignalModel
+from detector.signals import QUEUE_FREE, SIGNALS, SignalModel
 from detector.states import BASELINE_STATES, NodeState, Transition
 from detector.thresholds import Thresholds
 from detector.window import SlidingWindows
 
 DEFAULT_BASE_WEIGHT = 100.0
+#: A node with a progress row (tokens streamed) this recently has its decode measured by its rows,
+#: not by its completed requests (:meth:`GroupDetector.ingest`): 20 scrapes at 250 ms, 5 at 1 s; a
+#: node whose scrapes fail for longer is judged on its requests again.
+ROWS_FRESH_S = 5.0
+#: The time one pooled observation of a node's completed requests stands for (the model servers'
+#: scrape period, ``METRICS_SCRAPE_INTERVAL_MS``): the EMA's ``alpha`` is tuned per streamed row, one
+#: every 250 ms. A tick's pooled mean enters the EMA once per this much time since the node's last
+#: one (at most its number of requests, and :data:`POOL_MAX_STEPS`), so the EMA moves at the same
+#: speed in seconds whatever the tick cadence: one observation per 1 s tick made its time constant
+#: four times longer at the production beat than at 250 ms (a 3x node from access logs was
+#: quarantined 5.5 s after onset at 1 s ticks, 2.5 s now).
+POOL_OBSERVATION_S = 0.25
+#: At most this many steps per tick (2 s): after a gap, one mean does not replace the EMA's history.
+POOL_MAX_STEPS = 8
 S = NodeState
 _BASELINE = lookup(BASELINE_STATES)
 
@@ -157,7 +172,10 @@ class GroupDetector(NodeActions):
         a, t, n = self.a, self.thresholds, len(self.a)
         is_latency, is_error = classify_status(b.status)
         counted = is_latency | is_error
-        self.errors.ingest(a, b.node[counted], is_error[counted])
+        # A cancellation (the client gave up) is latency, not an outcome: it neither counts as an
+        # error nor breaks a run of them (detector.samples).
+        outcome = counted & ~is_cancelled(b.status)
+        self.errors.ingest(a, b.node[outcome], is_error[outcome])
         self._touch(b.node, b.ts)
         lat, lat_node = b.take(is_latency), b.node[is_latency]
         state = a.state[lat_node]
@@ -168,12 +186,25 @@ class GroupDetector(NodeActions):
         learn = state != S.WARMING
         learned, node = lat.take(learn), lat_node[learn]
         signals = self.signals.per_request(learned, running=a.running[node])
-        for s, x in signals.items():
-            self.signals.update(s, node, x, self._last.get(f"baseline:{s}", math.nan),
-                                self.signals.sample_weights(s, learned))
         self.tail.ingest(node, signals, self._last.get("baseline:decode", math.nan))
-        for s in zscore.evidence_signals(t, self._last):
-            zscore.feed_evidence(a, t, self._last, node, signals[s], s)
+        # A node whose model server is scraped has its decode measured by its progress rows: every
+        # token of these requests, queue-free and compared at equal load (batch, prefill work, KV),
+        # where a request's own decode is corrected for its node's batch only. The requests would
+        # count the same steps again, k times for k concurrent streams (they share every step), as
+        # if independent: healthy nodes' evidence then crossed the line every few seconds.
+        streamed = learned.ts - a.rows_at[node] <= ROWS_FRESH_S
+        if streamed.any():
+            signals["decode"] = np.where(streamed, np.nan, signals["decode"])
+        pooled = self._pooled_signals()
+        for s, x in signals.items():
+            if s in pooled:
+                # One observation per node and tick (see _apply_pooled_requests).
+                ok = np.isfinite(x) & (x > 0)
+                a.column(f"pool_sum_{s}")[:] += np.bincount(node[ok], weights=np.log(x[ok]), minlength=n)
+                a.column(f"pool_n_{s}")[:] += np.bincount(node[ok], minlength=n)
+            if s not in pooled or s not in QUEUE_FREE:  # queue-laden EMAs stay per request
+                self.signals.update(s, node, x, self._last.get(f"baseline:{s}", math.nan),
+                                    self.signals.sample_weights(s, learned))
         per_node = np.bincount(node, minlength=n)
         a.new_samples += per_node
         a.new_requests += per_node
@@ -190,7 +221,8 @@ class GroupDetector(NodeActions):
     def ingest_progress(self, batch: ProgressBatch) -> IngestResult:
         """Apply streamed progress rows (:class:`~detector.samples.ProgressBatch`): the decode signal
         as tokens leave the node, where a completed request reports seconds later and only partly
-        slowed when a fault began while it ran (completed requests keep feeding decode too), and,
+        slowed when a fault began while it ran (while a node's rows come in, its completed requests
+        no longer feed decode: :meth:`ingest`), and,
         where the model server reports it, the queue-free prefill time.
 
         A row is one sample of the EMA, of the evidence and of the quarantine count, whatever its
@@ -212,6 +244,8 @@ class GroupDetector(NodeActions):
         self._touch(b.node, b.ts)
         reported = np.isfinite(b.running)
         a.running[b.node[reported]] = b.running[reported]  # time order within a node: the last one stays
+        decoded = b.tokens > 0
+        a.rows_at[b.node[decoded]] = np.fmax(a.rows_at[b.node[decoded]], b.ts[decoded])
         learn = a.state[b.node] != S.WARMING
         healthy = a.state[b.node] == S.HEALTHY
         self.signals.add_healthy_rows(b.take(healthy))
@@ -231,11 +265,62 @@ class GroupDetector(NodeActions):
         a.new_samples += np.bincount(node, minlength=len(a))  # one sample of time per row
         return IngestResult(accepted, rejected, unknown, ignored=int(empty.sum()))
 
-    def _row_spread(self, s: str, node: np.ndarray, x: np.ndarray, base: float) -> None:
+    def _pooled_signals(self) -> tuple[str, ...]:
+        """The signals whose completed-request samples are pooled per node and tick (robust mode):
+        the queue-free ones, and ``norm`` (:data:`~detector.nodes.POOLED`) when it feeds the evidence."""
+        if self.thresholds.baseline_mode != "robust":
+            return ()
+        feeding = zscore.evidence_signals(self.thresholds, self._last)
+        return tuple(s for s in POOLED if s in QUEUE_FREE or s in feeding)
+
+    def _pool_steps(self, since: np.ndarray, requests: np.ndarray) -> np.ndarray:
+        """How many EMA steps a node's pooled mean of this tick takes (:data:`POOL_OBSERVATION_S`):
+        one per 250 ms ``since`` its last pooled observation (NaN: none yet), at least 1 and at most
+        its number of ``requests`` and :data:`POOL_MAX_STEPS`."""
+        with np.errstate(invalid="ignore"):
+            steps = np.where(np.isfinite(since), np.floor(since / POOL_OBSERVATION_S + 1e-9), 1)
+        return np.clip(steps, 1, np.minimum(requests, POOL_MAX_STEPS)).astype(np.int64)
+
+    def _apply_pooled_requests(self, now: float) -> None:
+        """Completed requests' queue-free samples enter the EMA, and every evidence signal's its
+        CUSUM, as one observation per node and tick: the geometric mean of the node's requests that
+        completed in the tick, in units of the spread of those means across the group's healthy
+        nodes (``pool_rel_sd``). Requests that ran on one node at the same time shared its steps
+        (every stream of a continuous-batching engine waits for the same step) and its queue: a few
+        long prompts slow all of them at once, so ``k`` of them are not ``k`` independent samples.
+        Fed one by one at the per-request spread, a busy healthy node's evidence crossed the cut
+        line every few seconds (the seed drill at 37 requests/s per node from access logs: 306
+        false cuts in 150 s). Pooled per tick, not per ingest call: how a tick's records are split
+        into batches changes nothing."""
+        a, t = self.a, self.thresholds
+        feeding = zscore.evidence_signals(t, self._last)
+        since = now - a.pool_at
+        pooled_now = np.zeros(len(a), bool)
+        for s in POOLED:
+            total, n = a.column(f"pool_sum_{s}"), a.column(f"pool_n_{s}")
+            nodes = np.flatnonzero(n > 0)
+            if not len(nodes):
+                continue
+            mean = np.exp(total[nodes] / n[nodes])
+            steps = self._pool_steps(since[nodes], n[nodes])
+            pooled_now[nodes] = True
+            total[:] = 0.0
+            n[:] = 0
+            base = self._last.get(f"baseline:{s}", math.nan)
+            if s in QUEUE_FREE:
+                self.signals.update(s, np.repeat(nodes, steps), np.repeat(mean, steps), base)
+            if s in feeding:
+                self._row_spread(s, nodes, mean, base, key=f"pool_rel_sd:{s}")
+                sigma = self._last.get(f"pool_rel_sd:{s}", self._last.get(f"request_rel_sd:{s}", math.nan))
+                zscore.feed_evidence(a, t, self._last, nodes, mean, s, sigma)
+        a.pool_at[pooled_now] = now
+
+    def _row_spread(self, s: str, node: np.ndarray, x: np.ndarray, base: float, key: str | None = None) -> None:
         """The group's relative spread of progress rows of signal ``s``: robust (1.4826 x MAD of
         ``log(row / baseline)``) over the rows of healthy nodes in this batch, EW-averaged across
         batches and floored at ``spread_floor``. It holds everything that makes one healthy node's
-        row differ from another's: the shared step time's noise, batch sizes, hardware spread."""
+        row differ from another's: the shared step time's noise, batch sizes, hardware spread.
+        (``key``: where to keep it; per-batch means of requests keep theirs apart.)"""
         t = self.thresholds
         healthy = (self.a.state[node] == S.HEALTHY) & np.isfinite(x)
         if not (math.isfinite(base) and base > 0) or healthy.sum() < t.min_peers:
@@ -245,7 +330,7 @@ class GroupDetector(NodeActions):
         if len(r) < t.min_peers:
             return
         sd = max(1.4826 * float(np.median(np.abs(r - np.median(r)))), t.spread_floor)
-        key = f"row_rel_sd:{s}"
+        key = key or f"row_rel_sd:{s}"
         old = self._last.get(key, sd)
         self._last[key] = old + t.ema_alpha * (sd - old)
 
@@ -283,6 +368,7 @@ class GroupDetector(NodeActions):
     def evaluate(self, now: float) -> Evaluation:
         """One tick: decide every node's state and weight at time ``now`` (epoch seconds)."""
         t, a = self.thresholds, self.a
+        self._apply_pooled_requests(now)
         self.signals.refit(now)
         moves = Moves(a.state)
         ejection.expire_overrides(a, t, now, moves)
@@ -292,7 +378,7 @@ class GroupDetector(NodeActions):
         consecutive, success = self.errors.verdicts(a, t, now)
         d = zscore.decide(view, a, t, now)
         lines = zscore.lines(d, t)
-        z_verdict = ejection.persistent_z(a, t, d, lines.over_q)
+        z_verdict = ejection.persistent_z(a, t, d, lines.over_q, now)
         degrade_now = ejection.degrade_wanted(a, t, lines)
         verdicts = [consecutive, success, z_verdict, d.gate(TailDetector.verdict(a), t), d.gate(cross_p50.verdict(a), t)]
         ej = ejection.eject(a, t, now, verdicts, d, moves, lambda r, i: explain.detail(r, a, i, t))

@@ -14,10 +14,16 @@ Columns, by the part of the detector that owns them:
 - per-tick sample counts: ``new_samples`` (EMA samples; a streamed row counts its streams),
   ``new_requests`` (completed requests), ``new_drained`` (requests dispatched ``queue_drain_s`` after
   the node's weight was cut), ``warm_samples``, ``grace``;
-- Z persistence and the weight-cut gate: ``over_q``, ``over_q_evals``, ``over_d``, ``evidence``
+- Z persistence and the weight-cut gate: ``over_q``, ``over_q_evals``, ``q_held`` (seconds at
+  quarantine strength, leaky), ``q_seen_at`` (the node's last evaluation with new samples),
+  ``q_hits``/``q_count`` (this tick's evidence samples over the quarantine line / in all), ``evidence_q``
+  (the CUSUM over the quarantine line: strength, next to that duration), ``over_d``, ``evidence``
   (the CUSUM on decode, or on norm when the group has no queue-free signal), ``evidence_prefill`` (on
   the queue-free prefill time), ``flaps``, ``cut_at``;
-- the engine: ``running`` (the node's last reported running batch; NaN: never reported);
+- the engine: ``running`` (the node's last reported running batch; NaN: never reported), ``rows_at``
+  (when its last progress row arrived: its decode is then measured by the rows, not by its requests);
+- completed requests pooled per node and tick (:data:`POOLED`): ``pool_sum_<signal>``, ``pool_n_<signal>``,
+  ``pool_at`` (when the node's last pooled observation was taken);
 - tail and cross-P50: ``tail``, ``tail_windows``, ``cross_slow``, ``p50``, ``p99``;
 - errors: ``consec_err``, ``int_requests``, ``int_success``;
 - quarantine, canary and restore: ``next_probe``, ``passes``, ``ejections``, ``step``,
@@ -72,7 +78,23 @@ FIELDS: dict[str, tuple[type, float]] = {
     "evidence_prefill": (np.float64, 0),
     "running": (np.float64, NAN),
     "silenced_until": (np.float64, NAN),
+    "rows_at": (np.float64, NAN),
+    "q_hits": (np.int64, 0),
+    "q_count": (np.int64, 0),
+    "q_held": (np.float64, 0),
+    "q_seen_at": (np.float64, NAN),
+    "evidence_q": (np.float64, 0),
+    "pool_sum_decode": (np.float64, 0),
+    "pool_n_decode": (np.int64, 0),
+    "pool_sum_prefill_time": (np.float64, 0),
+    "pool_n_prefill_time": (np.int64, 0),
+    "pool_sum_norm": (np.float64, 0),
+    "pool_n_norm": (np.int64, 0),
+    "pool_at": (np.float64, NAN),
 }
+#: Signals whose completed-request samples are pooled per node and tick (``pool_sum_<s>``: the sum of
+#: their logs, ``pool_n_<s>``: their count; :meth:`detector.group.GroupDetector.ingest`).
+POOLED: tuple[str, ...] = ("decode", "prefill_time", "norm")
 
 
 class NodeArrays:
@@ -116,6 +138,19 @@ class NodeArrays:
     evidence_prefill: np.ndarray
     running: np.ndarray
     silenced_until: np.ndarray
+    rows_at: np.ndarray
+    q_hits: np.ndarray
+    q_count: np.ndarray
+    q_held: np.ndarray
+    q_seen_at: np.ndarray
+    evidence_q: np.ndarray
+    pool_sum_decode: np.ndarray
+    pool_n_decode: np.ndarray
+    pool_sum_prefill_time: np.ndarray
+    pool_n_prefill_time: np.ndarray
+    pool_sum_norm: np.ndarray
+    pool_n_norm: np.ndarray
+    pool_at: np.ndarray
 
     def __init__(self, ids: Iterable[str] = ()) -> None:
         self.ids: list[str] = list(ids)
@@ -163,6 +198,10 @@ class NodeArrays:
         """Put columns ``names`` of node ``i`` back to their initial values."""
         for name in names:
             getattr(self, name)[i] = FIELDS[name][1]
+
+    def column(self, name: str) -> np.ndarray:
+        """One column by name (its array, not a copy)."""
+        return getattr(self, name)
 
     def columns(self) -> dict[str, np.ndarray]:
         """Every column by name (for a snapshot)."""

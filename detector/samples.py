@@ -8,8 +8,16 @@ samples for many nodes is processed in a few vectorised operations.
 Status semantics (why: a crashed node that answers 503 in 2 ms must not look *fast*):
 
 - 2xx / 3xx: a latency sample;
-- 0 (client gave up / connection failed), 408, 504: a *timeout* — an error **and** a latency sample
-  (its latency is a lower bound on the truth, still evidence of slowness);
+- 0: a *cancellation*: the client gave up (its deadline passed, or it disconnected) before the node
+  answered: a latency sample (its latency is a lower bound on the truth, still evidence of slowness),
+  **never an error**. A client's deadline is the client's, not the node's: near saturation a healthy
+  node's queue wait reaches it by chance, and counting those as errors ejected healthy nodes into a
+  cascade (in the simulator's seed drill at 55 % load: 26,682 timeouts, against 15 without). Envoy's
+  outlier detection likewise never hears of a downstream disconnect; the latency detectors, which
+  know the queue from the node, judge it;
+- 408, 504: a *timeout* the server or the gateway itself produced (the gateway's upstream timeout:
+  Envoy's "local origin" timeout, which its default outlier detection counts as a 5xx): an error
+  **and** a latency sample, so a hung node behind a gateway timeout is still ejected;
 - any other 5xx: an error only;
 - any other 4xx: the client's fault, counted but neither latency nor error.
 
@@ -53,6 +61,8 @@ class RejectReason(enum.StrEnum):
 
 
 TIMEOUT_STATUSES = (0, 408, 504)
+#: Of those, the client's own cancellation (see the module docstring): latency, never an error.
+CANCELLED_STATUSES = (0,)
 
 
 #: The layout of a request row in a group's ingest stream (``outlier_admin.ingest.pipeline`` writes
@@ -60,6 +70,15 @@ TIMEOUT_STATUSES = (0, 408, 504)
 REQUEST_ROW_FIELDS: tuple[str, ...] = (
     "node", "ts", "prompt_tokens", "completion_tokens", "ttft_ms", "total_ms", "status", "cached_tokens", "queue_ms",
 )
+
+
+def _columns(rows: Sequence[Sequence[Any]], width: int, kind: str) -> list[tuple[Any, ...]]:
+    """The columns of ``rows``, shorter rows padded with ``None`` (unknown) to ``width``."""
+    if any(len(r) != width for r in rows):
+        rows = [list(r) + [None] * (width - len(r)) for r in rows]
+        if any(len(r) != width for r in rows):
+            raise ValueError(f"a {kind} row has {width} fields at most")
+    return list(zip(*rows, strict=True)) if rows else [()] * width
 
 
 def _optional(values: Sequence[float] | np.ndarray | None, n: int) -> np.ndarray:
@@ -135,12 +154,11 @@ class SampleBatch(_Columns):
         shorter rows (written before the later columns existed) read their missing columns as
         unknown."""
         width = len(REQUEST_ROW_FIELDS)
-        padded = [list(r) + [None] * (width - len(r)) for r in rows]
-        if any(len(r) != width for r in padded):
-            raise ValueError(f"a request row has {width} fields at most")
-        cols = list(zip(*padded, strict=True)) if padded else [()] * width
-        num = {name: np.array([np.nan if v is None else v for v in col], dtype=np.float64)
-               for name, col in zip(REQUEST_ROW_FIELDS, cols, strict=True) if name not in ("node", "status")}
+        cols = _columns(rows, width, "request")
+        numeric = [i for i, name in enumerate(REQUEST_ROW_FIELDS) if name not in ("node", "status")]
+        # One 2-D conversion for every numeric column (None -> NaN), not one list per column.
+        table = np.array([cols[i] for i in numeric], dtype=np.float64).reshape(len(numeric), -1)
+        num = {REQUEST_ROW_FIELDS[i]: table[k] for k, i in enumerate(numeric)}
         return cls.from_columns(node=cols[0], status=np.array(cols[6], dtype=np.int64), **num)
 
     def latency_only(self) -> np.ndarray:
@@ -233,11 +251,17 @@ def _first_failing(n: int, rules: list[tuple[np.ndarray, RejectReason]]
 
 
 def classify_status(status: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(is_latency_sample, is_error)`` per the module's status semantics."""
+    """``(is_latency_sample, is_error)`` per the module's status semantics: a cancellation (status 0)
+    is a latency sample and not an error."""
     timeout = np.isin(status, TIMEOUT_STATUSES)
     ok = (status >= 200) & (status < 400)
-    error = timeout | (status >= 500)
+    error = (timeout | (status >= 500)) & ~np.isin(status, CANCELLED_STATUSES)
     return ok | timeout, error
+
+
+def is_cancelled(status: np.ndarray) -> np.ndarray:
+    """The client went away before an answer (status 0): no outcome for the error detectors."""
+    return np.isin(status, CANCELLED_STATUSES)
 
 
 def seed_norm(batch: SampleBatch, prompt_weight: float) -> np.ndarray:
@@ -340,12 +364,9 @@ class ProgressBatch(_Columns):
         """From rows laid out as :data:`detector.engine_metrics.ROW_FIELDS` (``None``: unknown); rows
         of 5 (decode only, written before the prefill columns existed) are read too."""
         width = len(ROW_FIELDS)
-        padded = [list(r) + [None] * (width - len(r)) for r in rows]
-        if any(len(r) != width for r in padded):
-            raise ValueError(f"a progress row has {width} fields at most")
-        cols = list(zip(*padded, strict=True)) if padded else [()] * width
-        numeric = [[np.nan if v is None else v for v in c] for c in cols[1:]]
-        return cls.from_columns(node=cols[0], **dict(zip(ROW_FIELDS[1:], numeric, strict=True)))
+        cols = _columns(rows, width, "progress")
+        table = np.array(cols[1:], dtype=np.float64).reshape(width - 1, -1)  # None -> NaN
+        return cls.from_columns(node=cols[0], **dict(zip(ROW_FIELDS[1:], table, strict=True)))
 
     def decode_ms(self) -> np.ndarray:
         """``token_ms / tokens``: the mean time per streamed output token, per row."""

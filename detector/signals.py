@@ -30,10 +30,16 @@ node's state (:mod:`detector.detectors.zscore`).
 **Decode at equal load.** On a continuous-batching engine every stream of a node shares one step
 time, which grows with the batch, with the context every step reads from the KV cache, and, under
 chunked prefill, with the prompt tokens each step also processes:
-``decode_ms ≈ c0 + c1 * running + c2 * W + c3 * K``, ``W`` the prompt tokens processed per decode
-token in the interval (``prefill_work / tokens``), ``K`` the KV-cache usage (``kv_usage``). A busier healthy node, or one that just took a few
-long prompts, looks slower: in the simulator's vLLM engine a 200 ms row's ms/token has a robust sd of
-0.38 (log) across healthy nodes, 0.13 once divided by this curve. Where rows report the running batch
+``decode_ms ≈ c0 + c1 * B + c2 * W + c3 * B*W + c4 * K``, ``W`` the prompt tokens processed per decode
+token in the interval (``prefill_work / tokens``), ``K`` the KV-cache usage (``kv_usage``). The
+prompt tokens a step carries are ``W`` per decode token times the ``B`` decode tokens of the step:
+``B*W`` is the term a step's linear layers pay for (a chunk of ``P`` prompt tokens costs ~0.035 ms
+each at tp=8, whatever the batch), so it enters as a product, not as ``W`` alone. Fitted on the
+simulator's healthy rows, ``B*W`` took the robust spread of decode over the curve from 1.09 (log) to
+0.07 under long-context traffic (8 k-token prompts; without it healthy nodes sat up to 1.8x over the
+curve and were quarantined) and from 0.080 to 0.039 in the seed drill. A busier healthy node, or one
+that just took a few long prompts, looks slower: in the simulator's vLLM engine a 200 ms row's
+ms/token has a robust sd of 0.38 (log) across healthy nodes, 0.13 once divided by this curve. Where rows report the running batch
 (and the prefill work), the group's curve is fitted across healthy nodes (the same robust fit, on rows
 of healthy nodes only: across nodes, load varies while health does not) and each decode sample is
 compared at the group's median load::
@@ -45,7 +51,10 @@ decodes at ``k * curve(load)`` whatever its load (and its batch grows, as its re
 Little's law), so it reads ``k * curve(ref)``, as slow as it is. The curve is fitted on
 healthy rows only and extrapolated at most to twice the largest healthy batch and work
 (:data:`BATCH_EXTRAPOLATION`): in a surge every node's batch grows together and the reservoir follows
-within a minute. A completed request is corrected with its node's last reported batch at the median
+within a minute. Below the healthy range (P1 of each feature) it is not extrapolated at all: a node
+cut to the floor weight runs a batch smaller than any healthy node's, and a fitted line with a
+negative intercept then predicted a near-zero step time there, so the cut node's decode read
+many times slower than its peers' and it was quarantined for the cut itself. A completed request is corrected with its node's last reported batch at the median
 work. ``Thresholds.decode_batch_curve`` switches it off.
 
 :class:`SignalModel` owns the fits, the reservoirs of healthy samples they are fitted on, and one
@@ -77,9 +86,11 @@ SIGNALS: tuple[str, ...] = ("norm", "prefill", "decode", "prefill_time")
 #: The signals measured after the wait for a batch slot: they decide (detectors.zscore).
 QUEUE_FREE: tuple[str, ...] = ("decode", "prefill_time")
 _FITS = ("norm", "prefill", "prefill_time", "batch")
-#: The load features of the decode curve: running batch, prompt tokens processed per decode token, and
-#: KV-cache usage (the context every decode step reads).
+#: The load a progress row reports (the engine reservoir's columns): running batch, prompt tokens
+#: processed per decode token, and KV-cache usage (the context every decode step reads).
 LOAD_FEATURES: tuple[str, ...] = ("b", "w", "k")
+#: The decode curve's features: those, and ``p = b * w``, the prompt tokens each decode step carries.
+CURVE_FEATURES: tuple[str, ...] = ("b", "w", "p", "k")
 #: Healthy rows with a batch needed before the decode curve is fitted (at most four coefficients: a few
 #: dozen rows fix them; the robust fit ignores the odd stall).
 BATCH_CURVE_MIN_ROWS = 60
@@ -194,15 +205,23 @@ class SignalModel:
             return np.ones(len(running))
         if fit is None:
             return np.where(np.isfinite(running), np.nan, 1.0)
-        given = {"b": running, "w": work, "k": kv_usage}
+        given = {"b": running, "w": work, "k": kv_usage,
+                 "p": None if work is None else running * work}
         cols, ref = [], []
         for f in self.load_features:
-            median, limit = self.load_ref[f]
+            median, limit, *low = self.load_ref[f]
             v = given[f]
             v = np.full(len(running), median) if v is None else np.where(np.isfinite(v), v, median)
-            cols.append(np.clip(v, 1.0 if f == "b" else 0.0, limit))
+            # Below the healthy range the curve is not extrapolated: it was never measured there,
+            # and a fitted line with a negative intercept predicts a near-zero step time for the
+            # small batch of a node cut to the floor weight, making it look many times slower.
+            cols.append(np.clip(v, low[0] if low else (1.0 if f == "b" else 0.0), limit))
             ref.append(median)
-        return fit.predict(np.array([ref]))[0] / np.maximum(fit.predict(np.column_stack(cols)), 1e-6)
+        pred = fit.predict(np.column_stack(cols))
+        at_ref = fit.predict(np.array([ref]))[0]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            # A curve that predicts no positive step time at a load has nothing to say there.
+            return np.where(pred > 0, at_ref / pred, np.nan)
 
     def probe_value(self, prompt_tokens: float, completion_tokens: float, ttft_ms: float | None,
                     total_ms: float | None) -> float:
@@ -315,11 +334,14 @@ class SignalModel:
         rows = has_batch.copy()
         for f in features:
             rows &= np.isfinite(e[f])
+        e = {**e, "p": e["b"] * e["w"]}
+        if "w" in features:
+            features.insert(features.index("w") + 1, "p")
         ref: dict[str, list[float]] = {}
         spread = []
         for f in features:
-            p10, median, p90, p99 = np.percentile(e[f][rows], (10, 50, 90, 99))
-            ref[f] = [float(median), BATCH_EXTRAPOLATION * float(p99)]
+            p1, p10, median, p90, p99 = np.percentile(e[f][rows], (1, 10, 50, 90, 99))
+            ref[f] = [float(median), BATCH_EXTRAPOLATION * float(p99), max(float(p1), 1.0 if f == "b" else 0.0)]
             spread.append(p90 - p10 >= (1.0 if f == "b" else 1e-9))
         # (Nearly) every healthy row at one load: nothing to learn, nothing to correct.
         self.batch_flat = not any(spread)
@@ -380,5 +402,6 @@ class SignalModel:
         self.fit_at = meta.get("fit_at", meta.get("last", {}).get("fit_at", -math.inf))
         for name, (sd, count) in meta["fits"].items():
             setattr(self, f"fit_{name}", CostModel(coef=z[f"fit.{name}"].copy(), residual_sd=sd, n_samples=count))
-        if self.fit_batch is not None and len(self.fit_batch.coef) != len(self.load_features) + 1:
+        if self.fit_batch is not None and (len(self.fit_batch.coef) != len(self.load_features) + 1
+                                           or ("w" in self.load_features) != ("p" in self.load_features)):
             self.fit_batch = None  # a curve of an older layout: learned again from the reservoir

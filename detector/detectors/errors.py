@@ -1,11 +1,18 @@
 """Error-based ejection with Envoy outlier detection's semantics and defaults.
 
 - **Consecutive errors**: a node whose last ``consecutive_errors`` (5) responses were all errors
-  (5xx or timeouts) is ejected. Any non-error response resets the run.
+  (5xx, and the 408/504 timeouts a server or gateway produced) is ejected. Any non-error response
+  resets the run.
 - **Success rate**: at the end of each interval (10 s), among nodes with at least
   ``success_rate_min_requests`` (100) requests — and only if there are at least
   ``success_rate_min_hosts`` (5) of them — a node whose success rate is below
   ``mean - success_rate_stdev * stdev`` (1.9) is an outlier.
+
+A client's cancellation (status 0: its deadline passed, or it went away) is neither an error nor a
+response here (:mod:`detector.samples`): near saturation a healthy node's queue reaches the client's
+deadline by chance, and as errors they ejected healthy nodes, whose load then pushed their peers past
+the deadline too (a cascade; Envoy's outlier detection never hears of a downstream disconnect either).
+A group with too little capacity is a condition for admission control, not an outlier.
 
 These catch the node that fails *fast*: a crashed server answering 503 in 2 ms has excellent latency,
 and a latency-only detector would send it more traffic.

@@ -146,8 +146,10 @@ class Decision:
 
     def gate(self, v: Verdict, t: Thresholds) -> Verdict:
         """A latency verdict (tail, cross-P50) stands only where the deciding signal agrees: over the
-        degrade materiality on decode, or, queue-laden, for a node whose queue has drained."""
-        keep = (~self.queue_free | (self.excess >= t.degrade_materiality))
+        degrade materiality on a signal that may quarantine (decode: prefill time grows with load
+        under chunked prefill, so it never takes a node out, alone or through these), or,
+        queue-laden, for a node whose queue has drained."""
+        keep = (~self.queue_free | ((self.excess >= t.degrade_materiality) & self.may_quarantine))
         keep &= ~self.queue_laden | self.drained_over
         return Verdict(v.reason, v.eject & keep)
 
@@ -237,7 +239,13 @@ def feed_evidence(a: NodeArrays, t: Thresholds, last: dict[str, float], node: np
     if not (math.isfinite(base) and base > 0):
         return
     ok = np.isfinite(v) & (v > 0) & np.isfinite(sigma) & (sigma > 0)
+    cap = t.degrade_evidence / t.degrade_persistence + t.evidence_allowance
+    if s != "prefill_time":  # the samples that may hold a node at quarantine strength
+        n = len(a)
+        a.q_count += np.bincount(node[ok], minlength=n)
+        a.q_hits += np.bincount(node[ok & (v >= base * t.quarantine_materiality)], minlength=n)
+        x_q = excess_over_line(v[ok], base, t.quarantine_materiality, sigma[ok])
+        a.evidence_q = cusum_update(a.evidence_q, node[ok], x_q, allowance=t.evidence_allowance, cap=cap)
     x = excess_over_line(v[ok], base, t.degrade_materiality, sigma[ok])
     column = "evidence_prefill" if s == "prefill_time" else "evidence"
-    setattr(a, column, cusum_update(getattr(a, column), node[ok], x, allowance=t.evidence_allowance,
-                                    cap=t.degrade_evidence / t.degrade_persistence + t.evidence_allowance))
+    setattr(a, column, cusum_update(getattr(a, column), node[ok], x, allowance=t.evidence_allowance, cap=cap))

@@ -9,8 +9,10 @@
 
 ``--seeds N`` (default 5 for ``run``, 10 for ``suite``) repeats each scenario over N seeds: the
 report keeps every run under ``policies[p].runs``, medians in the usual keys, and the table shows the
-median with its 90 % interval. ``--cadence production`` evaluates, scrapes and applies weights every
-1 s (the control plane's defaults) instead of the scenario's 200 ms tick. ``--quick`` cuts a run to
+median with its 90 % interval. ``--cadence production`` is the control plane's defaults (issue 18):
+``/metrics`` scraped every 250 ms, a tick on each scrape round's new rows, weights applied at the
+gateways 100 ms after the scrape (:data:`PRODUCTION_CADENCE`); ``--cadence beat`` the earlier
+beat-driven path (tick, scrape and apply every 1 s); ``scenario`` the scenario's 200 ms tick. ``--quick`` cuts a run to
 60 s after its last fault onset (60 s without faults).
 
 Exit status 2 with a one-line message naming the field for a bad scenario file.
@@ -25,13 +27,21 @@ from pathlib import Path
 from typing import Any
 
 from detector.sim.policies import ALL_POLICIES
-from detector.sim.runner import run_seeds, stderr_progress
+from detector.sim.runner import healthy_budgets, run_seeds, stderr_progress
 from detector.sim.scenario import ScenarioError, load_scenario
 
 QUICK_S = 60.0
 TABLE_KEYS = ("p50_ms", "p99_ms", "p999_ms", "ttft_p99_ms", "timeouts", "errors", "false_degrades",
               "false_quarantines", "false_degrades_per_1000h", "false_quarantines_per_1000h")
-PRODUCTION_CADENCE = (1.0, 1.0, 1.0)  # tick, scrape, publish + agent apply (s)
+#: tick, scrape, publish + agent apply (s). Production (issue 18): the scraper reads every node's
+#: /metrics every 250 ms (METRICS_SCRAPE_INTERVAL_MS) and the ticker ticks a group as soon as a scrape
+#: round's rows are in its stream, so the tick period is the scrape period; from the scrape to the
+#: gateway: the tick itself (~30-50 ms, docs/scale.md) and publish + pub/sub + agent apply (bench_e2e:
+#: p50 21-42 ms, p99 59-100 ms, outlier_admin/agent/README.md): 0.1 s.
+PRODUCTION_CADENCE = (0.25, 0.25, 0.1)
+#: The beat-driven path before it: a Celery beat tick, scrapes and publishes every 1 s.
+BEAT_CADENCE = (1.0, 1.0, 1.0)
+CADENCES = {"production": PRODUCTION_CADENCE, "beat": BEAT_CADENCE}
 
 
 def _policies(arg: str | None) -> list[str]:
@@ -59,9 +69,16 @@ def _quick(scn: Any) -> Any:
 
 
 def _cadence(scn: Any, name: str | None) -> Any:
-    if name == "production":
-        return scn.with_cadence(*PRODUCTION_CADENCE)
+    if name in CADENCES:
+        return scn.with_cadence(*CADENCES[name])
     return scn
+
+
+def _detected(counts: dict[str, int] | None, runs: int) -> str:
+    """Over seeds, how many runs made each detection that not all made: `` (quarantine 1/3 runs)``."""
+    shown = {"first_degrade_s": "cut", "quarantine_s": "quarantine"}
+    parts = [f"{label} {counts[k]}/{runs}" for k, label in shown.items() if counts and k in counts and runs]
+    return f" ({', '.join(parts)} runs)" if parts else ""
 
 
 def markdown_table(report: dict[str, Any]) -> str:
@@ -78,9 +95,13 @@ def markdown_table(report: dict[str, Any]) -> str:
             f"n{f['node']}:{_fmt(f['first_degrade_s'], f.get('interval', {}).get('first_degrade_s'))}"
             f"/{_fmt(f['quarantine_s'], f.get('interval', {}).get('quarantine_s'))}"
             + (f" ({_fmt(f['delay_vs_own_floor'])}x)" if f.get("delay_vs_own_floor") is not None else "")
-            + (f" {f['detected']}" if f.get("detected") else "")
+            + _detected(f.get("detected"), len(r.get("runs", [])))
             for f in r["faults"] if f["node"] != "all" and f["kind"] != "warmup")
         lines.append("| " + " | ".join([name, *(_fmt(r.get(k), iv.get(k)) for k in TABLE_KEYS), det or "–"]) + " |")
+    fb = "; ".join(
+        f"{name} {_fmt(r['floor_budget'].get('budget_per_1000h'))} ({r['floor_budget']['false_alarms']} false cuts in "
+        f"{_fmt(r['floor_budget']['node_hours'])} node-h)"
+        for name, r in report["policies"].items() if r.get("floor_budget"))
     cb = "; ".join(
         f"n{c['node']} ({c['kind']}): {_fmt(c['min_delay_s'])} s by samples, "
         f"{_fmt(c.get('observable_delay_s'))} s on completed records"
@@ -88,6 +109,10 @@ def markdown_table(report: dict[str, Any]) -> str:
     )
     if cb:
         lines += ["", f"CUSUM floor: {cb}"]
+    if fb:
+        src = next(r["floor_budget"]["source"] for r in report["policies"].values() if r.get("floor_budget"))
+        lines += ["", f"Own-floor false-alarm budget per 1,000 healthy node-hours (95 % upper bound of each "
+                      f"policy's measured false cuts; {src}): {fb}"]
     return "\n".join(lines) + "\n"
 
 
@@ -122,27 +147,39 @@ def cmd_suite(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     scenarios = [load_scenario(f) for f in files]  # validate all before spending minutes on the first
-    tables = []
+    tables = {}
     summary: dict[str, Any] = {}
-    for scn in scenarios:
+    # The healthy runs (no faulty node) first: each policy's floors elsewhere are tuned to the
+    # false-alarm rate it showed in them (report.false_alarm_budget).
+    order = sorted(scenarios, key=lambda scn: bool(scn.faulty))
+    healthy_reports: list[dict[str, Any]] = []
+    budgets = None
+    for scn in order:
+        if scn.faulty and budgets is None and healthy_reports:
+            budgets = healthy_budgets(healthy_reports, _policies(args.policies))
         scn = _cadence(scn, args.cadence)
         if args.quick:
             scn = _quick(scn)
-        report = run_seeds(scn, _policies(args.policies), args.seeds,
+        report = run_seeds(scn, _policies(args.policies), args.seeds, budgets=budgets,
                            progress=None if args.quiet else stderr_progress, keep_sims=True)
+        if not scn.faulty:
+            healthy_reports.append(report)
         _write(report, out / f"{scn.name}.json")
         from detector.sim.plot import plot_report
 
         plot_report(report, report["_sims"], out / f"{scn.name}.png")
-        tables.append(markdown_table(report))
+        tables[scn.name] = markdown_table(report)
         summary[scn.name] = {name: {k: r.get(k) for k in (*TABLE_KEYS, "faults", "interval")}
                              for name, r in report["policies"].items()}
         summary[scn.name]["_baseline"] = {k: v for k, v in report["baseline"].items() if k != "timeline"}
         summary[scn.name]["_cusum_bound"] = report["cusum_bound"]
         summary[scn.name]["_speed"] = report["speed"]
-    (out / "summary.md").write_text("\n".join(tables))
+    if budgets:
+        summary["_floor_budgets"] = budgets
+    text = [tables[scn.name] for scn in scenarios if scn.name in tables]
+    (out / "summary.md").write_text("\n".join(text))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print("\n".join(tables))
+    print("\n".join(text))
     return 0
 
 
@@ -195,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--plot", help="PNG path")
     r.add_argument("--quick", action="store_true", help=f"cut the run to {QUICK_S:.0f} s after the last fault onset")
     r.add_argument("--seeds", type=int, default=5, help="runs over seeds seed..seed+N-1 (default 5)")
-    r.add_argument("--cadence", choices=("scenario", "production"), default="scenario",
-                   help="production: tick, scrape and weight apply every 1 s")
+    r.add_argument("--cadence", choices=("scenario", *CADENCES), default="scenario",
+                   help="production: scrape and tick every 250 ms, weights applied 100 ms later; "
+                        "beat: tick, scrape and weight apply every 1 s")
     r.add_argument("--duration", type=float, help="override duration_s")
     r.add_argument("--quiet", action="store_true")
     s = sub.add_parser("suite", help="every scenario of a folder: reports, plots and one summary table")
@@ -205,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--policies")
     s.add_argument("--quick", action="store_true")
     s.add_argument("--seeds", type=int, default=10, help="runs over seeds seed..seed+N-1 (default 10)")
-    s.add_argument("--cadence", choices=("scenario", "production"), default="scenario")
+    s.add_argument("--cadence", choices=("scenario", *CADENCES), default="scenario")
     s.add_argument("--quiet", action="store_true")
     f = sub.add_parser("fast", help="false quarantines per 1,000 node-hours on healthy samples")
     f.add_argument("--nodes", type=int, default=64)

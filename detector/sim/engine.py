@@ -56,7 +56,7 @@ import numpy as np
 from detector.sim.profile import HEALTHY, Resources, step_model
 from detector.sim.scenario import Fault, Scenario
 from detector.sim.traces import healthy_vm_offsets, splitwise_decode_curve, vm_noise_spread
-from detector.sim.vllm import NodeEngine, NodeSettings
+from detector.sim.vllm import NodeEngine, NodeSettings, scrape_page
 from detector.sim.workload import Requests
 
 EV_RETRY, EV_COMPLETE, EV_TICK, EV_EDGE, EV_JOIN, EV_NODE, EV_STALL = 0, 1, 2, 3, 4, 5, 6
@@ -277,6 +277,7 @@ class Simulation:
         self.prog_s = [0.0] * n_all  # per node: inter-token time streamed since the last tick (s)
         self.prog_tok = [0.0] * n_all  # per node: tokens streamed since the last tick
         self.probe_cb: dict[int, Callable[[float, float, float, bool], None]] = {}
+        self.probe_tokens: dict[int, tuple[int, int]] = {}  # probes of another size than the scenario's
         self.eng: list[NodeEngine | None] = [self._make_engine(n, pre) for n in range(n_all)]
         self.prog_prev = [(0, 0.0)] * n_all  # per engine node: (itl_count, itl_sum_s) at the last tick
         # Client requests.
@@ -463,11 +464,15 @@ class Simulation:
     # prompt/completion of an attempt: client attempts read the request, probes the probe size.
     def a_prompt_of(self, att: int) -> int:
         r = self.a_req[att]
-        return self.scn.probe_prompt_tokens if r < 0 else self.r_prompt[r]
+        if r < 0:
+            return self.probe_tokens[att][0] if att in self.probe_tokens else self.scn.probe_prompt_tokens
+        return self.r_prompt[r]
 
     def a_comp_of(self, att: int) -> int:
         r = self.a_req[att]
-        return self.scn.probe_completion_tokens if r < 0 else self.r_comp[r]
+        if r < 0:
+            return self.probe_tokens[att][1] if att in self.probe_tokens else self.scn.probe_completion_tokens
+        return self.r_comp[r]
 
     def new_attempt(self, req: int, kind: int, now: float, noise: float, u: float) -> int:
         att = len(self.a_req)
@@ -526,11 +531,16 @@ class Simulation:
         self.place(att, self.offset[gi] + local, now)
         self.deadlines.append((now + self.timeout, att))
 
-    def send_probe(self, gi: int, local: int, now: float, cb: Callable[[float, float, float, bool], None]) -> None:
+    def send_probe(self, gi: int, local: int, now: float, cb: Callable[[float, float, float, bool], None],
+                   tokens: tuple[int, int] | None = None) -> None:
+        """One canary request to a node (``tokens``: its ``(prompt, completion)``; default the
+        scenario's probe size); ``cb(now, ttft_ms, total_ms, ok)`` when it completes or times out."""
         k = self.n_extra % len(self.retry_noise)
         self.n_extra += 1
         att = self.new_attempt(-1, KIND_PROBE, now, self.retry_noise[k], self.retry_u[k])
         self.probe_cb[att] = cb
+        if tokens is not None:
+            self.probe_tokens[att] = tokens
         self.place(att, self.offset[gi] + local, now)
         self.deadlines.append((now + self.timeout, att))
 
@@ -652,14 +662,16 @@ class Simulation:
         lo = self.offset[gi]
         hi = lo + self.scn.groups[gi].nodes
         a_done, a_tok_ms, a_acc = self.a_done, self.a_tok_ms, self.a_acc
+        engines, prog_prev, prog_tok, prog_s = self.eng, self.prog_prev, self.prog_tok, self.prog_s
         for n in range(lo, hi):  # stream_to inlined: this loop visits every running request each tick
-            eng = self.eng[n]
+            eng = engines[n]
             if eng is not None:  # the step engine's inter-token counters (what its /metrics shows)
                 eng.progress_to(now)
-                c0, s0 = self.prog_prev[n]
-                self.prog_tok[n] += eng.m.itl.total - c0
-                self.prog_s[n] += eng.m.itl.sum - s0
-                self.prog_prev[n] = (eng.m.itl.total, eng.m.itl.sum)
+                itl = eng.m.itl
+                c0, s0 = prog_prev[n]
+                prog_tok[n] += itl.total - c0
+                prog_s[n] += itl.sum - s0
+                prog_prev[n] = (itl.total, itl.sum)
                 continue
             secs = tokens = 0.0
             for att in self.run_set[n]:
@@ -686,23 +698,34 @@ class Simulation:
     def scrape(self, gi: int, now: float) -> list[tuple[int, Any]]:
         """``GET /metrics`` of every live node of group ``gi`` on the step engine: the page is rendered
         and parsed back by the control plane's parser (:func:`detector.engine_metrics.parse`), so a
-        policy gets exactly the counters production would. ``[(local node, EngineCounters)]``."""
+        policy gets exactly the counters production would. ``[(local node, EngineCounters)]``.
+        The page holds the samples that parser reads (:func:`detector.sim.vllm.scrape_page`: the full
+        page parses to the same counters; its bucket lines would only cost time)."""
         from detector.engine_metrics import parse
 
         lo = self.offset[gi]
         out = []
+        engines, crashed = self.eng, self.crashed
         for local in range(self.scn.groups[gi].nodes):
-            eng = self.eng[lo + local]
-            if eng is None or self.crashed[lo + local]:
+            eng = engines[lo + local]
+            if eng is None or crashed[lo + local]:
                 continue  # a crashed node's scrape fails
             eng.progress_to(now)
-            counters = parse(eng.m.render())
+            counters = parse(scrape_page(eng.m))
             if counters is not None:
                 out.append((local, counters))
         return out
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> Simulation:
+        """Simulate the whole scenario (:meth:`begin`, then :meth:`advance` to the end)."""
+        self.begin()
+        self.advance(math.inf)
+        return self
+
+    def begin(self) -> Simulation:
+        """Create the policies and schedule ticks and fault events; :meth:`advance` then runs the loop
+        (in steps, as the demo does in real time, or at once)."""
         scn = self.scn
         for gi in range(len(scn.groups)):
             self.policies.append(self.factory(GroupContext(self, gi)))
@@ -733,14 +756,25 @@ class Simulation:
                 while t < stop:
                     self.push(t, EV_EDGE, fi)
                     t += DRIFT_STEP_S
-        end_all = scn.duration_s + (scn.client.retries + 1) * (self.timeout + scn.client.retry_backoff_s) + 1.0
+        # Events after this are not simulated (attempts still running at the end stay unfinished).
+        self.end_all = scn.duration_s + (scn.client.retries + 1) * (self.timeout + scn.client.retry_backoff_s) + 1.0
+        self.next_arrival = 0
+        self.next_progress = 0.0
+        return self
+
+    def advance(self, until: float) -> Simulation:
+        """Process every arrival, timeout and event up to time ``until`` (and not past ``end_all``).
+        Requests appended to the ``r_*`` columns between two calls are served (the demo's endless
+        workload)."""
+        scn = self.scn
+        end_all = self.end_all
         r_t = self.r_t
         n_req = len(r_t)
-        i = 0
+        i = self.next_arrival
         heap = self.heap
         deadlines = self.deadlines
         a_done = self.a_done
-        next_progress = 0.0
+        next_progress = self.next_progress
         inf = math.inf
         while True:
             t_arr = r_t[i] if i < n_req else inf
@@ -749,11 +783,13 @@ class Simulation:
             # Timeouts due before the next event happen first (exact: nothing else happens in between;
             # a retry it schedules is then the next event).
             if deadlines and deadlines[0][0] <= now:
+                if deadlines[0][0] > until:
+                    break
                 dl, att = deadlines.popleft()
                 if not a_done[att]:
                     self.gateway_record(att, dl, STATUS_TIMEOUT)
                 continue
-            if now > end_all or now == inf:
+            if now > end_all or now == inf or now > until:
                 break
             self.now = now
             if t_ev <= t_arr:
@@ -790,6 +826,8 @@ class Simulation:
                 if self.progress is not None and t_arr >= next_progress:
                     self.progress(t_arr)
                     next_progress = t_arr + 10.0
+        self.next_arrival = i
+        self.next_progress = next_progress
         return self
 
     # ------------------------------------------------------------------------------------------

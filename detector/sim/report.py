@@ -19,6 +19,10 @@ Definitions (what an SRE reads in the report):
   node's per-tick streamed decode time (:func:`stream_floor`), the floor of a streaming detector.
 - ``own_floor_s`` / ``delay_vs_own_floor``: the floor of the signal the policy used (the streamed one
   if it read the progress, else its records): the like-for-like comparison.
+- Those floors are tuned to the policy's own false-alarm budget (``floor_budget``,
+  :func:`false_alarm_budget`): the 95 % upper confidence bound of its false cuts per healthy
+  node-hour, from a suite's healthy runs (``runner.healthy_budgets``) or its own run; the scenario's
+  ``cusum_bound`` keeps the fixed one alarm per :data:`REFERENCE_NODE_HOURS`.
 - A detection made while more than 30 % (the safeguard's fraction) of the group's healthy nodes is out
   of service earns no credit: its ``first_degrade_s`` / ``quarantine_s`` is ``null`` and the fault
   lists it under ``uncredited``.
@@ -41,6 +45,10 @@ from detector.sim.scenario import Scenario
 
 TIMELINE_BIN_S = 5.0
 SAFEGUARD_FRACTION = 0.30  # detector.Thresholds.max_quarantine_fraction's default
+#: The fixed budget of the scenario-level floor (``cusum_bound``): one false alarm per this many node-hours.
+REFERENCE_NODE_HOURS = 10_000.0
+#: Confidence of the upper bound on a policy's false-alarm rate that sets its floor's budget.
+BUDGET_CONFIDENCE = 0.95
 
 
 def healthy_out_fraction(scn: Scenario, sim: Simulation, gi: int, t: float) -> float:
@@ -247,7 +255,7 @@ def signal_quality(scn: Scenario, sim: Simulation, seed_w: float = 0.25) -> dict
     return out
 
 
-def cusum_bounds(scn: Scenario, sim: Simulation, false_alarm_node_hours: float = 10_000.0,
+def cusum_bounds(scn: Scenario, sim: Simulation, false_alarm_node_hours: float = REFERENCE_NODE_HOURS,
                  window_s: float = 60.0) -> list[dict[str, Any]]:
     """The statistical floor per faulty node (see :func:`detector.sim.cusum.cusum_min_delay`).
 
@@ -347,16 +355,74 @@ def _oracle_delay(times: np.ndarray, values: np.ndarray, mean: float, sd: float,
     return _r(float(times[min(alarms)]) - onset) if alarms else None
 
 
-def add_floor_ratios(scn: Scenario, sim: Simulation, policy: dict[str, Any], bounds: list[dict[str, Any]]) -> None:
+def poisson_rate_upper(k: int, exposure: float, confidence: float = BUDGET_CONFIDENCE) -> float:
+    """One-sided upper confidence bound on a Poisson rate from ``k`` events in ``exposure``: the
+    ``lam`` with ``P(X <= k; lam * exposure) = 1 - confidence`` (bisection on the CDF; with no event,
+    ``-ln(1 - confidence) / exposure``, 3.0 / exposure at 95 %: the "rule of three")."""
+    if exposure <= 0:
+        return math.inf
+    target = 1.0 - confidence
+
+    def cdf(mu: float) -> float:
+        term = total = math.exp(-mu)
+        for j in range(1, k + 1):
+            term *= mu / j
+            total += term
+        return total
+
+    lo, hi = 0.0, max(1.0, 2.0 * (k + 1))
+    while cdf(hi) > target:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if cdf(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return hi / exposure
+
+
+def false_alarm_budget(false_alarms: int, node_hours: float, source: str) -> dict[str, Any]:
+    """A policy's floor budget from its measured false alarms (weight cuts of healthy nodes: the
+    detection the floor is compared with is the first cut) in ``node_hours`` of healthy nodes.
+
+    Rule: the budget is the **95 % upper confidence bound** of the policy's false-alarm rate, for any
+    count (with none, ``3.0 / node_hours``): a policy is compared with the best detector allowed at
+    least as many false alarms as it may have, never fewer, and a policy with few healthy hours
+    observed gets no floor harder than its data can show. ``node_hours_per_alarm`` is its inverse,
+    what :func:`stream_floor` and :func:`observable_floor` take."""
+    upper = poisson_rate_upper(int(false_alarms), node_hours)
+    return {"false_alarms": int(false_alarms), "node_hours": round(float(node_hours), 4),
+            "rate_per_1000h": _r(1000.0 * false_alarms / node_hours if node_hours > 0 else None, 1),
+            "budget_per_1000h": _r(1000.0 * upper, 1),
+            "node_hours_per_alarm": _r(1.0 / upper if upper > 0 and math.isfinite(upper) else None, 4),
+            "confidence": BUDGET_CONFIDENCE, "source": source}
+
+
+def own_run_budget(policy: dict[str, Any]) -> dict[str, Any]:
+    """The budget from one run's own healthy nodes (when no healthy runs of a suite are given)."""
+    return false_alarm_budget(policy.get("false_degrades", 0), policy.get("healthy_node_hours", 0.0), "this run")
+
+
+def add_floor_ratios(scn: Scenario, sim: Simulation, policy: dict[str, Any], bounds: list[dict[str, Any]],
+                     budget: dict[str, Any] | None = None) -> None:
     """Per fault of one policy's report: ``floor_s``, the observable floor on *this run's* records
     (routing differs between policies before the fault, so each gets its own), and
-    ``delay_vs_floor = first_degrade_s / floor_s``."""
+    ``delay_vs_floor = first_degrade_s / floor_s``; the same for the streamed progress. Each floor is
+    tuned to ``budget`` (:func:`false_alarm_budget`: the policy's own measured false-alarm rate),
+    recorded as ``policy["floor_budget"]``; without one, to the fixed :data:`REFERENCE_NODE_HOURS`."""
     req_sig = _request_signal(sim)
+    hours = REFERENCE_NODE_HOURS
+    if budget is not None and budget.get("node_hours_per_alarm"):
+        hours = float(budget["node_hours_per_alarm"])
+        policy["floor_budget"] = budget
     for entry in policy["faults"]:
         b = next((b for b in bounds if b["group"] == entry["group"] and b["node"] == entry["node"]), None)
         if b is None or "pre_sd" not in b:
             continue
         gi = _group_index(scn, entry["group"])
+        if b.get("node_rate_rps"):
+            b = {**b, "arl0_samples": float(b["node_rate_rps"]) * 3600.0 * hours}
         floor = observable_floor(req_sig, b, sim.offset[gi] + entry["node"], entry["onset_s"])
         entry["floor_s"] = floor
         det = entry["first_degrade_s"]
@@ -364,7 +430,7 @@ def add_floor_ratios(scn: Scenario, sim: Simulation, policy: dict[str, Any], bou
         ticks = sim.log.progress.get((gi, entry["node"]))
         if ticks:
             f = next(f for f in scn.faults if f.group == entry["group"] and f.node == entry["node"])
-            sfloor = stream_floor(ticks, entry["onset_s"], f.end_s)
+            sfloor = stream_floor(ticks, entry["onset_s"], f.end_s, false_alarm_node_hours=hours)
             entry["stream_floor_s"] = sfloor
             entry["delay_vs_stream_floor"] = _r(det / sfloor) if det is not None and sfloor else None
         # The floor of the signal the policy used: streamed progress if it read it, else its records.
@@ -375,7 +441,7 @@ def add_floor_ratios(scn: Scenario, sim: Simulation, policy: dict[str, Any], bou
 
 
 def stream_floor(ticks: list[tuple[float, float, float]], onset: float, end: float | None,
-                 false_alarm_node_hours: float = 10_000.0, window_s: float = 60.0) -> float | None:
+                 false_alarm_node_hours: float = REFERENCE_NODE_HOURS, window_s: float = 60.0) -> float | None:
     """Seconds from ``onset`` to the first alarm of an oracle CUSUM on a node's streamed progress.
 
     One sample per tick: ``log(inter-token seconds / tokens)``, the node's mean decode time per token

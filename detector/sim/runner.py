@@ -17,7 +17,14 @@ import numpy as np
 
 from detector.sim.engine import Precomputed, Simulation
 from detector.sim.policies import ALL_POLICIES, policy_factory
-from detector.sim.report import add_floor_ratios, cusum_bounds, policy_report, signal_quality
+from detector.sim.report import (
+    add_floor_ratios,
+    cusum_bounds,
+    false_alarm_budget,
+    own_run_budget,
+    policy_report,
+    signal_quality,
+)
 from detector.sim.scenario import Scenario
 from detector.sim.workload import build_requests
 
@@ -32,11 +39,13 @@ def stderr_progress(msg: str) -> None:
 
 def run_scenario(scn: Scenario, policies: Sequence[str] = ALL_POLICIES, *,
                  progress: Progress | None = None, options: dict[str, Any] | None = None,
-                 keep_sims: bool = False) -> dict[str, Any]:
+                 keep_sims: bool = False, budgets: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Simulate ``policies`` (plus the fault-free ``round_robin`` baseline) and build the report.
 
     The requests, node speeds and per-request noise are drawn once and shared by every policy.
     With ``keep_sims`` the :class:`Simulation` objects are returned under ``"_sims"`` (for plots).
+    Each policy's floors are tuned to its false-alarm budget: ``budgets[policy]`` (from the healthy
+    runs of a suite, :func:`healthy_budgets`), else the one its own run measured on its healthy nodes.
     """
     for p in policies:
         if p not in ALL_POLICIES:
@@ -78,7 +87,9 @@ def run_scenario(scn: Scenario, policies: Sequence[str] = ALL_POLICIES, *,
     rr = sims.get("round_robin") or one("round_robin", scn)
     report["cusum_bound"] = cusum_bounds(scn, rr)
     for name in policies:
-        add_floor_ratios(scn, sims[name], report["policies"][name], report["cusum_bound"])
+        block = report["policies"][name]
+        budget = (budgets or {}).get(name) or own_run_budget(block)
+        add_floor_ratios(scn, sims[name], block, report["cusum_bound"], budget)
     report["speed"] = {"wall_s": {k: round(v, 2) for k, v in timing.items()},
                        "realtime_factor": {k: round(scn.duration_s / v, 1) for k, v in timing.items() if v > 0},
                        "total_wall_s": round(time.perf_counter() - t0, 2)}
@@ -112,10 +123,12 @@ def _merge(blocks: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run_seeds(scn: Scenario, policies: Sequence[str] = ALL_POLICIES, seeds: int = 5, *,
               progress: Progress | None = None, options: dict[str, Any] | None = None,
-              keep_sims: bool = False) -> dict[str, Any]:
-    """:func:`run_scenario` over ``seeds`` seeds, merged (module docstring). ``seeds == 1`` is one run."""
+              keep_sims: bool = False, budgets: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """:func:`run_scenario` over ``seeds`` seeds, merged (module docstring). ``seeds == 1`` is one run.
+    Without ``budgets`` each run's floors use that run's own false-alarm budget (kept per run); the
+    merged ``floor_budget`` then pools every run's false cuts and healthy node-hours."""
     reports = [run_scenario(scn.with_seed(scn.seed + i), policies, progress=progress, options=options,
-                            keep_sims=keep_sims and i == 0) for i in range(seeds)]
+                            keep_sims=keep_sims and i == 0, budgets=budgets) for i in range(seeds)]
     if seeds == 1:
         return reports[0]
     out = dict(reports[0])
@@ -125,9 +138,28 @@ def run_seeds(scn: Scenario, policies: Sequence[str] = ALL_POLICIES, seeds: int 
         merged = _merge(blocks)
         merged["faults"] = [_merge([b["faults"][i] for b in blocks]) for i in range(len(blocks[0]["faults"]))]
         merged["runs"] = [{k: v for k, v in b.items() if k != "timeline"} for b in blocks]
+        if not (budgets or {}).get(name):
+            merged["floor_budget"] = false_alarm_budget(
+                sum(b.get("false_degrades", 0) for b in blocks), sum(b.get("healthy_node_hours", 0.0) for b in blocks),
+                "each run's own healthy nodes (pooled here)")
         out["policies"][name] = merged
     out["baseline"] = _merge([r["baseline"] for r in reports])
     out["cusum_bound"] = [_merge([r["cusum_bound"][i] for r in reports]) for i in range(len(reports[0]["cusum_bound"]))]
     out["speed"] = {"total_wall_s": round(sum(r["speed"]["total_wall_s"] for r in reports), 2),
                     "runs": [r["speed"] for r in reports]}
+    return out
+
+
+def healthy_budgets(reports: Sequence[dict[str, Any]], policies: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Each policy's false-alarm budget from the healthy runs of a suite (``reports``: scenarios with
+    no faulty node, e.g. ``healthy-64-long``, ``periodic-stall-16``): its false cuts and its healthy
+    node-hours pooled over every run (every seed) of them, and the 95 % upper bound of the rate
+    (:func:`detector.sim.report.false_alarm_budget`)."""
+    names = ", ".join(r["scenario"] for r in reports)
+    out = {}
+    for p in policies:
+        runs = [run for r in reports if p in r["policies"] for run in r["policies"][p].get("runs", [r["policies"][p]])]
+        if runs:
+            out[p] = false_alarm_budget(sum(x.get("false_degrades", 0) for x in runs),
+                                        sum(x.get("healthy_node_hours", 0.0) for x in runs), f"healthy runs: {names}")
     return out

@@ -30,7 +30,9 @@ draw per phase (``step_jitter_cv``).
 A client that gives up (timeout) aborts its request (vLLM's OpenAI server aborts on disconnect), which
 frees its slot and cache at the next step boundary.
 
-The node's ``/metrics`` (vLLM V1 names, :class:`detector.sim.metrics.EngineMetrics`) are kept here.
+The node's ``/metrics`` (vLLM V1 names, :class:`detector.sim.metrics.EngineMetrics`) are kept here;
+``NodeEngine.m.render()`` is the full page (what the demo's nodes serve), :func:`scrape_page` the
+lines of it that the control plane's parser reads (what the simulator scrapes, every tick per node).
 """
 
 from __future__ import annotations
@@ -45,6 +47,50 @@ from detector.sim.metrics import EngineMetrics
 from detector.sim.profile import Resources, StepModel
 
 MAX_PHASE_STEPS = 32
+
+# The samples of the full page that :func:`detector.engine_metrics.parse` reads (its ``_SOURCES`` names
+# a vLLM V1 page has), with the values they show: the rest of the page (bucket lines, e2e latency,
+# generation tokens, comments) is skipped by the parser and never changes what it returns, so the
+# simulator renders these ~1 kB instead of ~14 kB, from one template. ``tests/detector/sim/
+# test_sim_step_engine.py`` checks that both pages parse to the same counters.
+SCRAPED_SAMPLES = (
+    "vllm:inter_token_latency_seconds_sum",
+    "vllm:inter_token_latency_seconds_count",
+    "vllm:time_to_first_token_seconds_sum",
+    "vllm:time_to_first_token_seconds_count",
+    "vllm:request_prefill_time_seconds_sum",
+    "vllm:request_prefill_time_seconds_count",
+    "vllm:request_queue_time_seconds_sum",
+    "vllm:request_queue_time_seconds_count",
+    "vllm:request_prompt_tokens_sum",
+    "vllm:request_prompt_tokens_count",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prompt_tokens_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:num_preemptions_total",
+)
+
+
+def _scrape_template(model_name: str) -> str:
+    labels = f'engine="0",model_name="{model_name}"'  # as EngineMetrics.render labels every sample
+    return "".join(f"{name}{{{labels}}} %r\n" for name in SCRAPED_SAMPLES)
+
+
+_TEMPLATE = _scrape_template("llama")
+
+
+def scrape_page(m: EngineMetrics) -> str:
+    """The sample lines of ``m.render()`` that the control plane's parser reads (:data:`SCRAPED_SAMPLES`,
+    in that order), value for value (``%r`` of a float is the ``repr`` the full page prints)."""
+    h_itl, h_ttft, h_pf, h_q, h_pr = m.itl, m.ttft, m.prefill, m.queue, m.prompt
+    return _TEMPLATE % (
+        float(h_itl.sum), float(h_itl.total), float(h_ttft.sum), float(h_ttft.total), float(h_pf.sum),
+        float(h_pf.total), float(h_q.sum), float(h_q.total), float(h_pr.sum), float(h_pr.total),
+        float(m.running), float(m.waiting), float(m.kv_usage), float(m.prompt_tokens), float(m.cache_queries),
+        float(m.cache_hits), float(m.preemptions))
 
 
 @dataclass

@@ -8,7 +8,7 @@
 ``DEMO_PCIE_AT_S``          FAULT+15 PCIe downgrade (decode 2.5x, prefill 1.5x) on node 2 of the small group
 ``DEMO_HEAL_AT_S``          FAULT+180  both faults heal (canaries then pass, stepwise restore)
 ``DEMO_TICK_S``             1.0      detector tick period of the demo loop
-``DEMO_RATE_RPS``           128,32   client requests per second of the two groups
+``DEMO_RATE_RPS``           128,16   client requests per second of the two groups (4 and 2 per node)
 ``DEMO_SMALL_POLICY``       approval policy of the small group (``approval``: its quarantine waits for you)
 ``DEMO_SEED``               7        random seed of the workload and node speeds
 ``DEMO_PASSWORD``           random   password of the demo operator ``demo``
@@ -37,7 +37,7 @@ class DemoConfig:
     heal_at_s: float = 240.0
     tick_s: float = 1.0
     rate_large: float = 128.0
-    rate_small: float = 32.0
+    rate_small: float = 16.0
     small_policy: str = "approval"
     seed: int = 7
     password: str | None = None
@@ -64,7 +64,7 @@ class DemoConfig:
         heal = num("DEMO_HEAL_AT_S", max(fault, pcie) + 180.0)
         if heal <= max(fault, pcie):
             raise DemoConfigError(f"DEMO_HEAL_AT_S={heal:g} must be after the faults start ({max(fault, pcie):g} s)")
-        rates = (env.get("DEMO_RATE_RPS") or "128,32").split(",")
+        rates = (env.get("DEMO_RATE_RPS") or "128,16").split(",")
         if len(rates) != 2:
             raise DemoConfigError(f"DEMO_RATE_RPS={env.get('DEMO_RATE_RPS')!r} must be two numbers: LARGE,SMALL")
         try:

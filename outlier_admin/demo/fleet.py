@@ -1,28 +1,33 @@
-"""The simulated fleet of the demo: the simulator's node model, fed by the real traces, in real time.
+"""The simulated fleet of the demo: the simulator's vLLM V1 step engines, fed by the real traces, in real time.
 
-Nothing here is a second model: the cluster is a :class:`detector.sim.scenario.Scenario` (two
-groups, the faults of the demo), the requests come from :func:`detector.sim.workload.build_requests`
-(arrival gaps and token pairs of the Azure LLM 2023 conversation trace), and every service time uses
-the engine's per-node speed, Splitwise decode-vs-batch curve, per-request noise and fault factors
-(:class:`detector.sim.engine.Simulation`, used as a model; its discrete-event loop is not run).
-What this module adds is the wall clock:
+Nothing here is a second model. The cluster is a :class:`detector.sim.scenario.Scenario` (two groups
+on the step engine of :mod:`detector.sim.vllm` with their measured profiles, the demo's faults as
+resources, ``scenarios/SCHEMA.md``); the requests come from :func:`detector.sim.workload.build_requests`
+(arrival gaps and token pairs of the Azure LLM 2023 conversation trace); and a
+:class:`detector.sim.engine.Simulation` runs them — the same event loop, engines and fault model as
+``python -m detector.sim`` — advanced to the wall clock (:meth:`Simulation.advance`). What this module
+adds is that clock and the HTTP faces of the nodes:
 
-* :meth:`SimulatedFleet.advance` dispatches the requests whose arrival time has passed, routing each
-  through the group's *gateway* (a :class:`outlier_admin.gateway_client.GatewayClient` reading the
-  published weights, weighted random over nodes with weight > 0, like a real weighted balancer) and
-  returns the access-log records of the requests that have *completed*:
-  ``total = prefill + decode`` with ``b`` = requests running on the node when it started.
-* :class:`CanaryServer` answers ``POST /v1/completions`` for one node with the same model, so canary
-  probes see the node as slow while its fault lasts and as healthy after it heals, and ``GET
-  /metrics`` with vLLM's inter-token-latency histogram (:meth:`SimulatedFleet.itl`): the tokens its
-  requests have streamed so far, which the control plane scrapes (``Node.metrics_url``) for the
-  streamed decode signal.
+* :meth:`SimulatedFleet.advance` runs the simulation up to now: arrivals are routed through each
+  group's *gateway* (the published weights read by a :class:`outlier_admin.gateway_client.GatewayClient`,
+  weighted random over nodes with weight > 0, like a real weighted balancer) and the requests that
+  completed (or timed out at the client) since the last call come back as access-log records.
+* :class:`CanaryServer` is one node's ``/v1/completions`` — a canary probe is one more request in
+  that node's engine, answered when the engine finishes it, so it waits behind the node's batch and
+  sees its faults — and its ``/metrics``: the engine's own page (vLLM V1 names:
+  inter-token, TTFT, prefill, queue and e2e histograms, running/waiting, KV usage, prefix-cache and
+  preemption counters, :meth:`detector.sim.metrics.EngineMetrics.render`), which the control plane
+  scrapes (``Node.metrics_url``) for the streamed decode and queue-free prefill signals.
+
+The workload is an hour (``HORIZON_S``); each hour the fleet starts a new simulation of it, as if
+every server restarted (their counters reset, which the scraper treats as a restart; the faults of
+the schedule come back).
 """
 
 from __future__ import annotations
 
-import heapq
 import json
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -31,14 +36,15 @@ from typing import Any
 
 import numpy as np
 
-from detector.sim.engine import Precomputed, Simulation
+from detector.sim.engine import GroupContext, Policy, Precomputed, Simulation
 from detector.sim.scenario import Scenario, parse_scenario
 from detector.sim.workload import build_requests
 from outlier_admin.demo.config import DemoConfig
 
 LARGE, SMALL = "demo-llama3-70b-h100", "demo-qwen2-72b-a100"
 THERMAL_NODE, PCIE_NODE = 5, 2
-HORIZON_S = 3600.0  # the workload is built for an hour and replayed cyclically after that
+HORIZON_S = 3600.0  # the workload is built for an hour and replayed after that
+PROBE_PROMPT_TOKENS = 10  # the canary's prompt (outlier_admin.control.canary)
 
 
 def node_name(group_index: int, i: int) -> str:
@@ -46,16 +52,22 @@ def node_name(group_index: int, i: int) -> str:
 
 
 def demo_scenario(cfg: DemoConfig) -> Scenario:
-    """The demo cluster as a scenario document (``scenarios/SCHEMA.md``), validated by the simulator."""
+    """The demo cluster as a scenario document (``scenarios/SCHEMA.md``), validated by the simulator.
+
+    Both groups run the default engine (vLLM V1 with vLLM's defaults) on their hardware's profile:
+    Llama-3-70B on 8xH100 and Qwen2-72B on 8xA100 (tp 8; the profiles are llama2-70b's, the
+    same shapes). ``prefill/decode_ms_per_token`` and ``max_concurrency`` are fields of the schema's
+    per-request model, required by the format and not read by the step engine."""
     wl = {"trace": "azure_llm_2023_conv", "prompt_tokens": {"median": 1000, "sigma": 1.0, "max": 8000},
           "completion_tokens": {"median": 180, "sigma": 0.9, "max": 1000}}
+    per_request = {"prefill_ms_per_token": 0.12, "decode_ms_per_token": 14.0, "max_concurrency": 24}
     doc = {
         "name": "outlier-admin-demo", "seed": cfg.seed, "duration_s": HORIZON_S,
         "groups": [
-            {"name": LARGE, "nodes": 32, "prefill_ms_per_token": 0.12, "decode_ms_per_token": 14.0,
-             "max_concurrency": 24, "jitter_cv": 0.08, "node_speed_spread": 0.03},
-            {"name": SMALL, "nodes": 8, "prefill_ms_per_token": 0.2, "decode_ms_per_token": 22.0,
-             "max_concurrency": 16, "jitter_cv": 0.08, "node_speed_spread": 0.03},
+            {"name": LARGE, "nodes": 32, **per_request, "node_speed_spread": 0.03,
+             "engine": {"hardware": "h100", "tp": 8}},
+            {"name": SMALL, "nodes": 8, **per_request, "node_speed_spread": 0.03,
+             "engine": {"hardware": "a100", "tp": 8}},
         ],
         "workload": [{"group": LARGE, "rate_rps": cfg.rate_large, **wl}, {"group": SMALL, "rate_rps": cfg.rate_small, **wl}],
         "faults": [
@@ -64,79 +76,68 @@ def demo_scenario(cfg: DemoConfig) -> Scenario:
             {"group": SMALL, "node": PCIE_NODE, "kind": "pcie_downgrade", "start_s": cfg.pcie_at_s,
              "end_s": cfg.heal_at_s, "decode_slowdown": 2.5, "prefill_slowdown": 1.5},
         ],
+        "probe": {"prompt_tokens": PROBE_PROMPT_TOKENS, "completion_tokens": 32},
     }
     return parse_scenario(doc, source="outlier_admin.demo")
 
 
+class _Gateway(Policy):
+    """A group's gateway inside the simulation: routes by the published weights, logs every request."""
+
+    name = "demo_gateway"
+    wants_records = True
+
+    def __init__(self, ctx: GroupContext, fleet: SimulatedFleet) -> None:
+        super().__init__(ctx)
+        self.fleet = fleet
+
+    def pick(self, now: float) -> int:
+        return self.fleet._pick(self.ctx.group_index)
+
+    def on_record(self, node: int, now: float, prompt: int, completion: int, ttft_ms: float,
+                  total_ms: float, status: int) -> None:
+        self.fleet._record(self.ctx.group_index, node, now, prompt, completion, ttft_ms, total_ms, status)
+
+
 class SimulatedFleet:
-    """Real-time replay of the demo scenario (see module docstring). Not thread-safe for
-    :meth:`advance` (one caller, the demo loop); :meth:`service_ms` is safe for the canary servers."""
+    """The demo scenario's simulation, advanced to the wall clock (see module docstring). Every call
+    takes one lock: the demo loop (:meth:`advance`) and the node servers' threads (:meth:`metrics_page`,
+    :meth:`probe`) each first bring the simulation to now."""
 
     def __init__(self, cfg: DemoConfig, pick_weights: Callable[[int], dict[str, int] | None]) -> None:
         self.scn = demo_scenario(cfg)
-        requests = build_requests(self.scn)
-        self.pre = Precomputed.build(self.scn, requests)
-        # The engine object is the node model: speeds, decode curve, fault factors.
-        self.model = Simulation(self.scn, self.pre, factory=lambda ctx: None)  # type: ignore[arg-type,return-value]
+        self.pre = Precomputed.build(self.scn, build_requests(self.scn))
         self.pick_weights = pick_weights
         self.groups = [g.name for g in self.scn.groups]
         self.nodes = [[node_name(gi, i) for i in range(g.nodes)] for gi, g in enumerate(self.scn.groups)]
         self.rng = np.random.default_rng([cfg.seed, 11])
-        self.cursor = 0
         self.cycle = 0
         self.started = time.time()
-        self.in_flight: list[list[float]] = [[] for _ in range(len(self.model.speed))]  # heaps of end times
-        self.pending: list[tuple[float, int, dict[str, Any]]] = []  # completion time, seq, record
-        # Per node: requests streaming (first token at, end at, seconds per token, tokens after the
-        # first) and the inter-token histogram of the finished ones ([sum_s, count]).
-        self.streams: list[list[tuple[float, float, float, int]]] = [[] for _ in range(len(self.model.speed))]
-        self.itl_done = [[0.0, 0] for _ in range(len(self.model.speed))]
-        self.seq = 0
-        self._lock = threading.Lock()
+        self.pending: dict[str, list[dict[str, Any]]] = {}
+        self._lock = threading.RLock()
+        self.sim = self._new_simulation()
+
+    def _new_simulation(self) -> Simulation:
+        sim = Simulation(self.scn, self.pre, lambda ctx: _Gateway(ctx, self)).begin()
+        sim.end_all = HORIZON_S  # the next hour is a new simulation
+        return sim
 
     def rel(self, wall: float | None = None) -> float:
         return (time.time() if wall is None else wall) - self.started
 
-    def fault_factors(self, gi: int, local: int, t_rel: float) -> tuple[float, float]:
-        """``(F_prefill, F_decode)`` of a node at demo time ``t_rel`` (the engine's fault model)."""
-        return self.model.factors(self.model.offset[gi] + local, t_rel % HORIZON_S)
+    def _to(self, t_rel: float) -> float:
+        """Advance the simulation to demo time ``t_rel``; the simulation's own time (within the hour)."""
+        while t_rel >= (self.cycle + 1) * HORIZON_S:
+            self.sim.advance(HORIZON_S)
+            self.cycle += 1
+            self.sim = self._new_simulation()
+        now = t_rel - self.cycle * HORIZON_S
+        self.sim.advance(now)
+        return now
 
-    def service_ms(self, gi: int, local: int, prompt: int, completion: int, t_rel: float, noise: float = 1.0
-                   ) -> tuple[float, float]:
-        """``(ttft_ms, total_ms)`` of a request started at ``t_rel`` (engine formula, see module doc)."""
-        n = self.model.offset[gi] + local
-        with self._lock:
-            running = self.in_flight[n]
-            while running and running[0] <= t_rel:
-                heapq.heappop(running)
-            b = min(len(running) + 1, len(self.model.curve[gi]) - 1)
-        f_pre, f_dec = self.fault_factors(gi, local, t_rel)
-        k = noise * self.model.speed[n]
-        pre = self.model.pre_ms[n] * prompt * k * f_pre
-        dec = self.model.dec_ms[n] * self.model.curve[gi][b] * completion * k * f_dec
-        return pre + dec / max(completion, 1), pre + dec
-
-    def itl(self, gi: int, local: int, t_rel: float | None = None) -> tuple[float, int]:
-        """``(sum_s, count)`` of the node's inter-token gaps streamed up to ``t_rel`` (now), as vLLM's
-        ``inter_token_latency_seconds`` histogram counts them."""
-        t_rel = self.rel() if t_rel is None else t_rel
-        n = self.model.offset[gi] + local
-        with self._lock:
-            done = self.itl_done[n]
-            running = []
-            for first, end, per_token, tokens in self.streams[n]:
-                if end <= t_rel:
-                    done[0] += per_token * tokens
-                    done[1] += tokens
-                else:
-                    running.append((first, end, per_token, tokens))
-            self.streams[n] = running
-            total_s, count = done
-            for first, _end, per_token, tokens in running:
-                streamed = min(max(int((t_rel - first) / per_token), 0), tokens)
-                total_s += streamed * per_token
-                count += streamed
-        return total_s, count
+    def engine(self, gi: int, local: int) -> Any:
+        """The :class:`detector.sim.vllm.NodeEngine` of a node (of the current hour's simulation)."""
+        return self.sim.eng[self.sim.offset[gi] + local]
 
     def _pick(self, gi: int) -> int:
         weights = self.pick_weights(gi)
@@ -147,50 +148,56 @@ class SimulatedFleet:
                 return int(self.rng.choice(len(names), p=w / w.sum()))
         return int(self.rng.integers(len(names)))  # no document yet: round robin's long-run share
 
+    def _record(self, gi: int, local: int, now: float, prompt: int, completion: int, ttft_ms: float,
+                total_ms: float, status: int) -> None:
+        ok = status == 200 and math.isfinite(ttft_ms)
+        self.pending.setdefault(self.groups[gi], []).append({
+            "ts": round(self.started + self.cycle * HORIZON_S + now, 3), "group": self.groups[gi],
+            "node": self.nodes[gi][local], "prompt_tokens": prompt, "completion_tokens": completion,
+            "ttft_ms": round(ttft_ms, 2) if ok else None, "total_ms": round(total_ms, 2), "status": status})
+
     def advance(self, wall: float | None = None) -> dict[str, list[dict[str, Any]]]:
-        """Dispatch arrivals up to now; return the completed requests' records per group."""
-        wall = time.time() if wall is None else wall
-        now = self.rel(wall)
-        req = self.pre.requests
-        while True:
-            if self.cursor >= len(req):
-                self.cursor, self.cycle = 0, self.cycle + 1
-            t = float(req.t[self.cursor]) + self.cycle * HORIZON_S
-            if t > now:
-                break
-            i = self.cursor
-            self.cursor += 1
-            gi = int(req.group[i])
-            local = self._pick(gi)
-            prompt, completion = int(req.prompt[i]), int(req.completion[i])
-            ttft, total = self.service_ms(gi, local, prompt, completion, t, float(self.pre.noise[i]))
-            end = t + total / 1000.0
-            with self._lock:
-                n = self.model.offset[gi] + local
-                heapq.heappush(self.in_flight[n], end)
-                if completion >= 2:
-                    self.streams[n].append((t + ttft / 1000.0, end, (total - ttft) / 1000.0 / (completion - 1),
-                                            completion - 1))
-            record = {"ts": round(self.started + end, 3), "group": self.groups[gi], "node": self.nodes[gi][local],
-                      "prompt_tokens": prompt, "completion_tokens": completion,
-                      "ttft_ms": round(ttft, 2), "total_ms": round(total, 2), "status": 200}
-            self.seq += 1
-            heapq.heappush(self.pending, (end, self.seq, record))
-        out: dict[str, list[dict[str, Any]]] = {}
-        while self.pending and self.pending[0][0] <= now:
-            _, _, record = heapq.heappop(self.pending)
-            out.setdefault(record["group"], []).append(record)
+        """Run the simulation up to now; return the records of the requests that ended since the last
+        call, per group (a client timeout is status 0 at the timeout, as the simulator logs it)."""
+        with self._lock:
+            self._to(self.rel(wall))
+            out, self.pending = self.pending, {}
         return out
+
+    def metrics_page(self, gi: int, local: int, wall: float | None = None) -> str:
+        """The node's ``GET /metrics`` now: its engine's page (:meth:`EngineMetrics.render`)."""
+        with self._lock:
+            now = self._to(self.rel(wall))
+            eng = self.engine(gi, local)
+            eng.progress_to(now)  # the steps finished by now are counted, as a live server has
+            return eng.m.render(model_name=self.groups[gi])
+
+    def probe(self, gi: int, local: int, completion: int, timeout_s: float = 30.0) -> tuple[float, float, bool]:
+        """One canary request on the node's engine, waited for in real time: ``(ttft_ms, total_ms, ok)``."""
+        done = threading.Event()
+        result: list[tuple[float, float, bool]] = []
+
+        def finished(now: float, ttft_ms: float, total_ms: float, ok: bool) -> None:
+            result.append((ttft_ms, total_ms, ok))
+            done.set()
+
+        with self._lock:
+            now = self._to(self.rel())
+            self.sim.send_probe(gi, local, now, finished, tokens=(PROBE_PROMPT_TOKENS, completion))
+        deadline = time.time() + timeout_s
+        while not done.wait(0.02) and time.time() < deadline:
+            with self._lock:
+                self._to(self.rel())
+        return result[0] if result else (math.nan, timeout_s * 1000.0, False)
 
 
 class CanaryServer:
     """``POST /v1/completions`` and ``GET /metrics`` of one simulated node on 127.0.0.1:<ephemeral port>.
 
-    Sleeps the model's service time for the probe (prompt ~10 tokens, ``max_tokens`` completion
-    tokens) and answers OpenAI-style with ``usage``, so the canary sees the node's current speed.
-    """
+    A completion is a request in the node's engine (prompt ~10 tokens, ``max_tokens`` completion
+    tokens), answered OpenAI-style with ``usage`` when the engine has produced its last token."""
 
-    PROMPT_TOKENS = 10
+    PROMPT_TOKENS = PROBE_PROMPT_TOKENS
 
     def __init__(self, fleet: SimulatedFleet, gi: int, local: int) -> None:
         self.fleet, self.gi, self.local = fleet, gi, local
@@ -205,32 +212,26 @@ class CanaryServer:
                 except (ValueError, TypeError):
                     self.send_error(400, "body must be JSON with an integer max_tokens")
                     return
-                _, total = outer.fleet.service_ms(outer.gi, outer.local, outer.PROMPT_TOKENS, completion,
-                                                  outer.fleet.rel())
-                time.sleep(total / 1000.0)
+                _, _, ok = outer.fleet.probe(outer.gi, outer.local, completion)
+                if not ok:
+                    self.send_error(503, "the request did not complete")
+                    return
                 doc = {"object": "text_completion", "model": outer.fleet.groups[outer.gi],
                        "choices": [{"index": 0, "text": " 1, 2, 3", "finish_reason": "length"}],
                        "usage": {"prompt_tokens": outer.PROMPT_TOKENS, "completion_tokens": completion,
                                  "total_tokens": outer.PROMPT_TOKENS + completion}}
-                data = json.dumps(doc).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self._send(json.dumps(doc).encode(), "application/json")
 
             def do_GET(self) -> None:
                 if self.path.split("?")[0] != "/metrics":
                     self.send_error(404)
                     return
-                total_s, count = outer.fleet.itl(outer.gi, outer.local)
-                name, model = "vllm:inter_token_latency_seconds", outer.fleet.groups[outer.gi]
-                data = (f"# HELP {name} Histogram of inter-token latency in seconds.\n# TYPE {name} histogram\n"
-                        f'{name}_bucket{{le="+Inf",model_name="{model}"}} {count}\n'
-                        f'{name}_count{{model_name="{model}"}} {count}\n'
-                        f'{name}_sum{{model_name="{model}"}} {total_s!r}\n').encode()
+                page = outer.fleet.metrics_page(outer.gi, outer.local)
+                self._send(page.encode(), "text/plain; version=0.0.4; charset=utf-8")
+
+            def _send(self, data: bytes, content_type: str) -> None:
                 self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

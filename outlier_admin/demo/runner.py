@@ -2,11 +2,12 @@
 canaries, alerts, the web app on 127.0.0.1:PORT. ``DEMO_SECONDS=N`` stops it after N seconds.
 
 Threads (all stopped at exit): the web server (Django WSGI, threaded), one canary HTTP server per
-simulated node, the canary loop (Celery task ``control.run_due_canaries``, run in process),
+simulated node (its engine's ``/metrics`` and ``/v1/completions``), the canary loop (Celery task ``control.run_due_canaries``, run in process),
 the event scan (alerts and JSON events), and the main loop below, once per ``DEMO_TICK_S``:
 
-1. the fleet advances to now: arrivals are routed by each group's gateway using the published
-   weights; completed requests become access-log records;
+1. the fleet (the simulator's step engines, :mod:`outlier_admin.demo.fleet`) advances to now:
+   arrivals are routed by each group's gateway using the published weights; completed requests
+   become access-log records;
 2. the records go through :func:`outlier_admin.ingest.pipeline.submit` (validation, node
    resolution, Redis stream) — the function behind ``POST /api/v1/ingest/requests``;
 3. each group ticks (:func:`outlier_admin.control.tick.run_tick`: stream -> detector -> weights
@@ -107,7 +108,7 @@ def seed(cfg: Any, addresses: dict[tuple[int, int], str], password: str) -> list
     from outlier_admin.fleet.models import ModelGroup, Node
 
     groups = []
-    specs = [(LARGE, "auto", 32, "Llama-3-70B", "8xH100"), (SMALL, cfg.small_policy, 8, "Qwen2-72B", "4xA100")]
+    specs = [(LARGE, "auto", 32, "Llama-3-70B", "8xH100"), (SMALL, cfg.small_policy, 8, "Qwen2-72B", "8xA100")]
     for gi, (name, policy, n, model, hw) in enumerate(specs):
         group = ModelGroup.objects.filter(name=name).first() or do_create_group(
             name, actor=ACTOR, reason="demo fleet", policy=policy, model_name=model, hardware_class=hw,
@@ -281,7 +282,7 @@ def run(cfg: Any, client: Any) -> int:
                 outcome = submit([(i + 1, rec, None) for i, rec in enumerate(records)], source=f"demo-gateway:{group}")
                 observe_ingest(outcome, source=f"demo-gateway:{group}")
                 counts["records"] += outcome.accepted
-            counts["scrapes"] += scrape_model_servers()  # each node's /metrics: its streamed tokens
+            counts["scrapes"] += scrape_model_servers()  # each node's /metrics: its engine's counters
             for group in groups:
                 observe_tick(run_tick(group.name, consumer="demo"))
                 counts["ticks"] += 1

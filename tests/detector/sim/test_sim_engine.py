@@ -294,3 +294,106 @@ def test_stream_floor_is_the_first_tick_that_proves_the_shift():
     assert stream_floor([(ti, 100.0, 100.0 * p) for ti, p in zip(t, small, strict=True)], 60.0, None) > 2.0
     flat = [(ti, 100.0, 100.0 * p) for ti, p in zip(t, per_token, strict=True)]
     assert stream_floor(flat, 60.0, None) is None  # no shift, no floor
+
+
+# -- fast mode: the step engine replayed (detector/sim/fastmode.py) ------------------------------------
+def _tick_stats(rows, node_of_row, totals, records_per_row):
+    """Per-tick statistics of a group: ms per token, tokens, running batch, KV usage, queue-free
+    prefill ms, completed records per node and tick, their total latency; and the lag-1
+    autocorrelation of a node's ms per token."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ms = rows[:, 1] / rows[:, 0]
+        pf = rows[:, 3] / np.where(rows[:, 2] > 0, rows[:, 2], np.nan)
+    lag = []
+    for n in np.unique(node_of_row):
+        x = ms[node_of_row == n]
+        x = x[np.isfinite(x)]
+        lag.append(np.corrcoef(x[:-1], x[1:])[0, 1])
+    return {"ms_per_token": ms, "tokens": rows[:, 0], "running": rows[:, 5], "kv_usage": rows[:, 7],
+            "prefill_ms": pf, "records": records_per_row, "total_ms": totals}, float(np.mean(lag))
+
+
+def _engine_stats(rec):
+    nodes, T, cols = rec.rows.shape
+    return _tick_stats(rec.rows.reshape(-1, cols), np.repeat(np.arange(nodes), T), rec.records[:, 3],
+                       np.diff(rec.offsets))
+
+
+def _replay_stats(replay, load, nodes, ticks):
+    rng = np.random.default_rng(5)
+    replay.start(nodes, rng)
+    rows, owner, totals, counts = [], [], [], []
+    for _ in range(ticks):
+        s = replay.draw(rng, load)
+        rows.append(s.rows)
+        owner.append(np.arange(nodes))
+        totals.append(s.records[:, 3])
+        counts.append(np.bincount(s.node, minlength=nodes))
+    return _tick_stats(np.concatenate(rows), np.concatenate(owner), np.concatenate(totals), np.concatenate(counts))
+
+
+def _mismatches(ref, fast):
+    from detector.sim.fastmode import MATCH_TOLERANCE
+
+    out = []
+    for k, a in ref.items():
+        b = fast[k]
+        for what, fa, fb in (("mean", np.nanmean(a), np.nanmean(b)), ("sd", np.nanstd(a), np.nanstd(b))):
+            if abs(fb / fa - 1) > MATCH_TOLERANCE[what]:
+                out.append(f"{k} {what}: engine {fa:.4g}, replay {fb:.4g}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def calibrated():
+    """A level calibrated on one pass over the trace (8 nodes, 3 req/s each, 2 s ticks), the level
+    20 % above it, and an independent engine run at the first level (another seed: other step
+    jitter, another rotation of the trace, another arrival phase)."""
+    from detector.sim.fastmode import EngineReplay, record_engine
+    from detector.sim.traces import load_trace
+
+    replay = EngineReplay(3.0, 2.0, seed=11, cal_nodes=8, cycles=1.0, block_s=60.0)
+    replay.recording(10)
+    replay.recording(12)
+    seconds = len(load_trace("azure_llm_2023_conv")[1]) / (3.0 * 8)
+    ref = record_engine(3.0, 2.0, nodes=8, seconds=seconds, seed=12)
+    return replay, ref
+
+
+def test_fast_mode_replay_matches_an_independent_run_of_the_step_engine(calibrated):
+    replay, ref = calibrated
+    eng, eng_lag = _engine_stats(ref)
+    assert np.nanmean(eng["running"]) > 5 and np.nanmean(eng["ms_per_token"]) > 14  # a loaded batch
+    fast, fast_lag = _replay_stats(replay, 1.0, 8, ref.ticks)
+    # mean and spread per tick of every statistic within MATCH_TOLERANCE (10 %, 20 %)...
+    assert _mismatches(eng, fast) == []
+    # ...and consecutive ticks of a node as correlated as on the engine (blocks are replayed whole)
+    assert eng_lag > 0.2 and fast_lag == pytest.approx(eng_lag, abs=0.1)
+    # The check discriminates: a replay of the level 20 % busier fails it.
+    busier, _ = _replay_stats(replay, 1.2, 8, ref.ticks)
+    assert any(m.startswith(("running mean", "tokens mean")) for m in _mismatches(eng, busier))
+
+
+def test_fast_mode_replay_scales_a_node_times_by_its_speed(calibrated):
+    replay, _ = calibrated
+    replay.start(4, np.random.default_rng(1))
+    plain = replay.draw(np.random.default_rng(2), 1.0)
+    replay.start(4, np.random.default_rng(1))  # the same phase, nodes and offsets
+    speed = np.array([1.0, 2.0, 1.0, 0.5])
+    slow = replay.draw(np.random.default_rng(2), 1.0, speed)
+    np.testing.assert_allclose(slow.rows[:, 1], plain.rows[:, 1] * speed)  # inter-token ms
+    np.testing.assert_allclose(slow.rows[:, 0], plain.rows[:, 0])  # tokens: the same
+    ok = plain.records[:, 4] == 200
+    np.testing.assert_allclose(slow.records[ok, 3], plain.records[ok, 3] * speed[plain.node[ok]])
+
+
+def test_fast_mode_on_the_engine_counts_false_alarms_per_1000_node_hours(calibrated):
+    from detector.sim.fastmode import EngineReplay, run_fast
+
+    rec = calibrated[0].recording(10)
+    replay = EngineReplay(3.0, 2.0, cal_nodes=8, recordings=dict.fromkeys(range(1, 21), rec))  # no calibration here
+    res = run_fast(nodes=8, hours=0.05, tick_s=2.0, replay=replay)
+    assert res["progress_rows"] > 0.9 * 8 * 90 and res["samples"] > 8 * 180 * 3 * 0.5
+    for r in res["policies"].values():
+        assert r["false_quarantines_per_1000h"] == pytest.approx(1000 * r["false_quarantines"] / res["node_hours"])
+        assert r["false_degrades_per_1000h"] == pytest.approx(1000 * r["false_degrades"] / res["node_hours"])

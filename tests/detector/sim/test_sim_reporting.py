@@ -78,3 +78,64 @@ def test_scrape_period_and_apply_delay_are_scenario_fields():
     slow = run_scenario(scn, ["default"])["policies"]["default"]["faults"][0]
     assert slow["first_degrade_s"] is not None and fast["first_degrade_s"] is not None
     assert slow["first_degrade_s"] >= fast["first_degrade_s"]
+
+
+# --- each policy's floor at its own false-alarm budget (issue 15, item 5) -------------------------------
+
+
+def test_the_budget_is_the_95_percent_upper_bound_of_the_measured_false_alarm_rate():
+    from detector.sim.report import false_alarm_budget, poisson_rate_upper
+
+    assert poisson_rate_upper(0, 2.0) == pytest.approx(2.9957 / 2.0, rel=1e-4)  # no false alarm: rule of three
+    assert poisson_rate_upper(1, 1.0) == pytest.approx(4.7439, rel=1e-4)  # chi2(0.95, 4) / 2
+    assert poisson_rate_upper(10, 1.0) == pytest.approx(16.962, rel=1e-4)
+    assert [poisson_rate_upper(k, 1.0) for k in range(5)] == sorted(poisson_rate_upper(k, 1.0) for k in range(5))
+    b = false_alarm_budget(0, 1.0667, "healthy runs: healthy-64-long")
+    assert b["budget_per_1000h"] == pytest.approx(1000 * 2.9957 / 1.0667, rel=1e-3)
+    assert b["node_hours_per_alarm"] == pytest.approx(1.0667 / 2.9957, rel=1e-3)
+    assert b["rate_per_1000h"] == 0.0 and b["false_alarms"] == 0
+
+
+def test_each_policy_floor_is_tuned_to_its_own_budget_not_to_one_per_10000_node_hours():
+    from detector.sim.report import false_alarm_budget
+
+    scn = parse_scenario(faulty_doc())
+    strict = false_alarm_budget(0, 10_000.0 * 2.9957, "test")  # ~the old fixed budget
+    loose = false_alarm_budget(40, 1.0, "test")  # a policy that cut 40 healthy nodes in an hour
+    floors = {}
+    for name, budget in (("strict", strict), ("loose", loose)):
+        block = run_scenario(scn, ["default"], budgets={"default": budget})["policies"]["default"]
+        assert block["floor_budget"] == budget
+        floors[name] = block["faults"][0]
+    assert floors["loose"]["stream_floor_s"] is not None
+    assert floors["loose"]["stream_floor_s"] <= floors["strict"]["stream_floor_s"]
+    assert floors["loose"]["floor_s"] <= floors["strict"]["floor_s"]
+    assert floors["loose"]["floor_s"] < floors["strict"]["floor_s"] or \
+        floors["loose"]["stream_floor_s"] < floors["strict"]["stream_floor_s"]
+    # Without a suite's healthy runs, a run's floors use its own healthy nodes' false cuts.
+    own = run_scenario(scn, ["default"])["policies"]["default"]
+    assert own["floor_budget"]["source"] == "this run"
+    assert own["floor_budget"]["node_hours"] == pytest.approx(own["healthy_node_hours"])
+
+
+def test_a_suite_pools_the_healthy_runs_per_policy_and_shows_the_budget_in_the_table():
+    from detector.sim.__main__ import markdown_table
+    from detector.sim.runner import healthy_budgets
+
+    reports = [
+        {"scenario": "healthy-64-long", "policies": {
+            "default": {"runs": [{"false_degrades": 0, "healthy_node_hours": 1.0}, {"false_degrades": 1, "healthy_node_hours": 1.0}]},
+            "default_logs": {"false_degrades": 6, "healthy_node_hours": 2.0}}},
+        {"scenario": "periodic-stall-16", "policies": {
+            "default": {"runs": [{"false_degrades": 0, "healthy_node_hours": 0.5}]},
+            "default_logs": {"false_degrades": 2, "healthy_node_hours": 0.5}}},
+    ]
+    b = healthy_budgets(reports, ["default", "default_logs"])
+    assert (b["default"]["false_alarms"], b["default"]["node_hours"]) == (1, 2.5)
+    assert (b["default_logs"]["false_alarms"], b["default_logs"]["node_hours"]) == (8, 2.5)
+    assert b["default_logs"]["budget_per_1000h"] > b["default"]["budget_per_1000h"]
+    assert b["default"]["source"] == "healthy runs: healthy-64-long, periodic-stall-16"
+    scn = parse_scenario(faulty_doc())
+    report = run_scenario(scn, ["default"], budgets={"default": b["default"]})
+    table = markdown_table(report)
+    assert "false-alarm budget" in table and "1 false cuts in 2.5 node-h" in table

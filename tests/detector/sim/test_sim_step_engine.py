@@ -272,3 +272,37 @@ def test_periodic_stall_stops_every_stream_of_the_node_together():
     ms0 = sum(r[2][0] for r, c in zip(rows, calm, strict=True) if c) / tok0[calm].sum()
     ms1 = sum(r[2][1] for r, c in zip(rows, calm, strict=True) if c) / tok1[calm].sum()
     assert ms0 == pytest.approx(ms1, rel=0.3)
+
+
+def test_the_scraped_page_parses_to_the_counters_of_the_full_page_at_every_scrape():
+    """The simulator scrapes the lines the control plane's parser reads (``scrape_page``); at every
+    scrape of a run with queueing, preemptions and a fault, the full page parses to the same counters."""
+    from detector.engine_metrics import parse
+    from detector.sim.engine import Policy, Precomputed, Simulation
+    from detector.sim.scenario import parse_scenario
+    from detector.sim.vllm import scrape_page
+    from detector.sim.workload import build_requests
+
+    doc = tiny_vllm(duration_s=20, faults=[{"group": "g", "node": 0, "kind": "kv_loss", "start_s": 5,
+                                            "fraction": 0.97}])
+    doc["workload"][0]["rate_rps"] = 20
+    doc["groups"][0]["engine"] = {"kv_cache_tokens": 200_000, "max_num_seqs": 8}
+    scn = parse_scenario(doc)
+    seen = []
+
+    class Check(Policy):
+        wants_records = wants_progress = reads_metrics = True
+        tick_s = 0.2
+
+        def pick(self, now):
+            return int(now * 5) % 2
+
+        def on_scrape(self, now, scrapes):
+            for local, counters in scrapes:
+                eng = self.ctx.sim.eng[local]
+                assert counters == parse(eng.m.render()) == parse(scrape_page(eng.m))
+                seen.append((counters.preemptions, counters.waiting, counters.itl_count))
+
+    Simulation(scn, Precomputed.build(scn, build_requests(scn)), Check).run()
+    assert len(seen) > 150
+    assert max(s[0] for s in seen) > 0 and max(s[1] for s in seen) > 0 and seen[-1][2] > 1000

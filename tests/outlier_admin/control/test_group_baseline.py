@@ -26,14 +26,14 @@ def test_tick_stores_the_baseline_every_z_was_measured_against(redis_client, set
     settings.HISTORY_EVERY_S = 1  # every tick below is a history write for every node
     rng = np.random.default_rng(11)
     t0 = time.time()
-    for k in range(4):
-        recs = make_records(t0 + k, rng=rng, slow={2: 1.6})
+    for k in range(6):
+        recs = make_records(t0 + k, rng=rng, slow={2: 3.0})
         assert submit([(i + 1, r, None) for i, r in enumerate(recs)], source="test").accepted == len(recs)
         run_tick("g1", now=t0 + k + 0.5)
 
     rows = list(GroupBaseline.objects.filter(group__name="g1").order_by("at", "signal"))
     ats = sorted({r.at for r in rows})
-    assert len(ats) == 4 and all(at in set(NodeHistory.objects.values_list("at", flat=True)) for at in ats)
+    assert len(ats) == 6 and all(at in set(NodeHistory.objects.values_list("at", flat=True)) for at in ats)
     assert {r.signal for r in rows} == set(NodeHistory.objects.values_list("signal", flat=True))
     last = {r.signal: r for r in rows if r.at == ats[-1]}
     norm = last["norm"]
@@ -43,7 +43,8 @@ def test_tick_stores_the_baseline_every_z_was_measured_against(redis_client, set
     assert hist.count() >= 5
     for h in hist:
         assert math.isclose(h.z, (h.ema - norm.baseline) / norm.spread, rel_tol=1e-9, abs_tol=1e-9)
-    # The gray node was quarantined at the first tick: no Z, and it no longer pulls the baseline up.
+    # The gray node (3x from the first second) is quarantined by now (1 s of persistence over 3
+    # evaluations once its EMA is over the line): no Z, and it no longer pulls the baseline up.
     slow = NodeHistory.objects.get(at=ats[-1], signal="norm", node__name="127.0.0.1:9002")
     assert slow.state == "quarantined" and slow.z is None and slow.ema > 1.4 * norm.baseline
     assert 0.9 < norm.baseline < 1.1

@@ -49,9 +49,14 @@ def test_slow_node_is_quarantined_and_release_restores_it(redis_client):
     quarantine = Transition.objects.get(node__name=SLOW, to_state="quarantined")
     assert quarantine.explanation["to_state"] == "quarantined" and quarantine.reason
     assert Node.objects.get(name=SLOW).state == "quarantined"
-    # The evidence that gated the weight cut is on the history rows of one signal, the deciding one.
+    # The evidence that gated the weight cut is on the history rows of one signal, the deciding one:
+    # decode, once every node has its 5 samples of it (1.25 s of pooled requests: the first two ticks
+    # decide on norm).
     with_evidence = NodeHistory.objects.filter(node__group__name="g1", evidence__isnull=False)
-    assert set(with_evidence.values_list("signal", flat=True)) == {"decode"}
+    for at in with_evidence.values_list("at", flat=True).distinct():
+        assert with_evidence.filter(at=at).values_list("signal", flat=True).distinct().count() == 1
+    cut_at = Transition.objects.get(node__name=SLOW, to_state="degraded").at
+    assert set(with_evidence.filter(at__gte=cut_at).values_list("signal", flat=True)) == {"decode"}
     assert max(with_evidence.filter(node__name=SLOW).values_list("evidence", flat=True)) > 0
 
     do_release(Node.objects.get(name=SLOW), actor="alice", reason="GPU swapped")

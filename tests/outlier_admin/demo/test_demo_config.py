@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import time
+
+import numpy as np
 import pytest
 
 from outlier_admin.demo.config import DemoConfig, DemoConfigError
-from outlier_admin.demo.fleet import LARGE, PCIE_NODE, SMALL, THERMAL_NODE, demo_scenario
+from outlier_admin.demo.fleet import LARGE, PCIE_NODE, SMALL, THERMAL_NODE, demo_scenario, node_name
 from outlier_admin.demo.runner import choose_redis
 
 
@@ -34,15 +37,36 @@ def test_scenario_is_two_groups_of_32_and_8_with_the_two_faults():
     assert all(w.trace == "azure_llm_2023_conv" for w in scn.workload)
 
 
-def test_faulty_node_is_slower_only_while_its_fault_lasts():
+def _tpot(records, node, t0, t1, started):
+    """Median decode ms per token of ``node``'s completed records that ended in [t0, t1) (demo time)."""
+    sel = [r for r in records if r["node"] == node and r["status"] == 200 and t0 <= r["ts"] - started < t1
+           and r["completion_tokens"] > 1]
+    assert len(sel) > 20
+    return float(np.median([(r["total_ms"] - r["ttft_ms"]) / (r["completion_tokens"] - 1) for r in sel]))
+
+
+def test_the_fleet_runs_the_simulators_step_engine_and_its_faults():
+    from detector.sim.vllm import NodeEngine
     from outlier_admin.demo.fleet import SimulatedFleet
 
-    fleet = SimulatedFleet(DemoConfig.from_env({"DEMO_FAULT_AT_S": "10", "DEMO_PCIE_AT_S": "10", "DEMO_HEAL_AT_S": "20"}), lambda gi: None)
-    before = fleet.service_ms(0, THERMAL_NODE, 100, 50, 5.0)[1]
-    during = fleet.service_ms(0, THERMAL_NODE, 100, 50, 15.0)[1]
-    after = fleet.service_ms(0, THERMAL_NODE, 100, 50, 25.0)[1]
-    assert during == pytest.approx(3.0 * before)  # thermal throttle: slowdown 3
-    assert after == pytest.approx(before)
+    fleet = SimulatedFleet(DemoConfig.from_env({"DEMO_FAULT_AT_S": "20", "DEMO_PCIE_AT_S": "20", "DEMO_HEAL_AT_S": "60"}),
+                           lambda gi: None)
+    assert all(isinstance(e, NodeEngine) for e in fleet.sim.eng)  # every node is a vLLM V1 step engine
+    assert {(g.engine.kind, g.engine.hardware) for g in fleet.scn.groups} == {("vllm_v1", "h100"), ("vllm_v1", "a100")}
+    records = []
+    for t in range(1, 91):  # 90 s of demo time, driven by the clock argument
+        for recs in fleet.advance(fleet.started + t).values():
+            records += recs
+    assert {r["status"] for r in records} <= {0, 200} and len(records) > 90 * 128 * 0.8
+    slow, peer = node_name(0, THERMAL_NODE), node_name(0, 1)
+    before = _tpot(records, slow, 5, 20, fleet.started) / _tpot(records, peer, 5, 20, fleet.started)
+    during = _tpot(records, slow, 30, 60, fleet.started) / _tpot(records, peer, 30, 60, fleet.started)
+    after = _tpot(records, slow, 70, 90, fleet.started) / _tpot(records, peer, 70, 90, fleet.started)
+    # thermal throttle (SM clock / 3): the decode steps of the throttled node are slower, every stream
+    assert 0.8 < before < 1.25 and during > 1.6 and 0.8 < after < 1.25
+    # its engine's own counters (what /metrics shows) saw the same: one batch, one step time
+    assert fleet.engine(0, THERMAL_NODE).m.itl.sum / fleet.engine(0, THERMAL_NODE).m.itl.total > \
+        fleet.engine(0, 1).m.itl.sum / fleet.engine(0, 1).m.itl.total
 
 
 def test_unreachable_redis_falls_back_to_the_in_process_stand_in():
@@ -52,26 +76,39 @@ def test_unreachable_redis_falls_back_to_the_in_process_stand_in():
     assert client.get("k") == b"v"
 
 
-def test_a_node_metrics_count_the_tokens_streamed_so_far():
+def test_a_node_serves_its_engines_metrics_page_and_answers_completions_from_its_engine():
+    import httpx
+
     from detector.engine_metrics import parse
     from outlier_admin.demo.fleet import CanaryServer, SimulatedFleet
 
     fleet = SimulatedFleet(DemoConfig.from_env({}), lambda gi: None)
-    fleet.started -= 30.0  # 30 s of traffic to dispatch
+    fleet.started -= 30.0  # 30 s of traffic to simulate
     fleet.advance()
-    per_node = [fleet.itl(0, i, 10.0) for i in range(32)]
-    later = [fleet.itl(0, i, 30.0) for i in range(32)]
-    assert all(b[1] >= a[1] and b[0] >= a[0] for a, b in zip(per_node, later, strict=True))
-    total_s, count = map(sum, zip(*later, strict=True))
-    # The group's healthy per-token time (14 ms at a full batch; less on lighter ones).
-    assert count > 10_000 and 0.005 < total_s / count < 0.016
     server = CanaryServer(fleet, 0, 3).start()
     try:
-        import httpx
-
         text = httpx.get(f"http://{server.address}/metrics", timeout=5).text
+        engine = fleet.engine(0, 3).m
+        # The engine's own page, vLLM V1's families (not only the inter-token histogram)...
+        for family in ("vllm:inter_token_latency_seconds_bucket", "vllm:time_to_first_token_seconds_count",
+                       "vllm:request_prefill_time_seconds_sum", "vllm:request_queue_time_seconds_sum",
+                       "vllm:e2e_request_latency_seconds_count", "vllm:num_requests_running",
+                       "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total", "vllm:prefix_cache_queries_total"):
+            assert family in text, family
+        counters = parse(text)
+        # ...as the production parser reads it: the engine's counters at the scrape
+        assert counters.itl_count >= 1000 and counters.itl_count <= engine.itl.total
+        assert 0.010 < counters.itl_sum_s / counters.itl_count < 0.05  # h100 tp8 healthy: ~15-25 ms/token
+        assert counters.prefill_count > 0 and counters.running is not None
+        # a completion is a request in that node's engine: it takes its steps' time, in real time
+        t0 = time.perf_counter()
+        resp = httpx.post(f"http://{server.address}/v1/completions", json={"prompt": "x", "max_tokens": 16},
+                          timeout=10)
+        took = time.perf_counter() - t0
+        assert resp.status_code == 200 and resp.json()["usage"] == {"prompt_tokens": 10, "completion_tokens": 16,
+                                                                   "total_tokens": 26}
+        assert 16 * 0.010 < took < 3.0
+        later = parse(httpx.get(f"http://{server.address}/metrics", timeout=5).text)
+        assert later.ttft_count > counters.ttft_count  # (the probe's first token among them)
     finally:
         server.stop()
-    counters = parse(text)
-    s, c = counters.itl_sum_s, counters.itl_count
-    assert c >= later[3][1] and s == pytest.approx(fleet.itl(0, 3)[0], rel=0.5)
