@@ -6,7 +6,8 @@ install added: the bytes of ``site-packages`` (files, not blocks) and the distri
 Configurations:
 
 * ``runtime``   ``pip install outlier-admin``: the control plane (web, worker, beat)
-* ``agent``     ``pip install --no-deps outlier-admin`` + the ``[agent]`` requirements (redis-py): a gateway host
+* ``agent``     ``pip install outlier-admin-agent`` (its wheel, built from ``deploy/agent``; redis-py from
+  the index): a gateway host
 * ``sim``, ``demo``  runtime + that extra; ``all-extras`` runtime + sim + demo, which is exactly
   what ``pip install .`` installed before the extras were split out (matplotlib and fakeredis were
   runtime dependencies)
@@ -24,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,15 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="reports/install-sizes.json")
     args = parser.parse_args(argv)
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     with tempfile.TemporaryDirectory(prefix="oa-sizes-") as tmp:
         work = Path(tmp)
         subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(work / "dist"), str(ROOT)],
                        check=True)
         wheel = str(next((work / "dist").glob("outlier_admin-*.whl")))
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(work / "dist"),
+                        str(ROOT / "deploy" / "agent")], check=True)
+        agent_wheel = str(next((work / "dist").glob("outlier_admin_agent-*.whl")))
         configs = {
             "runtime": [[wheel]],
-            "agent": [["--no-deps", wheel], list(extras["agent"])],
+            "agent": [[agent_wheel]],
             "sim": [[f"{wheel}[sim]"]],
             "demo": [[f"{wheel}[demo]"]],
             "all-extras": [[f"{wheel}[sim,demo]"]],

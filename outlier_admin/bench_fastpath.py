@@ -160,7 +160,7 @@ def _ticker_proc(ticker_id: str, groups: list[str], stop: Any, queue: Any) -> No
     queue.put({"ticks": ticks, "cpu_s": time.process_time() - c0})
 
 
-def bench_scale(workers: tuple[int, ...] = (1, 2, 4), group_counts: tuple[int, ...] = (2, 4, 8, 16),
+def bench_scale(workers: tuple[int, ...] = (1, 2, 4), group_counts: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128),
                 nodes: int = 100, seconds: float = 12.0, rate: float = 2.0) -> dict[str, Any]:
     """Groups x ``nodes`` held at the default cadence (1 Hz heartbeat, ticks on new rows) by 1, 2, 4
     ticker processes; rows written once per second per group (``rate`` requests/s per node) for
@@ -478,6 +478,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--ticks", type=int, default=40)
     ap.add_argument("--scale-seconds", type=float, default=12.0)
     ap.add_argument("--sizes", default="10,100,1000", help="group sizes of the tick section")
+    ap.add_argument("--scale-groups", default="2,4,8,16,32,64,128",
+                    help="group counts of the scale section, ascending (it stops at the first not held)")
     ap.add_argument("--merge", action="store_true", help="update the --out file instead of replacing it")
     args = ap.parse_args(argv)
     only = {s.strip() for s in args.only.split(",") if s.strip()}
@@ -494,7 +496,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             figures["tick_ms_100_nodes"] = {"p50": cost["100"]["p50"], "p95": cost["100"]["p95"]}
             figures["paper_1000_groups_x_100_nodes"] = on_paper(cost["100"]["cpu_p50"])
     if "scale" in only:
-        figures["scale"] = bench_scale(seconds=args.scale_seconds)
+        counts = tuple(sorted({min(max(int(x), 1), 1000) for x in args.scale_groups.split(",") if x.strip()}))
+        figures["scale"] = bench_scale(group_counts=counts, seconds=args.scale_seconds)
     if "ingest" in only:
         figures["ingest"] = bench_ingest()
     if "drill" in only:
