@@ -83,8 +83,9 @@ def test_a_node_wide_stall_is_never_quarantined_where_the_row_count_was():
     assert outcome(Thresholds(quarantine_persistence_s=0.0)) is not None  # the row count quarantined it
 
 
-def test_a_mild_node_at_the_line_is_held_by_the_strength_of_evidence_not_only_the_duration():
-    # The CUSUM over the quarantine line: a node just over it accumulates little evidence per row.
+def test_within_its_first_second_a_slow_node_is_held_by_the_strength_of_evidence_not_only_the_duration():
+    # The CUSUM over the quarantine line (evidence_q) must reach a cut's worth of evidence too: in the
+    # first second after the onset even a 3x node's EMA is still climbing to the line.
     fleet = Fleet(16, seed=23)
     gd = GroupDetector(Thresholds(), fleet.nodes)
     drive(gd, fleet, 0.0, 40.0, 0.25)
