@@ -40,11 +40,22 @@ class DefaultPolicy(Policy):
     wants_progress = True
     reads_metrics = True
 
-    def __init__(self, ctx: GroupContext, thresholds: Any, logs_only: bool = False) -> None:
+    def __init__(self, ctx: GroupContext, thresholds: Any, logs_only: bool = False,
+                 balancer: str = "round_robin") -> None:
         from detector import GroupDetector, ProgressBatch, SampleBatch
         from detector.states import OUT_OF_SERVICE
 
         super().__init__(ctx)
+        # How the gateway spreads requests over the published weights: "round_robin" (nginx's smooth
+        # weighted round robin, the default of nginx and HAProxy) or "leastconn" (the fewest open
+        # requests per unit of weight: HAProxy's `balance leastconn`, nginx's `least_conn`, Envoy's
+        # LEAST_REQUEST all honour the weights).
+        if balancer not in ("round_robin", "leastconn"):
+            raise ValueError(f"unknown balancer {balancer!r}")
+        self.balancer = balancer
+        if balancer == "leastconn":
+            self.name = "default_lc"
+            self.rand = np.random.default_rng(int(ctx.rng.integers(1 << 31)))
         if logs_only:
             self.name = "default_logs"
             self.wants_progress = False
@@ -81,7 +92,18 @@ class DefaultPolicy(Policy):
             self.swrr.set_weights(self.pending.pop(0)[1])
         if self.swrr.total <= 0:
             return int(np.argmax(self.ctx.members))
+        if self.balancer == "leastconn":
+            return self._least_conn()
         return self.swrr.pick()
+
+    def _least_conn(self) -> int:
+        """Weighted least connections: the node with the fewest open requests per unit of weight
+        among those with a weight, ties broken at random."""
+        w = self.swrr.w
+        live = np.flatnonzero(w > 0)
+        load = np.asarray([self.ctx.outstanding[i] for i in live], dtype=np.float64) / w[live]
+        best = live[load <= load.min() * (1 + 1e-12)]
+        return int(best[0] if len(best) == 1 else best[int(self.rand.integers(len(best)))])
 
     def on_record(self, node: int, now: float, prompt: int, completion: int, ttft_ms: float,
                   total_ms: float, status: int) -> None:
@@ -163,14 +185,15 @@ class DefaultPolicy(Policy):
         return done
 
 
-def make_default_policy(options: dict[str, Any], logs_only: bool = False):
+def make_default_policy(options: dict[str, Any], logs_only: bool = False, balancer: str = "round_robin"):
     """Factory for the engine. ``options`` may hold ``thresholds``: a dict for ``Thresholds.from_dict``;
-    ``logs_only``: the ``default_logs`` policy."""
+    ``logs_only``: the ``default_logs`` policy; ``balancer``: how the gateway spreads requests over the
+    weights (``leastconn``: the ``default_lc`` policy)."""
     from detector import Thresholds
 
     thresholds = Thresholds.from_dict(options["thresholds"]) if options.get("thresholds") else Thresholds()
 
     def factory(ctx: GroupContext) -> Policy:
-        return DefaultPolicy(ctx, thresholds, logs_only)
+        return DefaultPolicy(ctx, thresholds, logs_only, balancer)
 
     return factory

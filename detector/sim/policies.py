@@ -349,17 +349,22 @@ BASELINE_POLICIES = {
     "seed_p99p50": SeedP99P50,
 }
 ALL_POLICIES = (*BASELINE_POLICIES, "default_logs", "default")
+#: Run only when named (``--policies``): ``default_lc`` is ``default`` behind a gateway that balances
+#: by weighted least connections instead of weighted round robin (the same detector and weights).
+OPTIONAL_POLICIES = ("default_lc",)
+KNOWN_POLICIES = (*ALL_POLICIES, *OPTIONAL_POLICIES)
 
 
 def policy_factory(name: str, options: dict | None = None):
     """Factory ``GroupContext -> Policy`` for a policy name (``default`` imports the detector lazily)."""
     if name in BASELINE_POLICIES:
         return BASELINE_POLICIES[name]
-    if name in ("default", "default_logs"):
+    if name in ("default", "default_logs", "default_lc"):
         from detector.sim.default_policy import make_default_policy
 
-        return make_default_policy(options or {}, logs_only=name == "default_logs")
-    raise ValueError(f"unknown policy {name!r} (known: {', '.join(ALL_POLICIES)})")
+        return make_default_policy(options or {}, logs_only=name == "default_logs",
+                                   balancer="leastconn" if name == "default_lc" else "round_robin")
+    raise ValueError(f"unknown policy {name!r} (known: {', '.join(KNOWN_POLICIES)})")
 
 
-__all__ = ["ALL_POLICIES", "STATUS_OK", "Swrr", "policy_factory"]
+__all__ = ["ALL_POLICIES", "KNOWN_POLICIES", "OPTIONAL_POLICIES", "STATUS_OK", "Swrr", "policy_factory"]

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from detector.sim.engine import Precomputed, Simulation
-from detector.sim.policies import ALL_POLICIES, policy_factory
+from detector.sim.policies import ALL_POLICIES, KNOWN_POLICIES, policy_factory
 from detector.sim.report import (
     add_floor_ratios,
     cusum_bounds,
@@ -48,8 +48,8 @@ def run_scenario(scn: Scenario, policies: Sequence[str] = ALL_POLICIES, *,
     runs of a suite, :func:`healthy_budgets`), else the one its own run measured on its healthy nodes.
     """
     for p in policies:
-        if p not in ALL_POLICIES:
-            raise ValueError(f"unknown policy {p!r} (known: {', '.join(ALL_POLICIES)})")
+        if p not in KNOWN_POLICIES:
+            raise ValueError(f"unknown policy {p!r} (known: {', '.join(KNOWN_POLICIES)})")
     t0 = time.perf_counter()
     requests = build_requests(scn)
     pre = Precomputed.build(scn, requests)

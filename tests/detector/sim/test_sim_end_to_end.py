@@ -84,3 +84,30 @@ def test_cli_run_and_bad_file(tmp_path, capsys):
     scn.write_text(json.dumps(bad))
     assert main(["run", str(scn), "--out", str(out), "--quiet"]) == 2
     assert "faults[0].slowdown" in capsys.readouterr().err
+
+
+def test_default_lc_spreads_the_published_weights_by_weighted_least_connections():
+    """``default_lc``: the same detector and weights, behind a gateway that picks the node with the
+    fewest open requests per unit of weight (HAProxy ``leastconn``, nginx ``least_conn``), not a
+    weighted round robin. Run only when named."""
+    from sim_helpers import simulate
+
+    from detector.sim.policies import KNOWN_POLICIES
+
+    assert "default_lc" in KNOWN_POLICIES and "default_lc" not in ALL_POLICIES
+    doc = tiny_vllm(duration_s=5)
+    doc["groups"][0]["nodes"] = 6
+    sim = simulate(doc, "default_lc")
+    pol = sim.policies[0]
+    assert pol.name == "default_lc"
+    n = sim.scn.groups[0].nodes
+    pol.pending.clear()
+    pol.swrr.set_weights([100.0, 5.0, 100.0, 0.0] + [100.0] * (n - 4))
+    out = sim.outstanding[0]
+    out[:] = [4, 0, 2, 0] + [9] * (n - 4)
+    # Per unit of weight: 0.04, 0 (but a 5 % weight: one open request makes it 0.2), 0.02, never
+    # (weight 0), 0.09: node 1 first, then node 2 while node 1 holds one request.
+    assert pol.pick(sim.now) == 1
+    out[1] = 1
+    assert pol.pick(sim.now) == 2
+    assert all(pol.pick(sim.now) != 3 for _ in range(20))  # a node at weight 0 gets nothing
