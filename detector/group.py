@@ -284,8 +284,9 @@ class GroupDetector(NodeActions):
     def _apply_pooled_requests(self, now: float) -> None:
         """Completed requests' queue-free samples enter the EMA, and every evidence signal's its
         CUSUM, as one observation per node and tick: the geometric mean of the node's requests that
-        completed in the tick, in units of the spread of those means across the group's healthy
-        nodes (``pool_rel_sd``). Requests that ran on one node at the same time shared its steps
+        completed in the tick (the EMA takes it once per 250 ms the tick covers, :meth:`_pool_steps`;
+        the CUSUM once), in units of the spread of those means across the group's healthy nodes
+        (``pool_rel_sd``). Requests that ran on one node at the same time shared its steps
         (every stream of a continuous-batching engine waits for the same step) and its queue: a few
         long prompts slow all of them at once, so ``k`` of them are not ``k`` independent samples.
         Fed one by one at the per-request spread, a busy healthy node's evidence crossed the cut
