@@ -120,16 +120,16 @@ def in_time(t: Thresholds) -> bool:
     return t.baseline_mode == "robust" and t.quarantine_persistence_s > 0
 
 
-def persistent_z(a: NodeArrays, t: Thresholds, d: Decision, over_q: np.ndarray, now: float | None = None) -> Verdict:
+def persistent_z(a: NodeArrays, t: Thresholds, d: Decision, over_q: np.ndarray, now: float) -> Verdict:
     """The Z verdict: quarantine strength held over enough evaluations, for ``quarantine_persistence_s``
     seconds of the node's samples (a leaky time) or, in seed mode, ``quarantine_persistence`` samples
     (a leaky count). In time, a tick counts only if the node's new samples are themselves over the
     quarantine line (most of them): after a stall its EMA stays over the line for a while, its
-    samples do not. Without ``now`` (a caller that replays recorded history steps, which hold neither
-    the tick's samples nor the evidence over the quarantine line) the sample count decides."""
+    samples do not. (A caller without the tick's samples, the preview's replay of history steps,
+    leaves ``q_count`` at 0: every step with the EMA over the line counts.)"""
     new = d.new
     seen = new > 0
-    timed = in_time(t) and now is not None
+    timed = in_time(t)
     if timed:
         samples_over = np.where(a.q_count > 0, 2 * a.q_hits >= a.q_count, True)
         over_q = over_q & samples_over

@@ -8,8 +8,9 @@ simulated transitions of each, so an operator sees what a change *would have don
 Rules replayed: the detector's own, not a copy. Each history step (``HISTORY_EVERY_S``) becomes a peer
 view of the recorded figures, and :func:`replay` hands it to the functions a tick decides with —
 :func:`detector.detectors.zscore.decide` (the deciding signal, the queue-drain rule for groups
-without TTFT), :mod:`detector.ejection` (persistence as a leaky count over evaluations, the evidence
-gate with flap damping, cause priority and ``dry_run``, the safeguard cap and its ``safeguard_blocked``
+without TTFT), :mod:`detector.ejection` (persistence in seconds held between history steps, over
+evaluations; the recorded evidence stands in for the unrecorded strength over the quarantine line;
+the evidence gate with flap damping, cause priority and ``dry_run``, the safeguard cap and its ``safeguard_blocked``
 hold, soft degrade with hysteresis, approval) and the tail and cross-P50 formulas of
 :mod:`detector.detectors`. A change of a rule in the detector is a change of the preview.
 
@@ -59,7 +60,8 @@ from outlier_admin.fleet.models import ModelGroup
 
 #: Thresholds whose effect the replay can show (they act on stored figures).
 PREVIEW_FIELDS = (
-    "degrade_z", "degrade_hysteresis", "quarantine_z", "quarantine_persistence", "degrade_materiality",
+    "degrade_z", "degrade_hysteresis", "quarantine_z", "quarantine_persistence_s", "quarantine_persistence",
+    "degrade_materiality",
     "quarantine_materiality", "degrade_evidence", "queue_drain_s", "tail_ratio", "cross_p50_ratio",
     "tail_windows", "max_quarantine_fraction",
 )
@@ -150,8 +152,9 @@ def replay(
     """Simulated transitions of ``rows`` (sorted by ``at``) under thresholds ``t``, decided by the
     detector's own ejection layer (:mod:`detector.ejection`): the recorded figures of each history
     step become a peer view, and the same functions that decide in a tick decide here — the deciding
-    signal and the queue-drain rule (:func:`detector.detectors.zscore.decide`), persistence as a leaky
-    count, the evidence gate with flap damping, tail and cross-P50 verdicts, cause priority and
+    signal and the queue-drain rule (:func:`detector.detectors.zscore.decide`), persistence (in
+    seconds, ``quarantine_persistence_s``, measured between history steps; or, set to 0 and in seed
+    mode, the leaky count), the evidence gate with flap damping, tail and cross-P50 verdicts, cause priority and
     ``dry_run``, the safeguard cap, soft degrade and hysteresis, approval. Pure function.
 
     ``node_count`` sizes the safeguard (the group's nodes, not only those with history);
@@ -218,12 +221,15 @@ def replay(
         view = zscore.PeerView(z=stack_z, ema=stack_ema, baseline=base, spread=dict.fromkeys(SIGNALS, math.nan),
                                peers={s: int(peers.sum()) for s in SIGNALS}, fresh=has)
         a.evidence = np.where(judged, evidence, a.evidence)
+        # The strength half of the time rule (the CUSUM over the quarantine line) is not recorded: the
+        # recorded evidence over the degrade line, which is never smaller, stands in for it.
+        a.evidence_q = np.where(judged, evidence, a.evidence_q)
         a.new_samples = judged.astype(np.int64)  # one sample per history step
         with np.errstate(invalid="ignore"):
             a.new_drained = (judged & (now >= a.cut_at + t.queue_drain_s)).astype(np.int64)
         d = zscore.decide(view, a, t, now)
         lines = zscore.lines(d, t)
-        z_verdict = ejection.persistent_z(a, t, d, lines.over_q)
+        z_verdict = ejection.persistent_z(a, t, d, lines.over_q, now)
         degrade_now = ejection.degrade_wanted(a, t, lines)
         enough = np.where(judged & np.isfinite(p50), t.tail_min_samples, 0)
         a.tail, a.tail_windows = tail_step(a.tail, a.tail_windows, p50, p99, enough, min_samples=t.tail_min_samples,

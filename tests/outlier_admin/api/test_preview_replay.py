@@ -1,4 +1,5 @@
-"""The preview's replay (a pure function) follows the detector's drain rule for groups without TTFT."""
+"""The preview's replay (a pure function) follows the detector's drain rule for groups without TTFT and
+its persistence in seconds."""
 
 from __future__ import annotations
 
@@ -29,11 +30,25 @@ def test_without_ttft_quarantine_waits_for_the_drained_rows():
     baselines = {T0 + timedelta(seconds=i): 1.0 for i in range(40)}
     with_ttft = replay(rows(40), t, node_count=10, baselines=baselines)
     without = replay(rows(40), t, node_count=10, baselines=baselines, queue_laden=True)
-    # Both cut the node at once; with TTFT the 10th row over the line quarantines it, without TTFT
-    # the 10th row from 10 s after the cut.
+    # Both cut the node at once; with TTFT it is quarantined once it has held the line for
+    # quarantine_persistence_s (1 s) over 3 evaluations (the third row), without TTFT the same from
+    # 10 s after the cut.
     assert [x.to_state for x in with_ttft][:1] == ["degraded"] == [x.to_state for x in without][:1]
-    assert quarantined_at(with_ttft) == 9.0
-    assert quarantined_at(without) == 19.0
+    assert quarantined_at(with_ttft) == 2.0
+    assert quarantined_at(without) == 12.0
+    # Persistence as a count (quarantine_persistence_s = 0): the 10th row over the line.
+    count = t.replace(quarantine_persistence_s=0.0)
+    assert quarantined_at(replay(rows(40), count, node_count=10, baselines=baselines)) == 9.0
+    assert quarantined_at(replay(rows(40), count, node_count=10, baselines=baselines, queue_laden=True)) == 19.0
+
+
+def test_the_replay_holds_persistence_in_seconds_as_a_tick_does():
+    """The time the node held the line between history steps decides, so a longer
+    quarantine_persistence_s shows in the preview as it would act live (5 s: the row 5 s after the
+    first one over the line)."""
+    t = Thresholds(quarantine_persistence_s=5.0)
+    baselines = {T0 + timedelta(seconds=i): 1.0 for i in range(40)}
+    assert quarantined_at(replay(rows(40), t, node_count=10, baselines=baselines)) == 5.0
 
 
 def test_the_replay_decides_with_the_detectors_ejection_layer():
@@ -41,7 +56,7 @@ def test_the_replay_decides_with_the_detectors_ejection_layer():
     detector.ejection, as in a tick."""
     t = Thresholds()
     baselines = {T0 + timedelta(seconds=i): 1.0 for i in range(40)}
-    assert quarantined_at(replay(rows(40), t, node_count=10, baselines=baselines)) == 9.0
+    assert quarantined_at(replay(rows(40), t, node_count=10, baselines=baselines)) == 2.0
     dry = replay(rows(40), t.replace(dry_run=["z_quarantine"]), node_count=10, baselines=baselines)
     assert quarantined_at(dry) is None and [x.to_state for x in dry] == ["degraded"]
     capped = replay(rows(40), t, node_count=3, baselines=baselines)  # 30% of 3 nodes: none may go

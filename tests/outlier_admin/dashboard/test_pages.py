@@ -30,6 +30,8 @@ def test_pages_render_for_viewer(fleet, users):
     assert "llama" in overview and "Pending approvals (1)" in overview and "z_quarantine" in overview
     group = c.get(f"/groups/{g}/").content.decode()
     assert group.count('class="row-') == 8 and "✖ quarantined" in group and "4.20" in group
+    # Persistence as the detector applies it: seconds held in robust mode (not a sample count).
+    assert "quarantine Z</dt><dd>3.5 held 1.0 s</dd>" in group
     node = c.get(f"/nodes/{n0.pk}/").content.decode()
     # State bands (one shaded span per run of a state), not a marker per transition.
     assert node.count("<svg") == 5 and 'class="threshold"' in node and 'class="band"' in node
@@ -133,6 +135,12 @@ def test_threshold_preview_shows_new_quarantines(fleet, users):
     assert resp.status_code == 200 and "Preview over" in html
     assert "+ would happen" in html and node.name in html and "z_quarantine" in html
     assert not ThresholdChange.objects.filter(group=g).exists()
+
+
+def test_persistence_in_seconds_is_a_field_of_the_threshold_form(fleet, users):
+    c = login(users, "operator")
+    page = c.get(f"/groups/{fleet['group'].name}/thresholds/").content.decode()
+    assert 'name="quarantine_persistence_s"' in page and "allowed [0, 600]; current 1.0" in page
 
 
 def test_approve_from_queue(fleet, users):
