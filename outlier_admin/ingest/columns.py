@@ -17,7 +17,7 @@ import numpy as np
 
 from detector.samples import REQUEST_ROW_FIELDS
 from outlier_admin.fleet.names import NameError_, validate_group_name, validate_node_id
-from outlier_admin.ingest.records import RecordError, normalize
+from outlier_admin.ingest.records import HTTP_STATUS, RecordError, normalize, request_id_ok, status_ok
 
 #: A record as :func:`normalize_many` returns it: the fields of a stream row
 #: (:data:`detector.samples.REQUEST_ROW_FIELDS`, so ``canonical[:9]`` is the row), then the group
@@ -126,10 +126,6 @@ def _opt_floats(x: np.ndarray, where: np.ndarray) -> list[float | None]:
     return [v if w else None for v, w in zip(x.tolist(), where.tolist(), strict=True)]
 
 
-def _request_id_ok(value: Any) -> bool:
-    return value is None or (type(value) is str and len(value) <= 200 and value.isprintable())
-
-
 def normalize_many(
     recs: Sequence[Any],
     *,
@@ -186,11 +182,11 @@ def normalize_many(
         except OverflowError:
             code = np.zeros(n, np.int64)
             ok[:] = False
-        ok &= (code == 0) | ((code >= 100) & (code <= 599))
+        ok &= (code == 0) | ((code >= HTTP_STATUS[0]) & (code <= HTTP_STATUS[1]))
     else:
-        ok &= np.fromiter((type(s) is int and (s == 0 or 100 <= s <= 599) for s in status), bool, n)
+        ok &= np.fromiter(map(status_ok, status), bool, n)
     if set(map(type, request_ids)) != {type(None)}:
-        ok &= np.fromiter(map(_request_id_ok, request_ids), bool, n)
+        ok &= np.fromiter(map(request_id_ok, request_ids), bool, n)
         request_ids = [rid or None for rid in request_ids]
     ok &= nodes_ok & groups_ok
 

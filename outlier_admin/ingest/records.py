@@ -118,6 +118,23 @@ def limits() -> dict[str, float]:
     }
 
 
+#: A record's status: 0 (the client gave up, or no answer) or an HTTP status in this range.
+HTTP_STATUS = (100, 599)
+REQUEST_ID_MAX = 200
+
+
+def status_ok(value: Any) -> bool:
+    """A status :func:`normalize` accepts (``ingest.columns`` screens batches with the same bounds)."""
+    return (not isinstance(value, bool) and isinstance(value, int)
+            and (value == 0 or HTTP_STATUS[0] <= value <= HTTP_STATUS[1]))
+
+
+def request_id_ok(value: Any) -> bool:
+    """A request id :func:`normalize` accepts: none, or a printable string of at most
+    :data:`REQUEST_ID_MAX` characters."""
+    return value is None or (isinstance(value, str) and len(value) <= REQUEST_ID_MAX and value.isprintable())
+
+
 def normalize(
     rec: Any,
     *,
@@ -180,13 +197,12 @@ def normalize(
     if prompt == 0 and completion == 0:  # both None (latency-only) is not this case
         raise RecordError("no_tokens", "a request with no prompt and no completion tokens carries no signal")
     status = rec.get("status", 200)
-    if isinstance(status, bool) or not isinstance(status, int) or not (status == 0 or 100 <= status <= 599):
+    if not status_ok(status):
         raise RecordError("bad_status", f"status must be 0 (timeout/connection failure) or 100..599, got {str(status)[:40]!r}")
     request_id = rec.get("request_id")
-    if request_id is not None and (
-        not isinstance(request_id, str) or len(request_id) > 200 or not request_id.isprintable()
-    ):
-        raise RecordError("bad_request_id", "request_id must be a printable string of at most 200 characters")
+    if not request_id_ok(request_id):
+        raise RecordError("bad_request_id",
+                          f"request_id must be a printable string of at most {REQUEST_ID_MAX} characters")
     return {
         "ts": ts,
         "node": node,
