@@ -220,7 +220,8 @@ def _parse_nodes(items: list[Any]) -> tuple[list[tuple[int, NodeWeight]], list[s
     seen_addr: set[tuple[str, int]] = set()
     for i, item in enumerate(items):
         try:
-            node, addr = _valid_node(item, i)
+            node = _parse_node(item, f"nodes[{i}]")
+            addr = (node.host, node.port)
             if node.node in seen_nodes or addr in seen_addr:
                 raise DocumentError(f"nodes[{i}]: duplicate node {node.node!r} or address {node.address!r}")
         except DocumentError as exc:
@@ -233,27 +234,6 @@ def _parse_nodes(items: list[Any]) -> tuple[list[tuple[int, NodeWeight]], list[s
         seen_addr.add(addr)
         kept.append((i, node))
     return kept, skipped
-
-
-def _valid_node(item: Any, i: int) -> tuple[NodeWeight, tuple[str, int]]:
-    """Node ``i`` and its ``(host, port)``, judged by :func:`_parse_node`. The publisher checks every
-    node of every document (a hundred per group and tick), almost all valid: the common shape (str
-    fields, int weights) is taken without building the error labels; anything else goes to
-    :func:`_parse_node`, which gives the verdict and its reason."""
-    if type(item) is dict:
-        name, address, weight, state = item.get("node"), item.get("address"), item.get("weight"), item.get("state")
-        if type(weight) is int:
-            # (Documents without base_weight: the default scale, stretched if a node is above it.)
-            base = item["base_weight"] if "base_weight" in item else max(DEFAULT_BASE_WEIGHT, weight)
-            state = state or ("quarantined" if weight == 0 else "healthy")
-            if (type(name) is str and type(address) is str and type(base) is int and type(state) is str
-                    and base > 0 and 0 <= weight <= base):
-                try:
-                    return NodeWeight(name, address, weight, state, base), split_address(address)
-                except DocumentError:
-                    pass  # the reason, worded by _parse_node
-    node = _parse_node(item, f"nodes[{i}]")
-    return node, split_address(node.address)
 
 
 def _parse_node(item: Any, where: str) -> NodeWeight:
