@@ -31,7 +31,7 @@ from itertools import repeat
 
 import numpy as np
 
-from detector import ejection, explain, snapshot
+from detector import ejection, explain, inflight, snapshot
 from detector import weights as weighing
 from detector.costmodel import CostModel
 from detector.detectors import cross_p50, zscore
@@ -233,29 +233,42 @@ class GroupDetector(NodeActions):
         rows with neither tokens nor prefills are counted as ignored.
         """
         keep, idx, rejected, unknown = self._admit(batch.node, *validate_progress(batch))
-        empty = keep & (batch.tokens == 0) & ~(batch.prefills > 0)
-        keep &= ~empty
-        accepted = int(keep.sum())
+        a, t = self.a, self.thresholds
+        # Stalls are tracked over every admitted row (an idle row ends one), before empty rows go.
+        whole = replace(batch, node=idx).take(self._node_time_order(keep, idx, batch.ts))
+        stalled = inflight.stalled_rows(whole.node, whole.ts, whole.interval_s, whole.tokens, whole.token_ms,
+                                        whole.running, a.stall_from, a.rows_at)
+        bound, a.stall_from = inflight.stall_bounds(whole.node, whole.ts, whole.interval_s, stalled, a.stall_from)
+        empty = (whole.tokens == 0) & ~(whole.prefills > 0) & ~stalled
+        accepted = int((~empty).sum())
         self.accepted_total += accepted
         if not accepted:
             return IngestResult(0, rejected, unknown, ignored=int(empty.sum()))
-        b = replace(batch, node=idx).take(self._node_time_order(keep, idx, batch.ts))
-        a, t = self.a, self.thresholds
+        b, bound = whole.take(np.flatnonzero(~empty)), bound[~empty]
         self._touch(b.node, b.ts)
         reported = np.isfinite(b.running)
         a.running[b.node[reported]] = b.running[reported]  # time order within a node: the last one stays
-        decoded = b.tokens > 0
+        decoded = (b.tokens > 0) | np.isfinite(bound)  # a stalled node's decode is measured by its rows too
         a.rows_at[b.node[decoded]] = np.fmax(a.rows_at[b.node[decoded]], b.ts[decoded])
         learn = a.state[b.node] != S.WARMING
         healthy = a.state[b.node] == S.HEALTHY
         self.signals.add_healthy_rows(b.take(healthy))
-        rows = b.take(learn)
+        rows, bound = b.take(learn), bound[learn]
         node = rows.node
         feeding = zscore.evidence_signals(t, self._last)
         for s, x in self.signals.per_row(rows).items():
             base = self._last.get(f"baseline:{s}", math.nan)
+            censored = np.zeros(len(x), bool)
+            if s == "decode" and np.isfinite(bound).any():
+                # A stalled row: its streams waited at least `bound` for a token (detector.inflight).
+                ewma = self.signals.ewma[s]
+                own = np.where(ewma.count[node] > 0, ewma.mean[node], np.nan)
+                at_load = bound * self.signals.batch_factor(rows.running, None, rows.kv_usage)
+                censored = inflight.informative(bound, at_load, own, t.quarantine_persistence_s)
+                x = np.where(censored, at_load, np.where(np.isfinite(bound), np.nan, x))
             self.signals.update(s, node, x, base)
-            self._row_spread(s, node, x, base)
+            # The spread is the noise between healthy rows: a censored bound is not one of them.
+            self._row_spread(s, node, np.where(censored, np.nan, x), base)
             if s in feeding:
                 # Every stream of a node shares its step time (one batch), so a row is one
                 # observation: its unit is how much rows differ across the group, not a per-request

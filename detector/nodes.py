@@ -21,7 +21,9 @@ Columns, by the part of the detector that owns them:
   (the CUSUM on decode, or on norm when the group has no queue-free signal), ``evidence_prefill`` (on
   the queue-free prefill time), ``flaps``, ``cut_at``;
 - the engine: ``running`` (the node's last reported running batch; NaN: never reported), ``rows_at``
-  (when its last progress row arrived: its decode is then measured by the rows, not by its requests);
+  (when its last progress row arrived: its decode is then measured by the rows, not by its requests),
+  ``stall_from`` (when its in-flight streams stopped making progress; NaN: they did not,
+  :mod:`detector.inflight`);
 - completed requests pooled per node and tick (:data:`POOLED`): ``pool_sum_<signal>``, ``pool_n_<signal>``,
   ``pool_at`` (when the node's last pooled observation was taken);
 - tail and cross-P50: ``tail``, ``tail_windows``, ``cross_slow``, ``p50``, ``p99``;
@@ -91,6 +93,7 @@ FIELDS: dict[str, tuple[type, float]] = {
     "pool_sum_norm": (np.float64, 0),
     "pool_n_norm": (np.int64, 0),
     "pool_at": (np.float64, NAN),
+    "stall_from": (np.float64, NAN),
 }
 #: Signals whose completed-request samples are pooled per node and tick (``pool_sum_<s>``: the sum of
 #: their logs, ``pool_n_<s>``: their count; :meth:`detector.group.GroupDetector.ingest`).
@@ -151,6 +154,7 @@ class NodeArrays:
     pool_sum_norm: np.ndarray
     pool_n_norm: np.ndarray
     pool_at: np.ndarray
+    stall_from: np.ndarray
 
     def __init__(self, ids: Iterable[str] = ()) -> None:
         self.ids: list[str] = list(ids)
