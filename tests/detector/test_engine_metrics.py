@@ -8,7 +8,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from detector.engine_metrics import _ITL_PAIRS, _SOURCES, ROW_FIELDS, EngineCounters, parse, progress_row
+from detector.engine_metrics import (
+    _ITL_PAIRS,
+    _MARKS,
+    _SELECTORS,
+    _SOURCES,
+    ROW_FIELDS,
+    EngineCounters,
+    parse,
+    progress_row,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 
@@ -120,10 +129,13 @@ def test_counters_round_trip_through_a_list_and_an_older_shorter_list_still_read
 # -- generated pages: the fast reader against prometheus_client's full parser -------------------------
 # Histogram stems and plain series we read, plus decoys: a longer name that begins with one of ours,
 # a shorter one that ours begin with, and another server's family.
-_HIST_STEMS = sorted({n.rsplit("_", 1)[0] for names in _SOURCES.values() for n in names
-                      if n.endswith(("_sum", "_count"))} | {"vllm:e2e_request_latency_seconds"})
-_PLAIN = sorted({n for names in _SOURCES.values() for n in names if not n.endswith(("_sum", "_count"))}
+_BARE = {name for name, _sel in _SELECTORS.values()}
+_HIST_STEMS = sorted({n.rsplit("_", 1)[0] for n in _BARE if n.endswith(("_sum", "_count"))}
+                     | {"vllm:e2e_request_latency_seconds"})
+_PLAIN = sorted({n for n in _BARE if not n.endswith(("_sum", "_count"))}
                 | {"vllm:num_requests_running_max", "vllm:num_requests", "vllm:prefix_cache_hits_total_x"})
+# Label names and values the selectors of _SOURCES name (TGI's method, Triton's categories), and others.
+_SELECTED = sorted({sel for _name, sel in _SELECTORS.values() if sel})
 _label_value = st.text(alphabet='abz09-_./} {"\\\n', max_size=8)
 _value = st.one_of(st.integers(0, 10**9), st.floats(0, 1e9, allow_nan=False, allow_infinity=False),
                    st.sampled_from(["NaN", "+Inf", "1e3", "2.5E-3", "0"]))
@@ -151,6 +163,10 @@ def pages(draw) -> str:
     for kind, name in draw(st.permutations(families)):
         label_sets = draw(st.lists(st.dictionaries(st.sampled_from(["model_name", "engine"]), _label_value,
                                                    max_size=2), max_size=3))
+        for labels in label_sets:  # some label sets hold a pair a selector names
+            if draw(st.booleans()):
+                key, _eq, value = draw(st.sampled_from(_SELECTED)).partition("=")
+                labels[key] = value.strip('"')
         ts = draw(st.sampled_from(["", " 1700000000000"]))
         if kind == "h":
             lines += [f"# HELP {name} A histogram.", f"# TYPE {name} histogram"]
@@ -165,12 +181,17 @@ def pages(draw) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _finite_reference(text: str, sample: str) -> float | None:
-    """prometheus_client's total of the finite samples named ``sample`` (a NaN or infinite sample is
-    skipped by the rule of ``parse``: it would poison every delta after it)."""
+def _finite_reference(text: str, source: str) -> float | None:
+    """prometheus_client's total of the finite samples of ``source`` (a name, or ``name{label="v"}``:
+    those with that label; a NaN or infinite sample is skipped by the rule of ``parse``: it would
+    poison every delta after it)."""
+    name, sel = _SELECTORS.get(source, (source, None))
+    key, _eq, want = (sel or "").partition("=")
     values = [s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-              if s.name == sample and math.isfinite(s.value)]
-    return sum(values) if values else None
+              if s.name == name and math.isfinite(s.value) and (sel is None or s.labels.get(key) == want.strip('"'))]
+    if not values:
+        return None
+    return sum(values) * (1e-6 if "timestamp" in source else 1.0)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -179,10 +200,16 @@ def test_generated_pages_read_the_same_as_the_full_parser(text):
     counters = parse(text)
     itl = next(((s, c) for s, c in _ITL_PAIRS if _finite_reference(text, s) is not None), None)
     if itl is None:
-        assert counters is None
-        return
-    assert counters.itl_sum_s == pytest.approx(_finite_reference(text, itl[0]))
-    assert counters.itl_count == pytest.approx(_finite_reference(text, itl[1]) or 0.0)
+        # Another engine's page, recognised by the names of its families (first in _MARKS), or no engine's.
+        names = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+        engine = next((engine for engine, marks in _MARKS if not marks.isdisjoint(names)), None)
+        assert (counters.engine if counters else None) == engine
+        if counters is None:
+            return
+    else:
+        assert counters.engine == itl[0].partition(":")[0]
+        assert counters.itl_sum_s == pytest.approx(_finite_reference(text, itl[0]))
+        assert counters.itl_count == pytest.approx(_finite_reference(text, itl[1]) or 0.0)
     for field_name, names in _SOURCES.items():
         if field_name in ("itl_sum_s", "itl_count"):
             continue
