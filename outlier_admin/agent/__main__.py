@@ -20,7 +20,7 @@ from outlier_admin.agent.core import Agent
 from outlier_admin.agent.envoy import EnvoyApplier
 from outlier_admin.agent.haproxy import HAProxyApplier
 from outlier_admin.agent.metrics import start_metrics_server
-from outlier_admin.agent.nginx import NginxApplier, upstream_name_for
+from outlier_admin.agent.nginx import NginxApplier, check_directive, upstream_name_for
 from outlier_admin.gateway_client import CHANNEL, KEY_PREFIX, GatewayClient
 
 
@@ -63,10 +63,26 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--nginx-reload-cmd", default=_env("nginx_reload_cmd", "nginx -s reload"))
     n.add_argument("--nginx-server-params", default=_env("nginx_server_params", ""),
                    help="extra parameters on every server line, e.g. 'max_fails=0'")
+    n.add_argument("--nginx-directive", action="append", dest="nginx_directives", metavar="DIRECTIVE",
+                   default=None,
+                   help="a directive of the rendered upstream block, repeatable: e.g. 'least_conn', "
+                        "'keepalive 32' (env OUTLIER_AGENT_NGINX_DIRECTIVES: ';'-separated)")
     e = p.add_argument_group("Envoy")
     e.add_argument("--envoy-eds-path", default=_env("envoy_eds_path"), help="EDS file the cluster watches")
     e.add_argument("--envoy-cluster", default=_env("envoy_cluster"), help="cluster_name (default: the group)")
     return p
+
+
+def nginx_directives(given: Sequence[str] | None) -> list[str]:
+    """The upstream directives: the repeated ``--nginx-directive`` values, else the environment's
+    ``OUTLIER_AGENT_NGINX_DIRECTIVES`` split on ``;`` (one variable cannot repeat). Each is checked by
+    :func:`outlier_admin.agent.nginx.check_directive`; a bad one stops the agent before it writes."""
+    if given is None:
+        given = [d for d in (_env("nginx_directives", "") or "").split(";") if d.strip()]
+    try:
+        return [check_directive(d) for d in given]
+    except ValueError as exc:
+        raise SystemExit(f"--nginx-directive: {exc}") from None
 
 
 def build_applier(args: argparse.Namespace) -> Applier:
@@ -81,7 +97,8 @@ def build_applier(args: argparse.Namespace) -> Applier:
         return NginxApplier(args.nginx_include, args.nginx_upstream or upstream_name_for(args.group),
                             test_cmd=shlex.split(args.nginx_test_cmd),
                             reload_cmd=shlex.split(args.nginx_reload_cmd),
-                            server_params=args.nginx_server_params)
+                            server_params=args.nginx_server_params,
+                            directives=nginx_directives(args.nginx_directives))
     if args.gateway == "envoy":
         if not args.envoy_eds_path:
             raise SystemExit("--envoy-eds-path is required for --gateway envoy")

@@ -23,11 +23,15 @@ The way consul-template style tools do it:
    workers use the new weights, old workers finish their requests.
 
 The include goes in the ``http {}`` context; the server blocks ``proxy_pass http://<upstream>;``.
+Directives of the block other than the servers (``least_conn``, ``keepalive 32``) are the applier's
+``directives`` (the CLI's repeatable ``--nginx-directive``): the agent owns the whole file, so what
+nginx should balance with must be rendered by it too, or the first apply would drop it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -44,12 +48,39 @@ def upstream_name_for(group: str) -> str:
     return "outlier_" + "".join(c if c.isalnum() or c in "-_." else "_" for c in group)
 
 
+#: An upstream-block directive as the agent accepts it: a name and plain arguments, one statement.
+#: No ``{ } ; #`` quotes or line breaks inside, so a value from a command line or an environment
+#: variable cannot close the block or add a ``server`` the weights do not know.
+_DIRECTIVE = re.compile(r"[a-z_][a-z0-9_]*(?: [A-Za-z0-9_.:=/$-]+)*")
+DIRECTIVE_MAX = 200
+
+
+def check_directive(directive: str) -> str:
+    """``directive`` normalised (spaces collapsed, a trailing ``;`` dropped), or ``ValueError``.
+
+    What users put there (``least_conn``, ``keepalive 32``, ``hash $request_id consistent``, ``zone
+    llm 64k``, ``random two least_conn``) passes. ``server`` is refused: the servers are the
+    weights' (every node of the document, rendered by :func:`render_upstream`)."""
+    if not isinstance(directive, str):
+        raise ValueError(f"a directive is text, got {type(directive).__name__}")
+    text = " ".join(directive.strip().removesuffix(";").split())
+    if not text or len(text) > DIRECTIVE_MAX or not _DIRECTIVE.fullmatch(text):
+        raise ValueError(f"not an upstream directive (a name and plain arguments, at most {DIRECTIVE_MAX} "
+                         f"characters, no braces, ';', '#', quotes or line breaks): {directive[:DIRECTIVE_MAX]!r}")
+    if text.split()[0] == "server":
+        raise ValueError("'server' lines are rendered from the weights document; not a directive to add")
+    return text
+
+
 def render_upstream(weights: EffectiveWeights, upstream: str, server_params: str = "",
                     directives: Sequence[str] = ()) -> str:
-    """The include file text for ``weights`` (deterministic; see module docstring)."""
+    """The include file text for ``weights`` (deterministic; see module docstring). ``directives``
+    (each checked by :func:`check_directive`) come first in the block, in the order given:
+    ``least_conn`` and the other balancing methods must precede ``keepalive``, which nginx wants
+    after the method."""
     lines = [HEADER.format(group=weights.group), f"upstream {upstream} {{\n"]
-    for directive in directives:  # e.g. "keepalive 32", "least_conn"
-        lines.append(f"    {directive.rstrip(';')};\n")
+    for directive in directives:  # e.g. "least_conn", "keepalive 32"
+        lines.append(f"    {check_directive(directive)};\n")
     extra = f" {server_params.strip()}" if server_params.strip() else ""
     for node in sorted(weights.nodes, key=lambda n: n.address):
         if node.quarantined:
@@ -106,7 +137,7 @@ class NginxApplier:
         self.test_cmd = list(test_cmd)
         self.reload_cmd = list(reload_cmd)
         self.server_params = server_params
-        self.directives = list(directives)
+        self.directives = [check_directive(d) for d in directives]  # refused here, before any write
         self.timeout_s = timeout_s
 
     def render(self, weights: EffectiveWeights) -> str:

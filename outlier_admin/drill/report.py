@@ -1,0 +1,113 @@
+"""The drill's figures, from what the client saw, what PostgreSQL recorded and what was published.
+
+Definitions (the ones the user's report used, so a fix is judged against them):
+
+- **cut**: a node entering a state that takes traffic off it: ``degraded`` (weight below base) or a
+  state whose traffic rule (:data:`detector.states.TRAFFIC`) is ``floor`` or ``drain``. **Quarantine**:
+  entering a ``drain`` state (:data:`detector.states.OUT_OF_SERVICE_LABELS`). Both are read from the
+  group's :class:`~outlier_admin.control.models.Transition` rows (the control plane's record);
+  ``first_cut_published_s`` is the same event in the published document (:class:`WeightsWatcher`),
+  what a gateway could act on.
+- **onset -> first cut / quarantine** of the faulty node: seconds from the fault's onset to its first
+  such transition after the onset (``None``: never within the run).
+- **false cuts / false quarantines**: such transitions of any other node, over the whole run (a cut
+  before the onset is as false as one after).
+- **latency after the onset**: requests *sent* in ``[onset, end)``; a timeout counts at the client's
+  timeout (it is what the user waited), a dropped or failed request is counted apart. P50/P99 by
+  linear interpolation (numpy's default).
+- **share**: the faulty node's fraction of the answered requests sent before the onset, after it, and
+  after the first cut.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from detector.states import OUT_OF_SERVICE_LABELS, Traffic, traffic_of
+
+
+def is_cut(state: str) -> bool:
+    """A state that takes traffic off a node (module docstring)."""
+    return state == "degraded" or traffic_of(state) in (Traffic.FLOOR, Traffic.DRAIN)
+
+
+def is_quarantine(state: str) -> bool:
+    return state in OUT_OF_SERVICE_LABELS
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 3) if values else None
+
+
+def latency_summary(reqs: list[dict[str, Any]]) -> dict[str, Any]:
+    """P50/P99/max (s) over answered and timed-out requests, and the counts by outcome."""
+    outcomes = Counter(r["outcome"] for r in reqs)
+    lat = [r["latency_s"] for r in reqs if r["outcome"] in ("ok", "timeout", "http_error") and r["latency_s"] is not None]
+    return {"n": len(reqs), "p50_s": _pct(lat, 50), "p99_s": _pct(lat, 99), "max_s": round(max(lat), 3) if lat else None,
+            "timeouts": outcomes.get("timeout", 0), "errors": outcomes.get("error", 0) + outcomes.get("http_error", 0),
+            "dropped": outcomes.get("dropped", 0)}
+
+
+def share(reqs: list[dict[str, Any]], address: str) -> float | None:
+    served = [r for r in reqs if r["served_by"]]
+    return round(sum(r["served_by"] == address for r in served) / len(served), 3) if served else None
+
+
+def per_node(reqs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Requests and median latency per engine address (answered requests only)."""
+    out: dict[str, dict[str, Any]] = {}
+    for addr in sorted({r["served_by"] for r in reqs if r["served_by"]}):
+        lat = [r["latency_s"] for r in reqs if r["served_by"] == addr and r["latency_s"] is not None]
+        out[addr] = {"n": len(lat), "p50_s": _pct(lat, 50)}
+    return out
+
+
+def summarise(*, requests: list[dict[str, Any]], transitions: list[dict[str, Any]],
+              weights_changes: list[dict[str, Any]], onset: float, end: float, faulty: str,
+              addresses: list[str]) -> dict[str, Any]:
+    """The figures of one run (module docstring). ``faulty`` and ``addresses`` are engine addresses."""
+    before = [r for r in requests if r["sent_at"] < onset]
+    after = [r for r in requests if onset <= r["sent_at"] < end]
+    faulty_tr = [t for t in transitions if t["address"] == faulty and t["at"] >= onset]
+    first_cut = next((t for t in faulty_tr if is_cut(t["to"])), None)
+    first_q = next((t for t in faulty_tr if is_quarantine(t["to"])), None)
+    published = next((c for c in weights_changes if c["seen_at"] >= onset
+                      and is_cut(str((c["nodes"].get(faulty) or [None, ""])[1]))), None)
+    others = [t for t in transitions if t["address"] != faulty]
+    false_cuts = [t for t in others if is_cut(t["to"])]
+    false_q = [t for t in others if is_quarantine(t["to"])]
+    after_cut = [r for r in after if first_cut and r["sent_at"] >= first_cut["at"]]
+    states_at_onset = {}
+    for c in weights_changes:
+        if c["seen_at"] > onset:
+            break
+        states_at_onset = {addr: ws[1] for addr, ws in c["nodes"].items()}
+
+    def rel(t: dict[str, Any] | None, key: str = "at") -> float | None:
+        return round(t[key] - onset, 1) if t else None
+
+    return {
+        "onset_to_first_cut_s": rel(first_cut),
+        "first_cut_state": first_cut["to"] if first_cut else None,
+        "first_cut_published_s": rel(published, "seen_at"),
+        "onset_to_quarantine_s": rel(first_q),
+        "faulty_transitions_after_onset": [f"+{t['at'] - onset:.1f}s {t['from']}->{t['to']} ({t['reason']})"
+                                           for t in faulty_tr][:40],
+        "false_cuts": len(false_cuts),
+        "false_quarantines": len(false_q),
+        "false_cut_detail": [f"{t['address']} {t['at'] - onset:+.1f}s {t['from']}->{t['to']} ({t['reason']})"
+                             for t in false_cuts][:40],
+        "latency_before_onset": latency_summary(before),
+        "latency_after_onset": latency_summary(after),
+        "faulty_share_before": share(before, faulty),
+        "faulty_share_after": share(after, faulty),
+        "faulty_share_after_cut": share(after_cut, faulty) if first_cut else None,
+        "fair_share": round(1 / len(addresses), 3) if addresses else None,
+        "per_node_before": per_node(before),
+        "per_node_after": per_node(after),
+        "states_at_onset": states_at_onset,
+        "weights_changes_seen": len(weights_changes),
+    }
