@@ -64,7 +64,8 @@ def check_directive(directive: str) -> str:
     if not isinstance(directive, str):
         raise ValueError(f"a directive is text, got {type(directive).__name__}")
     text = " ".join(directive.strip().removesuffix(";").split())
-    if not text or len(text) > DIRECTIVE_MAX or not _DIRECTIVE.fullmatch(text):
+    broken = any(c in directive for c in "\r\n\v\f\0")  # one line, whatever the spaces around it
+    if broken or not text or len(text) > DIRECTIVE_MAX or not _DIRECTIVE.fullmatch(text):
         raise ValueError(f"not an upstream directive (a name and plain arguments, at most {DIRECTIVE_MAX} "
                          f"characters, no braces, ';', '#', quotes or line breaks): {directive[:DIRECTIVE_MAX]!r}")
     if text.split()[0] == "server":
