@@ -43,6 +43,41 @@ class ParseError(ValueError):
         self.fmt = fmt
 
 
+# A line longer than this is refused before any pattern reads it (reason LINE_TOO_LONG). The one
+# owner of the rule: the tailer and the shipper import it to skip such a line in the file without
+# reading it into memory whole. Why 1 MiB: the gateways bound their own lines far below it (HAProxy
+# truncates a log line at its `log ... len`, at most 64 KiB; nginx refuses request headers over
+# large_client_header_buffers, 4 x 8 KiB by default, so a combined line holds a few tens of KiB of
+# client text; Envoy's max_request_headers_kb defaults to 60 KiB), and a LiteLLM payload reaches it
+# only by logging the messages of a prompt of some 250,000 tokens (LiteLLM's turn_off_message_logging
+# keeps them out). Every parser is linear in its input, so the cap bounds the work of one line (a few
+# milliseconds at 1 MiB) and it stays far below the tailer's read (tailer.MAX_BYTES, 8 MiB), so a
+# line under the cap always fits one read.
+MAX_LINE_BYTES = 1 << 20
+LINE_TOO_LONG = "line_too_long"
+
+
+def too_long_error(size: int | str) -> ParseError:
+    """The refusal of a line of ``size`` bytes (``"at least N"`` when only a bound is known). It
+    names no format (``fmt`` ""): the line was not read."""
+    return ParseError(LINE_TOO_LONG, f"a line of {size} bytes, over the {MAX_LINE_BYTES}-byte limit of a log line "
+                      "(logformats.MAX_LINE_BYTES): skipped unread")
+
+
+def check_length(line: str) -> None:
+    """Raise ``line_too_long`` when ``line`` is over :data:`MAX_LINE_BYTES` in UTF-8. Every parser
+    calls it first, so no regular expression ever reads more than the cap. Counting the encoded
+    bytes only when the characters alone cannot decide (a character is 1 to 4 bytes) keeps the
+    common case at one ``len``."""
+    n = len(line)
+    if n > MAX_LINE_BYTES:
+        raise too_long_error(f"at least {n}")
+    if n * 4 > MAX_LINE_BYTES and not line.isascii():
+        size = len(line.encode("utf-8", "surrogatepass"))
+        if size > MAX_LINE_BYTES:
+            raise too_long_error(size)
+
+
 NodeMap = Mapping[str, str]
 Parser = Callable[..., dict[str, Any]]
 
@@ -93,12 +128,22 @@ def parse_node_map(text: str) -> dict[str, str]:
     return out
 
 
-def load_object(line: str, *, reason: str, what: str, fmt: str = "") -> dict[str, Any]:
-    """The JSON object on ``line``; ``bad_json`` when it is not JSON, ``reason`` when not an object."""
+def decode_json(line: str, *, what: str, fmt: str = "") -> Any:
+    """The JSON value on ``line`` (at most :data:`MAX_LINE_BYTES`); ``duplicate_key`` when an object
+    names a key twice (:func:`.jsondecode.loads_unique`: which of the two is the gateway's cannot be
+    told), ``bad_json`` when it is not JSON."""
+    check_length(line)
     try:
-        obj = jsondecode.loads(line)
+        return jsondecode.loads_unique(line)
+    except jsondecode.DuplicateKeyError as exc:
+        raise ParseError("duplicate_key", f"{what}: {exc.msg}", fmt=fmt) from None
     except jsondecode.JSONDecodeError as exc:
         raise ParseError("bad_json", f"{what}: {exc}", fmt=fmt) from None
+
+
+def load_object(line: str, *, reason: str, what: str, fmt: str = "") -> dict[str, Any]:
+    """The JSON object on ``line`` (:func:`decode_json`); ``reason`` when it is not an object."""
+    obj = decode_json(line, what=what, fmt=fmt)
     if not isinstance(obj, dict):
         raise ParseError(reason, f"{what} must be an object", fmt=fmt)
     return obj
@@ -131,6 +176,8 @@ def _named(name: str, parse: Parser) -> Parser:
     """``parse`` whose refusals name the format the line looks like (see module docstring)."""
 
     def parse_named(line: str, *, node_map: NodeMap | None = None) -> dict[str, Any]:
+        if isinstance(line, str):
+            check_length(line)  # before any pattern, the sniffing below included
         try:
             rec = parse(line, node_map=node_map)
         except ParseError as exc:

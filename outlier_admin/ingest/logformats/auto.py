@@ -24,19 +24,24 @@ from typing import Any
 from outlier_admin.ingest.logformats import (
     _PARSERS,
     LABELS,
+    MAX_LINE_BYTES,
     NodeMap,
     ParseError,
+    check_length,
+    decode_json,
     envoy,
     haproxy,
     jsondecode,
     jsonl,
     litellm,
+    nginx,
     openai,
 )
 
-_ENVOY_TEXT = re.compile(r'^\[\d{4}-\d{2}-\d{2}T[^\]]*\] "')
-_NGINX = re.compile(r'^\S+ - \S+ \[\d{2}/[A-Za-z]{3}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4}\] "')
-_HAPROXY_TAG = re.compile(r"haproxy\[\d+\]: ")
+# Every test is anchored or of fixed length: sniffing runs on every refused line of every format,
+# so it must cost a constant per character (it is reached with lines of up to MAX_LINE_BYTES).
+_ENVOY_TEXT = re.compile(r'^\[\d{4}-\d{2}-\d{2}T[^\[\]]{1,40}\] "')
+_HAPROXY_TAG = re.compile(r"haproxy\[\d{1,10}\]: ")
 
 
 def json_format(obj: dict[str, Any]) -> str | None:
@@ -58,6 +63,8 @@ def json_format(obj: dict[str, Any]) -> str | None:
 
 def sniff(line: str) -> str | None:
     """The key in ``FORMATS`` of the format ``line`` looks like, or None."""
+    if len(line) > MAX_LINE_BYTES:
+        return None  # not read: refused line_too_long by every parser
     text = line.strip()
     if not text:
         return None
@@ -69,7 +76,7 @@ def sniff(line: str) -> str | None:
         return json_format(obj) if isinstance(obj, dict) else None
     if _ENVOY_TEXT.match(text):
         return "envoy"
-    if _NGINX.match(text):
+    if nginx.looks_like(text):
         return "nginx"
     if _HAPROXY_TAG.search(text) or haproxy.looks_like(text):
         return "haproxy"
@@ -84,12 +91,10 @@ def parse_line(line: str, *, node_map: NodeMap | None = None) -> dict[str, Any]:
     """Recognise ``line``'s format and parse it (see module docstring)."""
     if not isinstance(line, str):
         raise ParseError("unrecognized_format", "line is not text")
+    check_length(line)
     text = line.strip()
     if text.startswith("{"):
-        try:
-            obj = jsondecode.loads(text)
-        except jsondecode.JSONDecodeError as exc:
-            raise ParseError("bad_json", f"a JSON line that does not decode: {exc}") from None
+        obj = decode_json(text, what="a JSON line")
         fmt = json_format(obj) if isinstance(obj, dict) else None
         if fmt is None:
             raise ParseError("unrecognized_format", "a JSON value with none of the fields of LiteLLM, Envoy, "

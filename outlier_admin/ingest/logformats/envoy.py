@@ -26,6 +26,22 @@ it decoded in no time.
 - ``request_id``: ``x-request-id``; ``group``: ``group`` when the log carries one.
 
 Lines without an upstream (``null`` / ``-``: no route, local reply) raise ``no_upstream``.
+
+**Which fields a client writes.** In the default text format the request line, ``X-Forwarded-For``,
+``User-Agent``, ``X-Request-Id`` and ``:authority`` come from the client, and Envoy writes them
+between quotes *without escaping a quote inside them* (envoyproxy/envoy#4191): a User-Agent of
+``curl/8" "atk-1" "llm" "127.0.4.3:18950`` would end the field early and write a request id, an
+authority and an upstream host of the client's choosing. What Envoy itself writes — the start
+time, the status, the byte counts, ``%DURATION%``, the upstream service time and
+``%UPSTREAM_HOST%`` — holds no quote, so a line is read by its quotes: exactly 12 (six quoted
+fields), the six around the client's fields single spaces, the upstream host last. Any other count
+is refused ``field_count``: which of the quotes are Envoy's cannot be told, and a client's quote
+would otherwise pick the node. The fields are never searched for with patterns (every step is
+linear in the line). Configure Envoy's JSON access log (``json_format``) instead: it escapes every
+value, so no header can reach another field (a JSON line naming a key twice is refused
+``duplicate_key``). A format that appends fields to the default one is refused too: log it as JSON.
+``x-request-id`` is the client's when it sends one and Envoy keeps it (the default away from the
+edge, or ``preserve_external_request_id``): it names the record, never its node.
 """
 
 from __future__ import annotations
@@ -33,17 +49,24 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from outlier_admin.ingest.logformats import NodeMap, ParseError, default_node, load_object, map_node
+from outlier_admin.ingest.logformats import (
+    NodeMap,
+    ParseError,
+    check_length,
+    default_node,
+    load_object,
+    map_node,
+)
 from outlier_admin.ingest.logformats.openai import address_of, first, number, tokens_of
 
 NAME = "envoy"
 _TTFT = ("response_duration", "ttft_ms")
-_Q = r'"(?P<{}>[^"]*)"'
-_TEXT = re.compile(
-    r'^\[(?P<start>[^\]]+)\] "(?P<request>[^"]*)" (?P<code>\d+) (?P<flags>\S+) (?P<rx>\S+) (?P<tx>\S+) '
-    r"(?P<duration>\S+) (?P<ust>\S+) " + " ".join(_Q.format(k) for k in ("xff", "ua", "rid", "authority", "upstream"))
-    + r"(?P<rest>.*)$"
-)
+# The default text format (module docstring), cut at its quotes: [start] "request" middle "xff"
+# "ua" "rid" "authority" "upstream" -> 13 pieces, the odd ones quoted.
+_QUOTES = 12
+_START = re.compile(r"^\[(?P<start>[^\[\]]{1,64})\] $")
+_MIDDLE = re.compile(r"^ (?P<code>\d{1,3}) (?P<flags>\S+) (?P<rx>\S+) (?P<tx>\S+) (?P<duration>\S+) (?P<ust>\S+) $")
+_UPSTREAM = re.compile(r"^[^\s\"]{1,300}$")
 
 
 def _start(value: Any) -> float:
@@ -69,17 +92,33 @@ def _node(upstream: Any, node_map: NodeMap | None) -> str:
 
 def parse_text(line: str, *, node_map: NodeMap | None = None) -> dict[str, Any]:
     """One line of Envoy's default text format -> ingest record (see module docstring)."""
-    m = _TEXT.match(line.strip())
-    if m is None:
+    check_length(line)
+    text = line.strip()
+    parts = text.split('"')
+    start = _START.match(parts[0])
+    if start is None or len(parts) < 3:
         raise ParseError("bad_format", "not Envoy's default text access-log format", fmt=NAME)
-    g = m.groupdict()
-    node = _node(g["upstream"], node_map)
-    if not g["duration"].isdigit():
+    if len(parts) != _QUOTES + 1:
+        raise ParseError("field_count", f"{len(parts) - 1} quotes where Envoy's default format writes {_QUOTES}: a "
+                         "quote inside a header a client sends (User-Agent, X-Forwarded-For, X-Request-Id, "
+                         ":authority, the path) could choose the node, so the line is not read; configure "
+                         "Envoy's JSON access log (json_format), which escapes them", fmt=NAME)
+    middle = _MIDDLE.match(parts[2])
+    if middle is None or parts[4] != " " or parts[6] != " " or parts[8] != " " or parts[10] != " " or parts[12]:
+        raise ParseError("bad_format", "Envoy's default text format has six quoted fields in this order: "
+                         '"request" code flags rx tx duration upstream-time "xff" "ua" "rid" "authority" "upstream"',
+                         fmt=NAME)
+    upstream = parts[11]
+    if upstream != "-" and _UPSTREAM.match(upstream) is None:
+        raise ParseError("bad_upstream_host", f"%UPSTREAM_HOST% {upstream[:40]!r}", fmt=NAME)
+    node = _node(upstream, node_map)
+    g = middle.groupdict()
+    if not g["duration"].isdigit() or len(g["duration"]) > 10:
         raise ParseError("no_latency", f"%DURATION% is {g['duration'][:20]!r}", fmt=NAME)
     total_ms = float(g["duration"])
-    rid = g["rid"]
+    rid = parts[7]
     return {
-        "ts": _start(g["start"]) + total_ms / 1000.0,
+        "ts": _start(start["start"]) + total_ms / 1000.0,
         "node": node,
         "prompt_tokens": None,
         "completion_tokens": None,
@@ -121,6 +160,7 @@ def parse_object(obj: dict[str, Any], *, node_map: NodeMap | None = None) -> dic
 
 def parse_line(line: str, *, node_map: NodeMap | None = None) -> dict[str, Any]:
     """One Envoy access-log line, JSON or the default text format -> ingest record."""
+    check_length(line)
     if line.lstrip().startswith("["):
         return parse_text(line, node_map=node_map)
     return parse_object(load_object(line, reason="bad_json", what="an Envoy JSON access-log line", fmt=NAME),

@@ -53,42 +53,53 @@ import hashlib
 import re
 from datetime import UTC, datetime, timedelta
 
-try:  # the ingest package's shared error type; the fallback keeps this module usable on its own
-    from outlier_admin.ingest.logformats import ParseError
-except ImportError:  # pragma: no cover - only when the ingest package is absent
-
-    class ParseError(ValueError):  # type: ignore[no-redef]
-        """A line that is not a usable record; ``reason`` is a short code kept with the line."""
-
-        def __init__(self, reason: str, detail: str = "") -> None:
-            super().__init__(f"{reason}: {detail}" if detail else reason)
-            self.reason = reason
-            self.detail = detail
-
+from outlier_admin.ingest.logformats import ParseError, check_length
 
 NAME = "haproxy"
 
-_HTTP_LOG = re.compile(
-    r"(?P<client>\S+):(?P<cport>\d+) "
-    r"\[(?P<date>\d{2}/[A-Za-z]{3}/\d{4}:\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?)\] "
+# The accept date, "[06/Feb/2009:12:14:14.655] ": the first one in the line is HAProxy's own, since
+# nothing a client sends comes before it (the syslog prefix, then %ci:%cp). A fixed-length pattern, so
+# searching for it costs a constant per character; the client address is the word before it, and
+# the rest is matched from the date on (anchored), never searched for.
+_DATE = re.compile(r" \[(?P<date>\d{2}/[A-Za-z]{3}/\d{4}:\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?)\] ")
+# After the date. Every repeat is of a class its separator is not in (a failing match backtracks a
+# constant per character). A captured header cannot hold "{", "|", "}" nor '"': HAProxy writes
+# them as #7B, #7C, #7D, #22 (and '"' in the request as #22), so a client's header cannot close a
+# block or open another; a line where one does was not written by HAProxy's escaping and is refused.
+_HTTP_REST = re.compile(
     r"(?P<frontend>\S+) (?P<backend>[^\s/]+)/(?P<server>\S+) "
-    r"(?P<TR>-?\d+)/(?P<Tw>-?\d+)/(?P<Tc>-?\d+)/(?P<Tr>-?\d+)/(?P<Ta>\+?-?\d+) "
-    r"(?P<status>-?\d+) (?P<bytes>\+?\d+) \S+ \S+ (?P<term>\S{4}) "
+    r"(?P<TR>-?\d{1,10})/(?P<Tw>-?\d{1,10})/(?P<Tc>-?\d{1,10})/(?P<Tr>-?\d{1,10})/(?P<Ta>\+?-?\d{1,10}) "
+    r"(?P<status>-?\d{1,3}) (?P<bytes>\+?\d+) \S+ \S+ (?P<term>\S{4}) "
     r"\d+/\d+/\d+/\d+/\+?\d+ \d+/\d+"
-    r"(?P<captures>(?: \{[^}]*\}){0,2}) "
-    r"\"(?P<request>[^\"]*)\"?\s*$"
+    r'(?P<captures>(?: \{[^{}"]*\}){0,2}) '
+    r'"(?P<request>[^"]*)"?$'
 )
 # option tcplog: three timers (Tw/Tc/Tt), no status code; recognised to give a precise reason.
-_TCP_LOG = re.compile(
-    r"\S+:\d+ \[[^\]]+\] \S+ \S+ -?\d+/-?\d+/\+?-?\d+ \+?\d+ \S{2} \d+/\d+/\d+/\d+/\+?\d+ \d+/\d+\s*$"
-)
+_TCP_REST = re.compile(r"\S+ \S+ -?\d+/-?\d+/\+?-?\d+ \+?\d+ \S{2} \d+/\d+/\d+/\d+/\+?\d+ \d+/\d+$")
 _NO_SERVER = {"<NOSRV>", "<STATS>", "<CACHE>"}
-_NOTICE = re.compile(r"haproxy\[\d+\]: (?:Server|Proxy|Backup Server|backend|Health check) ")
+_NOTICE = re.compile(r"haproxy\[\d{1,10}\]: (?:Server|Proxy|Backup Server|backend|Health check) ")
+
+
+def _body(text: str) -> tuple[int, re.Match[str]] | None:
+    """Where the log body starts (the client address) and the accept date, or None."""
+    date = _DATE.search(text)
+    if date is None:
+        return None
+    start = max(text.rfind(" ", 0, date.start()), text.rfind("\t", 0, date.start())) + 1
+    host, sep, port = text[start:date.start()].rpartition(":")
+    if not host or not sep or not port.isdigit() or len(port) > 5:
+        return None
+    return start, date
 
 
 def looks_like(text: str) -> bool:
     """Whether ``text`` is an HAProxy HTTP or TCP log line (however it would parse)."""
-    return bool(_HTTP_LOG.search(text) or _TCP_LOG.search(text))
+    check_length(text)
+    body = _body(text.strip())
+    if body is None:
+        return False
+    rest = body[1].end()
+    return bool(_HTTP_REST.match(text.strip(), rest) or _TCP_REST.match(text.strip(), rest))
 
 
 def _ms(value: str) -> int:
@@ -102,15 +113,17 @@ def parse_line(line: str, *, node_map: dict[str, str] | None = None) -> dict:
     text = line.strip()
     if not text:
         raise ParseError("empty_line")
-    match = _HTTP_LOG.search(text)
-    if match is None:
-        if _TCP_LOG.search(text):
+    check_length(text)
+    body = _body(text)
+    match = _HTTP_REST.match(text, body[1].end()) if body is not None else None
+    if body is None or match is None:
+        if body is not None and _TCP_REST.match(text, body[1].end()):
             raise ParseError("tcp_log", "HAProxy TCP log (option tcplog) has no HTTP status or response timer")
         if _NOTICE.search(text):
             # "Server llm/s3 is going DOWN", "Proxy llm_in started": HAProxy's own events, same target.
             raise ParseError("not_a_request", "an HAProxy notice, not a request log line")
         raise ParseError("bad_format", "not an HAProxy HTTP log line (option httplog default format)")
-    g = match.groupdict()
+    g = {**match.groupdict(), "date": body[1]["date"]}
     server = g["server"]
     if server in _NO_SERVER:
         raise ParseError("no_upstream", f"request never reached a server ({server}, termination {g['term']})")
@@ -135,7 +148,7 @@ def parse_line(line: str, *, node_map: dict[str, str] | None = None) -> dict:
     node_map = node_map or {}
     backend = g["backend"]
     node = node_map.get(f"{backend}/{server}") or node_map.get(server) or server
-    body = text[match.start():]
+    logged = text[body[0]:]
     return {
         "ts": (accepted + timedelta(milliseconds=_ms(g["Ta"]))).isoformat(),
         "node": node,
@@ -144,7 +157,7 @@ def parse_line(line: str, *, node_map: dict[str, str] | None = None) -> dict:
         "ttft_ms": ttft_ms,
         "total_ms": float(total_ms),
         "status": status,
-        "request_id": "haproxy-" + hashlib.sha1(body.encode("utf-8")).hexdigest()[:16],
+        "request_id": "haproxy-" + hashlib.sha1(logged.encode("utf-8")).hexdigest()[:16],
     }
 
 

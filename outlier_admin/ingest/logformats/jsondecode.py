@@ -107,3 +107,65 @@ def loads_stdlib(data: str | bytes | bytearray | memoryview) -> Any:
 
 
 loads = orjson.loads if orjson is not None else loads_stdlib
+
+
+class DuplicateKeyError(JSONDecodeError):
+    """An object names one key twice (:func:`loads_unique`)."""
+
+
+class _Duplicate(ValueError):
+    """Raised by :func:`_unique_pairs` with the repeated key."""
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Duplicate(key)
+            seen.add(key)
+    return obj
+
+
+# Reads only the keys' uniqueness, on text :func:`loads` has already taken; numbers as 0, cheaply.
+_PAIRS_DECODER = json.JSONDecoder(object_pairs_hook=_unique_pairs, parse_float=lambda _: 0,
+                                  parse_int=lambda _: 0, parse_constant=lambda _: 0)
+_KEY_WITH_SPACE = re.compile(r'"[ \t\r\n]+:')
+
+
+def _keys_in(obj: Any) -> int:
+    count, stack = 0, [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            count += len(item)
+            stack.extend(v for v in item.values() if isinstance(v, dict | list))
+        elif isinstance(item, list):
+            stack.extend(v for v in item if isinstance(v, dict | list))
+    return count
+
+
+def loads_unique(data: str | bytes) -> Any:
+    """:func:`loads`, refusing an object that names a key twice (:class:`DuplicateKeyError`).
+
+    Why: a decoder keeps the last of two equal keys, so whoever writes into a log line written
+    without JSON escaping (nginx ``escape=none``) could add a ``"node"`` of their choosing after the
+    real one. Both decoders keep one of the two silently, so the text is checked: in JSON text with
+    no ``\\"`` (an escaped quote, or a backslash closing a string) every ``":`` ends a key, so when
+    their count equals the decoded objects' keys and no key is spaced from its colon, no key was
+    dropped. Any other text (a quote inside a value, pretty-printed JSON) is read once more by the
+    standard library's decoder, which sees every pair. Linear in the text either way."""
+    obj = loads(data)
+    if not isinstance(obj, dict | list):
+        return obj
+    text = data if isinstance(data, str) else bytes(data).decode("utf-8", "replace")
+    if '\\"' not in text and not _KEY_WITH_SPACE.search(text) and text.count('":') == _keys_in(obj):
+        return obj
+    try:
+        _PAIRS_DECODER.decode(text)
+    except _Duplicate as exc:
+        raise DuplicateKeyError(f"key {str(exc)[:40]!r} appears twice in one object", text[:100], 0) from None
+    except RecursionError:  # nested deeper than the standard library reads (about 990 levels)
+        raise JSONDecodeError("nested too deep to check its keys", text[:100], 0) from None
+    return obj

@@ -32,6 +32,21 @@ node's time, without gateway queueing), else ``$request_time``. ``ts`` is ``$tim
 at request end). Without token counts the record is latency-only; without ``$upstream_addr`` its
 node is the source's ``*`` entry of the node map (an nginx in front of one node), else the line is
 refused (``no_upstream``); without any time it is refused (``no_latency``), naming what to append.
+**Which fields decide what** (the client writes ``$remote_user``, the request, the referer and the
+user agent): nginx writes a ``"`` inside any variable as ``\\x22`` (``escape=default``; ``escape=json``
+and Apache write ``\\"``), so the first six unescaped quotes of a line are the borders of
+``"$request"``, ``"$http_referer"`` and ``"$http_user_agent"`` whatever a client sends, and the
+node and the times come from the fields after them, which nginx writes. A line is split at its
+quotes, not searched with patterns that a client's text could satisfy, and it is refused
+(``field_count``) when its quotes do not fall where the format puts them: a quote written raw
+(``escape=none``, or another program writing "combined") would let a client end the user agent
+early and write fields of its own. After the user agent, a quote may only enclose a value
+(``urt="0.070"``); a key given twice (``duplicate_key``), a field given both by name and by
+position, or two upstream addresses by position (``ambiguous_fields``) are refused, so text a
+client managed to smuggle into the suffix cannot outvote nginx's own fields. ``escape=none`` is
+not supported: with it a client can still add a ``ua=`` field to a log that logs no upstream.
+``$remote_user`` is read as nginx writes it, raw (a Basic-auth user name may hold spaces), and is
+never used. Every step is linear in the line (at most :data:`MAX_LINE_BYTES`).
 """
 
 from __future__ import annotations
@@ -41,19 +56,23 @@ import re
 from datetime import datetime
 from typing import Any
 
-from outlier_admin.ingest.logformats import NodeMap, ParseError, default_node, map_node
+from outlier_admin.ingest.logformats import NodeMap, ParseError, check_length, default_node, map_node
 
+NAME = "nginx"
+# After the user agent, ingress-nginx's fields (the upstream lists: "a, b" on retries). Read from
+# the tail only, never across the client's fields; every repeat is of a class its separator is not
+# in, so a failing match backtracks a constant amount per character.
 _LIST = r"[^\s,]+(?:, [^\s,]+)*"
-_LINE = re.compile(
-    r'^(?P<remote_addr>\S+) - (?P<remote_user>\S+) \[(?P<time_local>[^\]]+)\] "(?P<request>[^"]*)" '
-    r'(?P<status>\d{3}) (?P<body_bytes_sent>\S+) "(?P<referer>[^"]*)" "(?P<user_agent>[^"]*)" '
-    r"(?P<request_length>\S+) (?P<request_time>\S+) \[(?P<upstream_name>[^\]]*)\] "
+_INGRESS_TAIL = re.compile(
+    r"^ (?P<request_length>\S+) (?P<request_time>\S+) \[(?P<upstream_name>[^\]]*)\] "
     r"\[(?P<alt_upstream_name>[^\]]*)\] "
     rf"(?P<upstream_addr>{_LIST}) (?P<upstream_response_length>{_LIST}) "
     rf"(?P<upstream_response_time>{_LIST}) (?P<upstream_status>{_LIST}) (?P<req_id>\S+)"
     r"(?: (?P<extra>.*))?$"
 )
-_EXTRA = re.compile(r"(\w+)=(\S+)")
+_STATUS_BYTES = re.compile(r"^ (?P<status>\d{3}) (?P<body_bytes_sent>\S+) $")
+_TIME_LOCAL = re.compile(r"\[(?P<time_local>[^\[\]]{1,64})\] $")
+_KEY_VALUE = re.compile(r'^[A-Za-z_]\w*="[^"]*"$')
 
 
 def valid_upstream(address: str) -> bool:
@@ -61,7 +80,7 @@ def valid_upstream(address: str) -> bool:
     if address.startswith("unix:"):
         return len(address) > 5
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) <= 65535 or not host:
+    if not sep or not port.isdigit() or len(port) > 5 or not 0 < int(port) <= 65535 or not host:
         return False
     if host.startswith("["):
         if not host.endswith("]"):
@@ -73,15 +92,126 @@ def valid_upstream(address: str) -> bool:
     return True
 
 
-def parse_fields(line: str) -> dict[str, Any]:
-    """The raw fields of one line (strings; upstream lists split into Python lists)."""
-    m = _LINE.match(line.rstrip("\r\n"))
+def split_quoted(line: str) -> list[str]:
+    """``line`` cut at its unescaped quotes: outside, inside, outside, ... A quote after an odd run
+    of backslashes is escaped (``\\"``: ``escape=json``, Apache). Linear: each piece is read once."""
+    pieces = line.split('"')
+    if "\\" not in line:
+        return pieces
+    out: list[str] = []
+    field = [pieces[0]]
+    for piece in pieces[1:]:
+        last = field[-1]
+        if (len(last) - len(last.rstrip("\\"))) % 2:
+            field.append(piece)  # an escaped quote: the same field goes on
+        else:
+            out.append('"'.join(field))
+            field = [piece]
+    out.append('"'.join(field))
+    return out
+
+
+def _field_count(detail: str) -> ParseError:
+    return ParseError("field_count", detail + ": a quote written unescaped inside $request, $http_referer or "
+                      "$http_user_agent (log_format ... escape=none, or a program other than nginx) lets a "
+                      "client write fields of its own, so the line is not read", fmt=NAME)
+
+
+def _head(prefix: str) -> dict[str, str] | None:
+    """``$remote_addr - $remote_user [$time_local] `` (the text before the first quote), or None.
+    The time is the last bracket (it holds none); the user is what lies between, spaces and all."""
+    bracket = prefix.rfind("[")
+    m = _TIME_LOCAL.match(prefix, bracket) if bracket > 0 else None
     if m is None:
-        raise ParseError("bad_format", "line does not match the ingress-nginx upstream log format", fmt="nginx")
-    fields: dict[str, Any] = m.groupdict()
+        return None
+    addr, sep, user = prefix[:bracket].partition(" - ")
+    if not sep or not addr or " " in addr or not user.endswith(" ") or len(user) < 2:
+        return None
+    return {"remote_addr": addr, "remote_user": user[:-1], "time_local": m["time_local"]}
+
+
+_SNIFF_TIME = re.compile(r"^\d{2}/[A-Za-z]{3}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4}$")
+
+
+def looks_like(text: str) -> bool:
+    """Whether ``text`` starts like an nginx access-log line (``addr - user [dd/Mon/yyyy:...] "``)."""
+    quote = text.find('"')
+    head = _head(text[:quote]) if 0 < quote <= 4096 + 64 else None
+    return head is not None and _SNIFF_TIME.match(head["time_local"]) is not None
+
+
+def _split(line: str) -> tuple[dict[str, Any], str] | None:
+    """The combined fields and the text after the user agent; None when the line does not start like
+    nginx's; ``field_count`` when it does but its quotes are not where the format puts them."""
+    check_length(line)
+    line = line.rstrip("\r\n")
+    quote = line.find('"')
+    head = _head(line[:quote]) if quote > 0 else None
+    if head is None:
+        return None
+    parts = split_quoted(line)
+    if len(parts) < 7 or len(parts) % 2 == 0:
+        raise _field_count(f"{len(parts) - 1} quotes where the format writes 6, then pairs")
+    middle = _STATUS_BYTES.match(parts[2])
+    if middle is None or parts[4] != " ":
+        raise _field_count("the quoted fields are not where the combined format puts them")
+    tail = '"'.join(parts[6:])
+    if tail and tail[0] != " ":
+        raise _field_count("text right after the user agent's closing quote")
+    return {**head, "request": parts[1], **middle.groupdict(), "referer": parts[3], "user_agent": parts[5]}, tail
+
+
+def _tail_tokens(tail: str) -> list[str]:
+    """The whitespace-separated fields of ``tail``, a list written ``a, b`` (retries) or ``a : b``
+    (upstream groups) joined into one ``a,b``. Linear: one split, one pass (the regular
+    expression ``\\s*(?:,| : )\\s*`` it replaces was quadratic in a run of spaces)."""
+    out: list[str] = []
+    join = False
+    for token in tail.split():
+        if token in (",", ":"):
+            join = bool(out)
+            continue
+        if out and (join or out[-1].endswith(",") or token.startswith(",")):
+            out[-1] = out[-1].rstrip(",") + "," + token.lstrip(",")
+        else:
+            out.append(token)
+        join = False
+    return out
+
+
+def _extra(tokens: list[str]) -> tuple[dict[str, str], list[str]]:
+    """``key=value`` fields (quotes around a value dropped) and the positional rest. A quote may
+    only enclose a value; a key may appear once."""
+    extra: dict[str, str] = {}
+    positional: list[str] = []
+    for token in tokens:
+        key, sep, value = token.partition("=")
+        if '"' in token and (not sep or _KEY_VALUE.match(token) is None):
+            raise _field_count(f"a quote in {token[:40]!r} after the user agent, where only key=\"value\" has one")
+        if sep and key.isidentifier():
+            if key in extra:
+                raise ParseError("duplicate_key", f"{key}= appears twice after the user agent", fmt=NAME)
+            extra[key] = value.strip('"')
+        else:
+            positional.append(token)
+    return extra, positional
+
+
+def parse_fields(line: str) -> dict[str, Any]:
+    """The raw fields of one ingress-nginx line (strings; upstream lists split into Python lists)."""
+    split = _split(line)
+    m = _INGRESS_TAIL.match(split[1]) if split is not None else None
+    if split is None or m is None:
+        raise ParseError("bad_format", "line does not match the ingress-nginx upstream log format", fmt=NAME)
+    return _ingress_fields(split[0], m)
+
+
+def _ingress_fields(head: dict[str, Any], m: re.Match[str]) -> dict[str, Any]:
+    fields: dict[str, Any] = {**head, **m.groupdict()}
     for key in ("upstream_addr", "upstream_response_length", "upstream_response_time", "upstream_status"):
         fields[key] = fields[key].split(", ")
-    fields["extra"] = dict(_EXTRA.findall(fields.get("extra") or ""))
+    extra, _ = _extra(_tail_tokens(fields.get("extra") or ""))
+    fields["extra"] = extra
     return fields
 
 
@@ -89,14 +219,9 @@ def _float(value: str, field: str) -> float:
     try:
         return float(value)
     except ValueError:
-        raise ParseError(f"bad_{field}", f"{field} {value!r} is not a number", fmt="nginx") from None
+        raise ParseError(f"bad_{field}", f"{field} {value[:40]!r} is not a number", fmt=NAME) from None
 
 
-_COMBINED = re.compile(
-    r'^(?P<remote_addr>\S+) - (?P<remote_user>\S+) \[(?P<time_local>[^\]]+)\] "(?P<request>[^"]*)" '
-    r'(?P<status>\d{3}) (?P<body_bytes_sent>\S+) "(?P<referer>[^"]*)" "(?P<user_agent>[^"]*)"'
-    r"(?P<tail>(?: .*)?)$"
-)
 _KEYS = {"rt": "request_time", "request_time": "request_time", "urt": "upstream_response_time",
          "upstream_response_time": "upstream_response_time", "ua": "upstream_addr", "upstream_addr": "upstream_addr"}
 _NUMBER = re.compile(r"^\d+(?:\.\d+)?$")
@@ -113,23 +238,21 @@ def _is_times(token: str) -> bool:
 def combined_fields(line: str) -> dict[str, Any] | None:
     """The fields of a ``combined`` line with its optional suffix (see module docstring), or None.
     Lists (retries, upstream groups) are Python lists; ``extra`` holds the ``key=value`` fields."""
-    m = _COMBINED.match(line.rstrip("\r\n"))
-    if m is None:
+    return _combined(_split(line))
+
+
+def _combined(split: tuple[dict[str, Any], str] | None) -> dict[str, Any] | None:
+    if split is None:
         return None
-    fields: dict[str, Any] = {k: v for k, v in m.groupdict().items() if k != "tail"}
-    # Lists are written "a, b" (retries) and "a : b" (upstream groups): one token each.
-    tail = re.sub(r"\s*(?:,| : )\s*", ",", m["tail"]).split()
-    extra: dict[str, str] = {}
-    positional: list[str] = []
-    for token in tail:
-        key, sep, value = token.partition("=")
-        if sep and key.isidentifier():
-            extra[key] = value.strip('"')
-        else:
-            positional.append(token)
-    named = {"request_time": None, "upstream_addr": None, "upstream_response_time": None}
-    addr_at = next((i for i, t in enumerate(positional) if _is_address(t)), None)
-    if addr_at is not None:
+    fields, tail = split
+    extra, positional = _extra(_tail_tokens(tail))
+    named: dict[str, str | None] = {"request_time": None, "upstream_addr": None, "upstream_response_time": None}
+    addrs = [i for i, t in enumerate(positional) if _is_address(t)]
+    if len(addrs) > 1:
+        raise ParseError("ambiguous_fields", f"{len(addrs)} upstream addresses after the user agent, where the "
+                         "format writes one", fmt=NAME)
+    if addrs:
+        addr_at = addrs[0]
         named["upstream_addr"] = positional[addr_at]
         before = [t for t in positional[:addr_at] if _is_times(t)]
         after = [t for t in positional[addr_at + 1:] if _is_times(t) or t == "-"]
@@ -143,7 +266,10 @@ def combined_fields(line: str) -> dict[str, Any] | None:
         named["request_time"] = positional[0]
     for key, value in extra.items():
         if key in _KEYS:
-            named[_KEYS[key]] = value.replace(", ", ",")
+            if named[_KEYS[key]] not in (None, "-"):
+                raise ParseError("ambiguous_fields", f"{_KEYS[key]} given both by position and as {key}=",
+                                 fmt=NAME)
+            named[_KEYS[key]] = value
     for key, value in named.items():
         fields[key] = None if value in (None, "-") else value.split(",")
     fields["extra"] = extra
@@ -154,7 +280,7 @@ def _timestamp(time_local: str) -> float:
     try:
         return datetime.strptime(time_local, "%d/%b/%Y:%H:%M:%S %z").timestamp()
     except ValueError:
-        raise ParseError("bad_time_local", f"time_local {time_local!r}", fmt="nginx") from None
+        raise ParseError("bad_time_local", f"time_local {time_local!r}", fmt=NAME) from None
 
 
 def _tokens(extra: dict[str, str]) -> dict[str, Any]:
@@ -175,18 +301,18 @@ def _upstream(addrs: list[str] | None, node_map: NodeMap | None, what: str) -> s
         if fallback is None:
             raise ParseError("no_upstream", f"{what}: no $upstream_addr, so no node (append $upstream_addr to "
                              "the log_format, or give the source a node for such lines: --node-map '*=ADDR')",
-                             fmt="nginx")
+                             fmt=NAME)
         return fallback
     if not valid_upstream(upstream):
-        raise ParseError("bad_upstream_addr", f"{upstream!r} is not host:port, [ipv6]:port or unix:path", fmt="nginx")
+        raise ParseError("bad_upstream_addr", f"{upstream!r} is not host:port, [ipv6]:port or unix:path", fmt=NAME)
     return map_node(upstream, node_map)
 
 
-def _parse_combined(line: str, node_map: NodeMap | None) -> dict[str, Any]:
-    f = combined_fields(line)
+def _parse_combined(split: tuple[dict[str, Any], str] | None, node_map: NodeMap | None) -> dict[str, Any]:
+    f = _combined(split)
     if f is None:
         raise ParseError("bad_format", "line matches neither nginx combined nor the ingress-nginx format",
-                         fmt="nginx")
+                         fmt=NAME)
     node = _upstream(f["upstream_addr"], node_map, "nginx combined")
     times = f["upstream_response_time"]
     total = times[-1] if times and (f["upstream_addr"] is None or len(times) == len(f["upstream_addr"])) else None
@@ -195,7 +321,7 @@ def _parse_combined(line: str, node_map: NodeMap | None) -> dict[str, Any]:
     if total in (None, "-"):
         raise ParseError("no_latency", "nginx combined: no $request_time nor $upstream_response_time in the line "
                          "(append '$request_time $upstream_addr $upstream_response_time' to the log_format)",
-                         fmt="nginx")
+                         fmt=NAME)
     extra = f["extra"]
     request_id = extra.get("request_id") or extra.get("req_id")
     return {
@@ -211,9 +337,11 @@ def _parse_combined(line: str, node_map: NodeMap | None) -> dict[str, Any]:
 
 def parse_line(line: str, *, node_map: NodeMap | None = None) -> dict[str, Any]:
     """One access-log line (ingress-nginx, else combined) -> ingest record (see module docstring)."""
-    if _LINE.match(line.rstrip("\r\n")) is None:
-        return _parse_combined(line, node_map)
-    f = parse_fields(line)
+    split = _split(line)
+    m = _INGRESS_TAIL.match(split[1]) if split is not None else None
+    if split is None or m is None:
+        return _parse_combined(split, node_map)
+    f = _ingress_fields(split[0], m)
     upstream = _upstream(f["upstream_addr"], node_map, "ingress-nginx")
     extra = f["extra"]
     times = f["upstream_response_time"]
@@ -221,7 +349,7 @@ def parse_line(line: str, *, node_map: NodeMap | None = None) -> dict[str, Any]:
     total_s = _float(last_time if last_time != "-" else f["request_time"], "request_time")
     statuses = f["upstream_status"]
     last_status = statuses[-1] if len(statuses) == len(f["upstream_addr"]) else "-"
-    status = int(last_status) if last_status.isdigit() else int(f["status"])
+    status = int(last_status) if last_status.isdigit() and len(last_status) == 3 else int(f["status"])
     return {
         "ts": _timestamp(f["time_local"]),
         "node": upstream,
