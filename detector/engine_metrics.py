@@ -439,7 +439,12 @@ def progress_row(node: str, prev: tuple[float, EngineCounters] | None, ts: float
                  cur: EngineCounters) -> list | None:
     """The progress row (:data:`ROW_FIELDS`) between the scrape ``prev = (ts, counters)`` and this one;
     ``None`` on the first scrape, when no time passed, or when the decode counters went down (a
-    restart: the next scrape re-bases)."""
+    restart: the next scrape re-bases).
+
+    A row whose tokens come from finished-request counters (llama.cpp without /slots, trtllm-serve)
+    carries no ``running``: its tokens arrive when a request ends, so between two completions a busy
+    node shows a running batch and no token, which on a live source means its streams stalled
+    (:mod:`detector.inflight`). Without the gauge such a row is never read as a stall."""
     if prev is None:
         return None
     prev_ts, before = prev
@@ -465,8 +470,9 @@ def progress_row(node: str, prev: tuple[float, EngineCounters] | None, ts: float
             running = float(len(cur.slots))
         elif cur.slots is None and before.slots is None:
             tokens, token_ms = _finished_decode(before, cur)
+            running = None  # late tokens: see the docstring
         else:  # /slots read at one end only: the two decode sources must not count a token twice
-            tokens, token_ms = 0.0, 0.0
+            tokens, token_ms, running = 0.0, 0.0, None  # nothing to judge, and no stall
     elif cur.steps is not None or before.steps is not None:  # TGI, Triton
         decode = _step_decode(before, cur, interval_ms)
         if decode is None:
@@ -477,6 +483,7 @@ def progress_row(node: str, prev: tuple[float, EngineCounters] | None, ts: float
         if _went_down(before, cur, "gen_tokens", "gen_s", "gen_requests"):
             return None
         tokens, token_ms = _finished_decode(before, cur)
+        running = None  # late tokens: see the docstring
         prefills, prefill_ms = _prefill(before, cur)
         prefill_tokens = _computed_tokens(before, cur, prefills)
         if cur.engine == "trtllm":

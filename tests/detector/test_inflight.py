@@ -143,3 +143,25 @@ def test_the_stall_start_survives_a_snapshot_and_an_idle_row_ends_it():
     assert again.a.stall_from[1] == 20.0
     drive(again, fleet, 20.5, 0.25, idle=[1])
     assert math.isnan(again.a.stall_from[1])
+
+
+def test_a_late_source_between_two_completions_is_never_a_stall():
+    # llama.cpp without /slots: its token counters move when a request ends. Between the two captures
+    # both slots were busy (requests_processing 2) and no request ended: no token, and no stall either.
+    from pathlib import Path
+
+    from detector import ProgressBatch
+    from detector.engine_metrics import parse, progress_row
+
+    pages = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp"
+    a, b = (parse((pages / f).read_text()) for f in ("metrics_a.txt", "metrics_b.txt"))
+    assert a.running == b.running == 2
+    row = progress_row("127.0.0.3:8000", (100.0, a), 100.25, b)
+    assert row[3] == 0 and row[8] is None  # tokens, running: nothing a stall could be read from
+    fleet = Fleet(8, seed=15)
+    gd = GroupDetector(Thresholds(), fleet.nodes)
+    drive(gd, fleet, 0, 20)
+    for k in range(12):  # 3 s of such rows right after a completion
+        ts = 20.25 + 0.25 * k
+        gd.ingest_progress(ProgressBatch.from_rows([[fleet.nodes[3], ts, *row[2:]]]))
+    assert math.isnan(gd.a.stall_from[3])
