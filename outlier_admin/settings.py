@@ -201,6 +201,13 @@ INGEST_MAX_LATENCY_MS = envint("INGEST_MAX_LATENCY_MS", 3_600_000, minimum=1000)
 INGEST_MAX_PROMPT_TOKENS = envint("INGEST_MAX_PROMPT_TOKENS", 10_000_000, minimum=1)
 INGEST_MAX_COMPLETION_TOKENS = envint("INGEST_MAX_COMPLETION_TOKENS", 1_000_000, minimum=1)
 INGEST_MAX_BODY_BYTES = envint("INGEST_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
+# Records per pushed body (array elements, NDJSON lines): 413 past it. 100,000 of the smallest useful
+# records (~100 bytes) fill the body limit; 2-byte lines would be 5 M Python objects per request.
+INGEST_MAX_LINES = envint("INGEST_MAX_LINES", 100_000, minimum=1)
+# Refused input kept: a few samples per reason and batch with their counts, at most this many new
+# rows per source (token, log source) and hour (past it, counts only), kept this many days.
+INGEST_REJECTED_ROWS_PER_HOUR = envint("INGEST_REJECTED_ROWS_PER_HOUR", 1000, minimum=1)
+INGEST_REJECTED_KEEP_DAYS = envint("INGEST_REJECTED_KEEP_DAYS", 30, minimum=1)
 # Records with a timestamp further in the future / older than this are rejected records.
 INGEST_MAX_FUTURE_S = envint("INGEST_MAX_FUTURE_S", 300, minimum=0)
 INGEST_RETENTION_S = envint("INGEST_RETENTION_S", 3600, minimum=60)

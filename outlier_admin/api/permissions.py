@@ -49,6 +49,8 @@ def user_can(user: Any, capability: str) -> bool:
         raise KeyError(f"unknown capability {capability!r}")
     if user is None or not getattr(user, "is_authenticated", False):
         return False
+    if getattr(user, "pk", None) and not getattr(user, "is_active", False):
+        return False  # a deactivated account holds no role, however it got here (session, token)
     if getattr(user, "is_superuser", False) and getattr(user, "is_active", False):
         return True
     return bool(roles_of(user) & CAPABILITIES[capability])

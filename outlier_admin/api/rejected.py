@@ -44,7 +44,7 @@ class RejectedInputFilter(filters.FilterSet):
 class RejectedInputSerializer(serializers.ModelSerializer):
     class Meta:
         model = RejectedInput
-        fields = ["id", "received_at", "source", "line", "reason", "looks_like", "detail", "raw"]
+        fields = ["id", "received_at", "source", "line", "reason", "looks_like", "detail", "raw", "count"]
 
 
 class RejectedInputViewSet(ApiView, viewsets.ReadOnlyModelViewSet):

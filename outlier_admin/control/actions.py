@@ -39,7 +39,6 @@ from outlier_admin.control.models import (
 )
 from outlier_admin.fleet.models import ApiToken, ModelGroup, Node, Policy, RegisteredVia, ThresholdChange
 from outlier_admin.fleet.names import (
-    Address,
     NameError_,
     host_allowed,
     parse_address,
@@ -535,7 +534,8 @@ def do_register_nodes_from_ingest(
     group: ModelGroup, node_ids: list[str], *, actor: Actor, registered_via: str = RegisteredVia.INGEST
 ) -> dict[str, str | None]:
     """Register nodes that first appeared in ingest data, in one transaction: ``{node_id: None}`` when
-    registered (or already there), ``{node_id: reason}`` when refused.
+    registered (or already there) under the address's one spelling
+    (:func:`~outlier_admin.fleet.names.address_key`), ``{node_id: reason}`` when refused.
 
     A node id is registered only when it is an address (``host:port``) whose host lies inside the
     group's ``auto_register_allow`` (or ``AUTO_REGISTER_DEFAULT_ALLOW``): reason ``bad_address`` /
@@ -543,7 +543,7 @@ def do_register_nodes_from_ingest(
     ``MAX_NODES_PER_GROUP`` live nodes. One audit event per registered node."""
     allow = group.auto_register_allow or settings.AUTO_REGISTER_DEFAULT_ALLOW
     outcome: dict[str, str | None] = {}
-    wanted: list[tuple[str, Address]] = []
+    wanted: dict[str, list[str]] = {}  # the address's one spelling (its node's name) -> the ids given
     for node_id in dict.fromkeys(node_ids):
         try:
             addr = parse_address(node_id)
@@ -553,22 +553,25 @@ def do_register_nodes_from_ingest(
         if not host_allowed(addr, allow):
             outcome[node_id] = "node_not_allowed"
             continue
-        wanted.append((node_id, addr))
+        # One address, one node: 127.0.0.1:018950 and [::ffff:127.0.0.1]:18950 are 127.0.0.1:18950
+        # (fleet.names.address_key), and never take two of the group's MAX_NODES_PER_GROUP slots.
+        wanted.setdefault(addr.hostport, []).append(node_id)
     if not wanted:
         return outcome
     with transaction.atomic():
         room = _room_locked(group)
-        existing = set(Node.objects.filter(group=group, name__in=[n for n, _ in wanted]).values_list("name", flat=True))
+        existing = set(Node.objects.filter(group=group, name__in=list(wanted)).values_list("name", flat=True))
         rows = []
-        for node_id, addr in wanted:
-            if node_id in existing:
-                outcome[node_id] = None
+        for name, given in wanted.items():
+            if name in existing:
+                why = None
             elif room > 0:
-                rows.append(Node(group=group, name=node_id, address=addr.hostport, registered_via=registered_via))
-                outcome[node_id] = None
+                rows.append(Node(group=group, name=name, address=name, registered_via=registered_via))
+                why = None
                 room -= 1
             else:
-                outcome[node_id] = "group_full"
+                why = "group_full"
+            outcome.update(dict.fromkeys(given, why))
         created = Node.objects.bulk_create(rows)
         actor_name, user = _actor(actor)
         AuditEvent.objects.bulk_create([
@@ -720,14 +723,31 @@ def do_update_group(group: ModelGroup, changes: dict[str, Any], *, actor: Actor,
 # --- tokens ----------------------------------------------------------------------------------------------
 
 
-def do_create_token(*, name: str, scope: str, actor: Actor, user: Any = None) -> tuple[ApiToken, str]:
-    """Issue a bearer token; returns ``(row, plaintext)`` (the plaintext is shown once)."""
+def do_create_token(*, name: str, scope: str, actor: Actor, user: Any = None,
+                    groups: list[str] | None = None) -> tuple[ApiToken, str]:
+    """Issue a bearer token; returns ``(row, plaintext)`` (the plaintext is shown once).
+
+    ``groups`` (ingest tokens only): the groups the token may push records for; ingest refuses its
+    records for any other group (reason ``group_out_of_scope``). None or empty: every group, as
+    before scopes existed. Each name must be a group that exists or one that ingest may create
+    (``AUTO_CREATE_GROUPS``): a typo would otherwise scope a gateway's token to nothing."""
     if not name or not name.strip():
         raise ActionError("a token needs a name")
+    from outlier_admin.ingest.pipeline import auto_create_pattern
+
+    scoped: list[str] = []
+    for group in groups or ():
+        group = _checked(validate_group_name, group.strip() if isinstance(group, str) else group)
+        if not ModelGroup.objects.filter(name=group).exists() and auto_create_pattern(group) is None:
+            raise ActionError(f"no group {group!r} (and it matches no AUTO_CREATE_GROUPS pattern)")
+        scoped.append(group)
     try:
         with transaction.atomic():
-            row, plaintext = ApiToken.issue(name=name.strip(), scope=scope, user=user)
-            audit("token.create", actor, reason=f"token {row.name}", detail={"token": row.pk, "scope": scope})
+            row, plaintext = ApiToken.issue(name=name.strip(), scope=scope, user=user, ingest_groups=scoped)
+            detail: dict[str, Any] = {"token": row.pk, "scope": scope}
+            if row.ingest_groups:
+                detail["groups"] = row.ingest_groups
+            audit("token.create", actor, reason=f"token {row.name}", detail=detail)
     except ValueError as exc:
         raise ActionError(str(exc)) from exc
     return row, plaintext

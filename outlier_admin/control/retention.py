@@ -1,7 +1,8 @@
 """Keep node history bounded: raw rows for ``HISTORY_RAW_DAYS``, then one row per node, signal and
 hour (the hour's last row, marked ``downsampled``) until ``HISTORY_KEEP_DAYS``, then nothing. Group
 baselines (one row per group and signal) are thinned the same way, per group, signal and hour.
-Rejected input and GPU readings are kept ``HISTORY_KEEP_DAYS``.
+GPU readings are kept ``HISTORY_KEEP_DAYS``, rejected input ``INGEST_REJECTED_KEEP_DAYS`` (30 by
+default, like the history: a month to find when a gateway started sending what).
 
 Portable ORM only (runs on SQLite for the demo).
 """
@@ -41,7 +42,8 @@ def apply_retention(now=None) -> dict[str, int]:
     keep_cut = now - timedelta(days=settings.HISTORY_KEEP_DAYS)
     dropped, thinned = _thin(NodeHistory, "node_id", raw_cut, keep_cut)
     baseline_dropped, baseline_thinned = _thin(GroupBaseline, "group_id", raw_cut, keep_cut)
-    rejected = RejectedInput.objects.filter(received_at__lt=keep_cut).delete()[0]
+    rejected_cut = now - timedelta(days=settings.INGEST_REJECTED_KEEP_DAYS)
+    rejected = RejectedInput.objects.filter(received_at__lt=rejected_cut).delete()[0]
     gpu = GpuReading.objects.filter(at__lt=keep_cut).delete()[0]
     return {"history_dropped": dropped, "history_thinned": thinned, "baseline_dropped": baseline_dropped,
             "baseline_thinned": baseline_thinned, "rejected_dropped": rejected, "gpu_dropped": gpu}

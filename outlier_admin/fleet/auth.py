@@ -33,12 +33,18 @@ class TokenUser(AnonymousUser):
 
 
 def lookup_token(plaintext: str) -> ApiToken | None:
-    """The active token with this plaintext, or None (unknown or revoked)."""
+    """The active token with this plaintext, or None (unknown, revoked, or its user deactivated).
+
+    A token dies with its user: deactivating an account (``is_active=False``, what an administrator
+    does when someone leaves) refuses its password at login, and must refuse its tokens too, for
+    every scope (an ingest token issued to a user as well as an API token). The token is not revoked
+    (reactivating the user brings it back); a token without a user is a gateway's and stands alone.
+    """
     try:
         token = ApiToken.objects.select_related("user").get(token_hash=ApiToken.hash(plaintext))
     except ApiToken.DoesNotExist:
         return None
-    if not token.is_active:
+    if not token.is_active or (token.user is not None and not token.user.is_active):
         return None
     # Cheap "last used" with a one-minute resolution: avoid a write per request.
     now = timezone.now()

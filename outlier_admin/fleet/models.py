@@ -190,6 +190,12 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # The groups an ingest token may push records for (group names, fleet.names); empty: every group.
+    # Names, not foreign keys: deleting a group must never widen a token to every group.
+    ingest_groups = models.JSONField(
+        default=list, blank=True,
+        help_text="ingest tokens: the group names it may push records for; empty = any group",
+    )
 
     PREFIX = "oa_"
 
@@ -204,15 +210,25 @@ class ApiToken(models.Model):
         return hashlib.sha256(plaintext.encode("utf-8")).hexdigest()
 
     @classmethod
-    def issue(cls, *, name: str, scope: str, user: Any = None) -> tuple[ApiToken, str]:
-        """Create a token; returns ``(row, plaintext)``. The plaintext is not recoverable later."""
+    def issue(cls, *, name: str, scope: str, user: Any = None,
+              ingest_groups: list[str] | None = None) -> tuple[ApiToken, str]:
+        """Create a token; returns ``(row, plaintext)``. The plaintext is not recoverable later.
+        ``ingest_groups``: the groups an ingest token may push for (validated by the caller,
+        :func:`~outlier_admin.control.actions.do_create_token`)."""
         if scope not in TokenScope.values:
             raise ValueError(f"scope must be one of {TokenScope.values}, got {scope!r}")
+        if ingest_groups and scope != TokenScope.INGEST:
+            raise ValueError("only an ingest token is scoped to groups (an API token acts as its user)")
         plaintext = cls.PREFIX + secrets.token_urlsafe(32)
         row = cls.objects.create(
-            name=name, scope=scope, token_hash=cls.hash(plaintext), prefix=plaintext[:10], user=user
+            name=name, scope=scope, token_hash=cls.hash(plaintext), prefix=plaintext[:10], user=user,
+            ingest_groups=sorted(set(ingest_groups or ())),
         )
         return row, plaintext
+
+    def group_scope(self) -> frozenset[str] | None:
+        """The groups this token may push records for; None: any group (an unscoped token)."""
+        return frozenset(self.ingest_groups) if self.ingest_groups else None
 
     @property
     def is_active(self) -> bool:

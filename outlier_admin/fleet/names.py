@@ -179,6 +179,17 @@ def parse_address(text: object) -> Address:
     return Address(scheme=scheme, host=_valid_host(host), port=int(port_text))
 
 
+def address_key(node_id: str) -> str:
+    """The one spelling of an address as a node id: ``parse_address(node_id).hostport`` (host
+    lower-cased without a trailing dot, an IPv4-mapped IPv6 host as IPv4, IPv6 compressed, the port
+    without leading zeros), so that ``127.0.0.1:018950``, ``[::ffff:127.0.0.1]:18950`` and
+    ``127.0.0.1:18950`` are one node, not three; ``node_id`` itself when it is not an address."""
+    try:
+        return parse_address(node_id).hostport
+    except NameError_:
+        return node_id
+
+
 def validate_scrape_url(text: str) -> str:
     """An operator's ``metrics_url`` / ``dcgm_url``: ``http(s)://host[:port][/path]``; ``""`` = not
     scraped. Returns the URL unchanged; raises :class:`NameError_` (``bad_url``)."""

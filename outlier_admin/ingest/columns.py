@@ -17,7 +17,14 @@ import numpy as np
 
 from detector.samples import REQUEST_ROW_FIELDS
 from outlier_admin.fleet.names import NameError_, validate_group_name, validate_node_id
-from outlier_admin.ingest.records import HTTP_STATUS, RecordError, normalize, request_id_ok, status_ok
+from outlier_admin.ingest.records import (
+    HTTP_STATUS,
+    MIN_LATENCY_MS,
+    RecordError,
+    normalize,
+    request_id_ok,
+    status_ok,
+)
 
 #: A record as :func:`normalize_many` returns it: the fields of a stream row
 #: (:data:`detector.samples.REQUEST_ROW_FIELDS`, so ``canonical[:9]`` is the row), then the group
@@ -164,7 +171,7 @@ def normalize_many(
 
     with np.errstate(invalid="ignore"):  # NaN compares False: an absent or non-finite value fails its rule
         ok = ts_given & ~ts_odd & (ts <= now + max_future_s) & (ts >= now - retention_s)
-        ok &= total_given & ~total_odd & (total > 0) & (total <= max_latency_ms)
+        ok &= total_given & ~total_odd & (total >= MIN_LATENCY_MS) & (total <= max_latency_ms)
         # A count that is given is checked even when its partner is missing (normalize's rule).
         ok &= ~p_given | (~p_odd & (prompt >= 0) & (prompt <= max_prompt_tokens) & (np.floor(prompt) == prompt))
         ok &= ~c_given | (~c_odd & (completion >= 0) & (completion <= max_completion_tokens)
@@ -173,9 +180,9 @@ def normalize_many(
         ok &= ~(tokens & (prompt == 0) & (completion == 0))
         with_cached = tokens & k_given
         ok &= ~with_cached | (~k_odd & (cached >= 0) & (cached <= prompt) & (np.floor(cached) == cached))
-        ok &= ~t_given | (~t_odd & (ttft >= 0) & (ttft <= max_latency_ms) & (total >= ttft))
+        ok &= ~t_given | (~t_odd & ((ttft == 0) | (ttft >= MIN_LATENCY_MS)) & (ttft <= max_latency_ms) & (total >= ttft))
         with_queue = t_given & q_given
-        ok &= ~with_queue | (~q_odd & (queue >= 0) & (queue <= ttft))
+        ok &= ~with_queue | (~q_odd & ((queue == 0) | (queue >= MIN_LATENCY_MS)) & (queue <= ttft))
     if set(map(type, status)) == {int}:
         try:
             code = np.array(status, dtype=np.int64)

@@ -55,7 +55,11 @@ class Checkpoint(models.Model):
 
 
 class RejectedInput(models.Model):
-    """Input we refused, kept verbatim with a machine-readable reason (nothing is silently dropped)."""
+    """Input we refused, kept verbatim with a machine-readable reason (nothing is silently dropped).
+
+    A row is a sample that stands for ``count`` refusals of its reason and source: ingest keeps a few
+    samples per reason and batch, and past a source's hourly budget adds to the newest row's count
+    (:mod:`outlier_admin.ingest.pipeline`). Counts by reason sum ``count``, never rows."""
 
     received_at = models.DateTimeField(default=timezone.now, db_index=True)
     source = models.CharField(max_length=100, help_text="http:<token name>, log:<source>, dcgm:<node>")
@@ -66,6 +70,7 @@ class RejectedInput(models.Model):
                                   help_text="the log format the input looks like (a key of logformats.FORMATS)")
     detail = models.TextField(blank=True, default="")
     raw = models.TextField()
+    count = models.PositiveBigIntegerField(default=1, help_text="refusals this sample stands for")
 
     class Meta:
         ordering = ["-received_at"]

@@ -1,8 +1,10 @@
 """From parsed records to the per-group Redis Streams (shared by HTTP push and log tailing).
 
 :func:`submit` validates each record (:func:`records.normalize`), resolves its group and node, drops
-duplicate ``request_id`` s, appends the valid records to ``outlier:stream:<group>`` and stores every
-refused record as :class:`RejectedInput` with its reason.
+duplicate ``request_id`` s, appends the valid records to ``outlier:stream:<group>`` and counts every
+refused record by reason, storing a few samples of each reason as :class:`RejectedInput` rows that
+carry the count (rate-limited per source: :func:`_store`). Its cost follows the accepted records:
+records are taken a chunk at a time and a refused one is dropped with its chunk.
 
 Ingest is a trust boundary: a record names a group and a node, and neither becomes real on a
 record's say alone. A group must exist (operators create groups; only a name matching one of the
@@ -42,11 +44,13 @@ from typing import Any
 import orjson
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
 
 from detector.samples import REQUEST_ROW_FIELDS
 from outlier_admin.control.redis_conn import get_redis, stream_key
 from outlier_admin.fleet.models import ModelGroup, Node, RegisteredVia
-from outlier_admin.fleet.names import NameError_, parse_address
+from outlier_admin.fleet.names import NameError_, address_key, parse_address
 from outlier_admin.ingest.columns import CANONICAL_FIELDS, normalize_many
 from outlier_admin.ingest.logformats import FORMATS, ParseError
 from outlier_admin.ingest.models import IngestSource, RejectedInput
@@ -55,6 +59,14 @@ from outlier_admin.ingest.records import limits
 log = logging.getLogger(__name__)
 
 MAX_ERRORS_REPORTED = 20
+#: Refused records kept as samples per batch and reason (with their count): an operator needs a few
+#: to see what is wrong, and a batch of one bad line repeated 500,000 times stored 500,000 rows.
+SAMPLES_PER_REASON = 3
+#: A sample's raw text is cut here (a log line is far shorter; a pushed record too).
+REJECTED_RAW_MAX = 65536
+#: Records validated at a time: numpy's per-column cost stays small against the chunk, and what a
+#: chunk refuses is dropped with it (memory per accepted record, not per line).
+CHUNK_RECORDS = 5000
 ROWS_PER_ENTRY = 5000
 # Bound the stream so a control plane whose ticks are stopped cannot fill Redis; entries are
 # batches, so this is millions of records (approximate trimming keeps XADD O(1)).
@@ -65,9 +77,6 @@ _ROW = len(REQUEST_ROW_FIELDS)
 _GROUP = CANONICAL_FIELDS.index("group")
 _REQUEST_ID = CANONICAL_FIELDS.index("request_id")
 _REFUSED = object()  # the group of a record that was refused
-
-# line, reason, detail, record object (or None), raw text (or None), format it looks like ("" unknown)
-Reject = tuple[int, str, str, Any, str | None, str]
 
 
 def _looks_like(obj: Any) -> str:
@@ -143,11 +152,12 @@ class _Directory:
                 self._groups.pop(name, None)
             return None
         keys: dict[str, tuple[str, bool]] = {}
-        for node_name, address, retired in Node.objects.filter(group=group).values_list(
-            "name", "address", "retired"
-        ):
+        rows = list(Node.objects.filter(group=group).values_list("name", "address", "retired"))
+        for node_name, address, retired in rows:
             keys[address] = (node_name, retired)
             keys[node_name] = (node_name, retired)
+        for node_name, address, retired in rows:  # an address as written elsewhere finds its node too
+            keys.setdefault(address_key(address), (node_name, retired))
         entry = (time.monotonic(), group.pk, keys)
         with self._lock:
             self._groups[name] = entry
@@ -174,13 +184,18 @@ class _Directory:
 directory = _Directory()
 
 
+def auto_create_pattern(name: str) -> str | None:
+    """The operator's ``AUTO_CREATE_GROUPS`` pattern that lets ingest create group ``name``, or None."""
+    return next((p for p in settings.AUTO_CREATE_GROUPS if fnmatch.fnmatchcase(name, p)), None)
+
+
 def _group_id(name: str) -> tuple[int | None, str | None]:
     """``(group_id, None)`` for an existing group (or one an operator pattern lets ingest create),
     ``(None, reason)`` otherwise."""
     found = directory.group(name)
     if found is not None:
         return found[0], None
-    pattern = next((p for p in settings.AUTO_CREATE_GROUPS if fnmatch.fnmatchcase(name, p)), None)
+    pattern = auto_create_pattern(name)
     if pattern is None:
         return None, "unknown_group"
     if ModelGroup.objects.count() >= settings.MAX_GROUPS:
@@ -207,13 +222,17 @@ def _resolve_nodes(group_name: str, group_id: int, keys: set[str]) -> dict[str, 
         found = directory.group(group_name, fresh=True)
         known = found[1] if found else {}
     out: dict[str, tuple[str | None, str | None]] = {}
-    missing = []
+    missing: dict[str, str] = {}  # key -> the address's one spelling (fleet.names.address_key)
     for key in keys:
         hit = known.get(key)
-        if hit is not None:
-            out[key] = (None, "retired_node") if hit[1] else (hit[0], None)
-        else:
-            missing.append(key)
+        if hit is None:
+            # 127.0.0.1:018950, [::ffff:127.0.0.1]:18950 and 127.0.0.1:18950 are one address: one node.
+            canonical = address_key(key)
+            hit = known.get(canonical)
+            if hit is None:
+                missing[key] = canonical
+                continue
+        out[key] = (None, "retired_node") if hit[1] else (hit[0], None)
     if not missing:
         return out
     if not settings.AUTO_REGISTER_NODES:
@@ -222,11 +241,11 @@ def _resolve_nodes(group_name: str, group_id: int, keys: set[str]) -> dict[str, 
     from outlier_admin.control.actions import do_register_nodes_from_ingest
 
     group = ModelGroup.objects.get(pk=group_id)
-    registered = do_register_nodes_from_ingest(group, sorted(missing), actor=SYSTEM_ACTOR,
+    registered = do_register_nodes_from_ingest(group, sorted(set(missing.values())), actor=SYSTEM_ACTOR,
                                                registered_via=RegisteredVia.INGEST)
-    for key in missing:
-        why = registered.get(key, "unknown_node")
-        out[key] = (key, None) if why is None else (None, why)
+    for key, canonical in missing.items():
+        why = registered.get(canonical, "unknown_node")
+        out[key] = (canonical, None) if why is None else (None, why)
     if any(why is None for why in registered.values()):
         directory.group(group_name, fresh=True)
     return out
@@ -309,111 +328,241 @@ def _pg_text(text: str) -> str:
     return text.replace("\x00", "\\u0000")
 
 
+def _text(raw: str | bytes) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+
+
+class _Refusals:
+    """The refusals of one batch, counted per ``(reason, looks_like)`` with at most
+    :data:`SAMPLES_PER_REASON` distinct samples each: memory and stored rows grow with the distinct
+    reasons, never with the refused lines. A sample is ``[line, detail, obj, raw, count]``; ``count``
+    is how many refusals it stands for (itself and identical ones; the last kept sample also counts
+    the refusals of its reason whose text was not kept), so the rows' counts add up to the refusals."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self.samples: dict[tuple[str, str], list[list[Any]]] = {}
+        self._first: list[tuple[int, str]] = []
+
+    def add(self, line: int, reason: str, detail: str, obj: Any, raw: str | bytes | None, looks_like: str) -> None:
+        key = (reason, looks_like)
+        self.total += 1
+        self.counts[key] += 1
+        kept = self.samples.get(key)
+        if kept is None:
+            self.samples[key] = [[line, detail, obj, raw, 1]]
+        else:
+            for sample in kept:  # an identical refusal (a shipper resending a line) adds to its count
+                if sample[3] == raw and (raw is not None or sample[2] == obj):
+                    sample[4] += 1
+                    break
+            else:
+                if len(kept) < SAMPLES_PER_REASON:
+                    kept.append([line, detail, obj, raw, 1])
+                else:
+                    kept[-1][4] += 1
+        first = self._first
+        first.append((line, reason))
+        if len(first) >= 4 * MAX_ERRORS_REPORTED:  # keep the lowest lines: refusals come mostly in order
+            first.sort(key=itemgetter(0))
+            del first[MAX_ERRORS_REPORTED:]
+
+    def errors(self) -> list[dict[str, Any]]:
+        """The first :data:`MAX_ERRORS_REPORTED` refusals by line, as the response lists them."""
+        first = sorted(self._first, key=itemgetter(0))[:MAX_ERRORS_REPORTED]
+        return [{"line": line, "reason": reason} for line, reason in first]
+
+    def rows(self, *, source: str, source_ref: IngestSource | None) -> list[RejectedInput]:
+        """One row per kept sample, the first sample of every reason first (see :func:`_store`)."""
+        rows = []
+        for rank in range(SAMPLES_PER_REASON):
+            for (reason, looks_like), kept in self.samples.items():
+                if rank < len(kept):
+                    line, detail, obj, raw, count = kept[rank]
+                    rows.append(RejectedInput(
+                        source=source[:100], source_ref=source_ref, line=line, reason=reason[:64],
+                        looks_like=looks_like, detail=_pg_text(detail[:2000]), count=count,
+                        raw=_pg_text((_text(raw) if raw is not None else _dump(obj))[:REJECTED_RAW_MAX]),
+                    ))
+        return rows
+
+
+def _store(r: Any, refusals: _Refusals, *, source: str, source_ref: IngestSource | None) -> None:
+    """Store a batch's refusals (inside the caller's transaction), at most
+    ``INGEST_REJECTED_ROWS_PER_HOUR`` new rows per source and clock hour (a Redis counter). Past it a
+    refusal is counted, not stored: its count is added to the newest row of its source and reason
+    in the hour, so the counts by reason stay whole while the table grows by at most the budget plus
+    one row per distinct reason and hour. A misbehaving gateway (or a stolen token) could otherwise
+    fill the table at the rate it can send: 10 MiB of rows per 0.64 s request, kept for
+    ``INGEST_REJECTED_KEEP_DAYS``."""
+    rows = refusals.rows(source=source, source_ref=source_ref)
+    if not rows:
+        return
+    budget = settings.INGEST_REJECTED_ROWS_PER_HOUR
+    slot = int(time.time() // 3600)
+    key = f"outlier:rejected-rows:{source[:100]}:{slot}"
+    pipe = r.pipeline(transaction=False)
+    pipe.incrby(key, len(rows))
+    pipe.expire(key, 7200)
+    used = pipe.execute()[0]
+    room = max(0, budget - (used - len(rows)))
+    if room >= len(rows):
+        RejectedInput.objects.bulk_create(rows, batch_size=1000)
+        return
+    kept, over = rows[:room], rows[room:]
+    folded: dict[tuple[str, str], RejectedInput] = {}
+    for row in over:  # one per reason: the first sample, carrying the count of all the rest
+        first = folded.setdefault((row.reason, row.looks_like), row)
+        if first is not row:
+            first.count += row.count
+    since = timezone.now().replace(minute=0, second=0, microsecond=0)
+    for (reason, looks_like), row in folded.items():
+        sibling = next((k for k in kept if (k.reason, k.looks_like) == (reason, looks_like)), None)
+        if sibling is not None:  # a sample of this reason is stored with this batch: it carries the count
+            sibling.count += row.count
+            continue
+        newest = RejectedInput.objects.filter(source=row.source, reason=reason, looks_like=looks_like,
+                                              received_at__gte=since).order_by("-id").values_list("pk", flat=True).first()
+        if newest is None:
+            kept.append(row)  # the reason's first row in this hour
+        else:
+            RejectedInput.objects.filter(pk=newest).update(count=F("count") + row.count)
+    if kept:
+        RejectedInput.objects.bulk_create(kept, batch_size=1000)
+    log.warning("rejected input of %s over %d rows this hour: counted, samples not stored", source[:100], budget)
+
+
 def submit(
-    items: Iterable[tuple[int, Any, str | None]],
+    items: Iterable[tuple[int, Any, str | bytes | None]],
     *,
     source: str,
     source_ref: IngestSource | None = None,
     default_group: str | None = None,
     now: float | None = None,
+    group_scope: frozenset[str] | None = None,
 ) -> IngestOutcome:
     """Validate and enqueue records (see the module docstring for what is accepted and when).
 
-    ``items``: ``(line_number, record_or_ParseError, raw_text_or_None)``; the raw text is kept for
-    rejected records (``None``: the record is re-serialised). Returns the counts; refused records
-    are stored as :class:`RejectedInput` (``source`` names the origin, e.g. ``http:<token>``).
-    Raises (and applies nothing) when Redis or PostgreSQL fails before acceptance.
+    ``items``: ``(line_number, record_or_ParseError, raw_text_or_None)``, consumed lazily, at most
+    :data:`CHUNK_RECORDS` at a time: a refused record is counted in its chunk and dropped (a few
+    samples of each reason are kept, :class:`_Refusals`), so memory grows with the accepted records
+    only. The raw text (``str`` or ``bytes``) is kept for refused records (``None``: the record is
+    re-serialised). An exception raised by ``items`` propagates, with nothing applied.
+    ``group_scope``: the groups the pushing token may write (:meth:`ApiToken.group_scope
+    <outlier_admin.fleet.models.ApiToken.group_scope>`); a record of another group is refused
+    (``group_out_of_scope``) and the rest of the batch goes on. None: every group.
+
+    Returns the counts; refused records are stored as :class:`RejectedInput` (``source`` names the
+    origin, e.g. ``http:<token>``; see :func:`_store` for the rate limit). Raises (and applies
+    nothing) when Redis or PostgreSQL fails before acceptance.
     """
     now = time.time() if now is None else now
+    bounds = limits()
     out = IngestOutcome()
-    rejects: list[Reject] = []
-    items = items if isinstance(items, list) else list(items)
-    # Canonical tuples (records.CANONICAL_FIELDS: the stream row, then group and request id) or the
-    # refusal, for the whole batch at once (records.normalize_many: columns, each name checked once).
-    checked = normalize_many([obj for _, obj, _ in items], now=now, **limits())
-
-    def refuse(i: int, reason: str, detail: str) -> None:
-        line, obj, raw = items[i]
-        rejects.append((line, reason, detail, obj, raw, _looks_like(obj)))
-
-    # Record indices by group. Most batches are one group throughout: then no per-record work.
-    groups = [rec[_GROUP] if type(rec) is tuple else _REFUSED for rec in checked]
-    distinct = set(groups)
-    per_group: dict[str, list[int]] = {}
-    if len(distinct) == 1 and next(iter(distinct)) not in (None, _REFUSED):
-        per_group[next(iter(distinct))] = list(range(len(items)))
-    else:
-        group_of_node: dict[str, str | None] = {}
-        for i, (rec, group) in enumerate(zip(checked, groups, strict=True)):
-            if group is _REFUSED:
-                line, obj, raw = items[i]
-                if isinstance(obj, ParseError):
-                    rejects.append((line, obj.reason, obj.detail, None, raw, _looks_like(obj)))
-                else:
-                    refuse(i, rec.reason, rec.detail)  # type: ignore[union-attr]
-                continue
-            if group is None:
-                group = default_group
-            if group is None:
-                node = rec[0]  # type: ignore[index]
-                if node not in group_of_node:
-                    group_of_node[node] = directory.group_of_node(node)
-                group = group_of_node[node]
-            if group is None:
-                refuse(i, "no_group", "no group given and the node is not registered")
-                continue
-            per_group.setdefault(group, []).append(i)
-
+    refusals = _Refusals()
     accepted_recs: dict[str, list[tuple[Any, ...]]] = {}
-    for group, indices in per_group.items():
-        group_id, why = _group_id(group)
-        if group_id is None:
-            detail = f"group {group!r} does not exist (operators create groups)"
-            for i in indices:
-                refuse(i, why or "unknown_group", detail)
-            continue
-        recs: list[tuple[Any, ...]] = [checked[i] for i in indices]  # type: ignore[misc]
-        resolved = _resolve_nodes(group, group_id, set(map(itemgetter(0), recs)))
-        if all(name == key for key, (name, _) in resolved.items()):
-            accepted_recs[group] = recs  # every node known by its own name: the rows as they are
-            continue
-        kept = accepted_recs[group] = []
-        for i, rec in zip(indices, recs, strict=True):
-            name, why = resolved[rec[0]]
-            if name is None:
-                refuse(i, why or "unknown_node", _unknown_node_detail(rec[0], group))
-            else:
-                kept.append(rec if name == rec[0] else (name, *rec[1:]))
+    group_ids: dict[str, tuple[int | None, str | None]] = {}  # per batch: one lookup per group
+    nodes_of: dict[str, dict[str, tuple[str | None, str | None]]] = {}  # per batch: one resolution per node
+    group_of_node: dict[str, str | None] = {}
 
-    rejects.sort(key=lambda x: x[0])
+    def refuse(item: tuple[int, Any, Any], reason: str, detail: str) -> None:
+        line, obj, raw = item
+        refusals.add(line, reason, detail, obj, raw, _looks_like(obj))
+
+    def take(chunk: list[tuple[int, Any, Any]]) -> None:
+        # Canonical tuples (columns.CANONICAL_FIELDS: the stream row, then group and request id) or
+        # the refusal, for the chunk at once (normalize_many: columns, each name checked once).
+        checked = normalize_many([obj for _, obj, _ in chunk], now=now, **bounds)
+        groups = [rec[_GROUP] if type(rec) is tuple else _REFUSED for rec in checked]
+        distinct = set(groups)
+        per_group: dict[str, list[int]] = {}
+        if len(distinct) == 1 and next(iter(distinct)) not in (None, _REFUSED):
+            per_group[next(iter(distinct))] = list(range(len(chunk)))  # most chunks: one group throughout
+        else:
+            for i, (rec, group) in enumerate(zip(checked, groups, strict=True)):
+                if group is _REFUSED:
+                    refuse(chunk[i], rec.reason, rec.detail)  # type: ignore[union-attr]
+                    continue
+                if group is None:
+                    group = default_group
+                if group is None:
+                    node = rec[0]  # type: ignore[index]
+                    if node not in group_of_node:
+                        group_of_node[node] = directory.group_of_node(node)
+                    group = group_of_node[node]
+                if group is None:
+                    refuse(chunk[i], "no_group", "no group given and the node is not registered")
+                    continue
+                per_group.setdefault(group, []).append(i)
+        for group, indices in per_group.items():
+            if group_scope is not None and group not in group_scope:
+                detail = (f"group {group!r} is outside this token's scope (it may push for "
+                          f"{', '.join(sorted(group_scope))})")
+                for i in indices:
+                    refuse(chunk[i], "group_out_of_scope", detail)
+                continue
+            if group not in group_ids:
+                group_ids[group] = _group_id(group)
+            group_id, why = group_ids[group]
+            if group_id is None:
+                detail = f"group {group!r} does not exist (operators create groups)"
+                for i in indices:
+                    refuse(chunk[i], why or "unknown_group", detail)
+                continue
+            recs: list[tuple[Any, ...]] = [checked[i] for i in indices]  # type: ignore[misc]
+            resolved = nodes_of.setdefault(group, {})
+            keys = set(map(itemgetter(0), recs))
+            new = keys.difference(resolved)
+            if new:
+                resolved.update(_resolve_nodes(group, group_id, new))
+            kept = accepted_recs.setdefault(group, [])
+            if all(resolved[key][0] == key for key in keys):
+                kept.extend(recs)  # every node known by its own name: the rows as they are
+                continue
+            for i, rec in zip(indices, recs, strict=True):
+                name, why = resolved[rec[0]]
+                if name is None:
+                    refuse(chunk[i], why or "unknown_node", _unknown_node_detail(rec[0], group))
+                else:
+                    kept.append(rec if name == rec[0] else (name, *rec[1:]))
+
+    chunk: list[tuple[int, Any, Any]] = []
+    for item in items:
+        obj = item[1]
+        if type(obj) is not dict and isinstance(obj, ParseError):  # refused by its parser: counted here
+            line, _, raw = item
+            refusals.add(line, obj.reason, obj.detail, None, raw, _looks_like(obj))
+            continue
+        chunk.append(item)
+        if len(chunk) >= CHUNK_RECORDS:
+            take(chunk)
+            chunk = []
+    if chunk:
+        take(chunk)
+        chunk = []
+
+    r = get_redis()
     with transaction.atomic():
-        if rejects:
-            RejectedInput.objects.bulk_create(
-                [
-                    RejectedInput(
-                        source=source[:100], source_ref=source_ref, line=line, reason=reason[:64],
-                        looks_like=looks_like, detail=_pg_text(detail[:2000]),
-                        raw=_pg_text((raw if raw is not None else _dump(obj))[:65536]),
-                    )
-                    for line, reason, detail, obj, raw, looks_like in rejects
-                ],
-                batch_size=1000,
-            )
+        _store(r, refusals, source=source, source_ref=source_ref)
         # The point of acceptance: every group's rows in one MULTI/EXEC, inside the transaction that
         # stores the rejections (a Redis failure rolls them back: the client retries the whole batch).
-        for group, (accepted, duplicates, latency_only) in _append(get_redis(), accepted_recs).items():
+        for group, (accepted, duplicates, latency_only) in _append(r, accepted_recs).items():
             out.duplicates += duplicates
             out.latency_only += latency_only
             if accepted:
                 out.accepted += accepted
                 out.by_group[group] = accepted
-    out.rejected = len(rejects)
-    out.rejected_by_reason = Counter((r[1], r[5]) for r in rejects)
-    out.errors = [{"line": line, "reason": reason} for line, reason, *_ in rejects[:MAX_ERRORS_REPORTED]]
+    out.rejected = refusals.total
+    out.rejected_by_reason = refusals.counts
+    out.errors = refusals.errors()
     try:
         from outlier_admin.observability.hooks import observe_ingest  # a no-op if disabled
 
-        observe_ingest(out, source=source, rejected_by_reason=Counter(r[1] for r in rejects))
+        by_reason: Counter[str] = Counter()
+        for (reason, _), n in refusals.counts.items():
+            by_reason[reason] += n
+        observe_ingest(out, source=source, rejected_by_reason=by_reason)
     except Exception:  # the batch is accepted: a metrics fault must not turn it into a 5xx
         log.exception("ingest metrics hook failed")
     return out

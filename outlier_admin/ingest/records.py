@@ -24,8 +24,9 @@ from the prefix cache) is kept on the record when given, bounded by ``prompt_tok
 the detector has a queue-free prefill time, ``ttft - queue`` (:mod:`detector.signals`).
 
 Every number is bounded, because one record must not be able to push a node's statistics anywhere:
-``total_ms`` in (0, ``INGEST_MAX_LATENCY_MS``] (1 h: no gateway holds a request longer), ``ttft_ms``
-in [0, ``total_ms``], ``prompt_tokens`` up to ``INGEST_MAX_PROMPT_TOKENS`` (10 M, the largest context
+``total_ms`` in [:data:`MIN_LATENCY_MS`, ``INGEST_MAX_LATENCY_MS``] (1 µs to 1 h: no gateway holds a
+request longer, and none measures finer), ``ttft_ms`` 0 or in [:data:`MIN_LATENCY_MS`, ``total_ms``]
+and ``queue_ms`` 0 or in [:data:`MIN_LATENCY_MS`, ``ttft_ms``], ``prompt_tokens`` up to ``INGEST_MAX_PROMPT_TOKENS`` (10 M, the largest context
 windows served today) and ``completion_tokens`` up to ``INGEST_MAX_COMPLETION_TOKENS`` (1 M). A value
 outside is refused (``bad_<field>``), never clipped into range. The node and group are names
 (:mod:`outlier_admin.fleet.names`): a node id is an id, never a URL.
@@ -41,6 +42,17 @@ from outlier_admin.fleet.names import NameError_, validate_group_name, validate_
 from outlier_admin.ingest.logformats import ParseError
 
 REQUIRED = ("ts", "node", "total_ms")
+
+#: The smallest latency a record may carry (ms): 1 µs. No gateway's clock is finer (nginx, HAProxy
+#: and Envoy log whole milliseconds; JSON loggers microseconds), so a smaller positive value is not a
+#: measurement. The detector averages latencies as logarithms (a pooled geometric mean per node and
+#: tick): ``total_ms: 1e-300`` weighed ln(1e-300) = -691 against a healthy request's ln(900) = 6.8,
+#: dragging its node's mean a hundred-fold with one record. The floor keeps ln(latency) within
+#: [-6.9, 15.1] (up to ``INGEST_MAX_LATENCY_MS``, 1 h), both bounds about as far from a normal
+#: request. ``ttft_ms`` and ``queue_ms`` may also be exactly 0 (below the gateway's resolution: a
+#: header sent within the millisecond, no wait for a batch slot); the detector skips a zero.
+#: ``ingest.columns`` screens batches with this same bound.
+MIN_LATENCY_MS = 0.001
 
 
 class RecordError(ParseError):
@@ -104,6 +116,14 @@ def _number(rec: dict[str, Any], key: str, *, integer: bool, high: float) -> flo
         raise RecordError(f"bad_{key}", f"{key} must be <= {high:g}, got {str(value)[:40]}")
     if integer and kind is float and not value.is_integer():
         raise RecordError(f"bad_{key}", f"{key} must be an integer, got {value}")
+    return value
+
+
+def _latency_or_zero(rec: dict[str, Any], key: str, high: float) -> float:
+    """An optional latency: 0 or in [:data:`MIN_LATENCY_MS`, ``high``]."""
+    value = _number(rec, key, integer=False, high=high)
+    if 0 < value < MIN_LATENCY_MS:
+        raise RecordError(f"bad_{key}", f"{key} must be 0 or >= {MIN_LATENCY_MS} (1 µs), got {str(value)[:40]}")
     return value
 
 
@@ -183,17 +203,17 @@ def normalize(
         # Cached prompt tokens are a part of the prompt: never more than it.
         cached = _number(rec, "cached_tokens", integer=True, high=prompt)
     total = _number(rec, "total_ms", integer=False, high=max_latency_ms)
-    if total == 0:
-        raise RecordError("bad_total_ms", "total_ms must be > 0")
+    if total < MIN_LATENCY_MS:
+        raise RecordError("bad_total_ms", f"total_ms must be >= {MIN_LATENCY_MS} (1 µs), got {str(total)[:40]}")
     ttft = None
     if rec.get("ttft_ms") is not None:
-        ttft = _number(rec, "ttft_ms", integer=False, high=max_latency_ms)
+        ttft = _latency_or_zero(rec, "ttft_ms", max_latency_ms)
         if total < ttft:
             raise RecordError("total_below_ttft", f"total_ms {total} < ttft_ms {ttft}")
     queue = None
     if ttft is not None and rec.get("queue_ms") is not None:
         # The wait for a batch slot is a part of TTFT: never more than it.
-        queue = _number(rec, "queue_ms", integer=False, high=ttft)
+        queue = _latency_or_zero(rec, "queue_ms", ttft)
     if prompt == 0 and completion == 0:  # both None (latency-only) is not this case
         raise RecordError("no_tokens", "a request with no prompt and no completion tokens carries no signal")
     status = rec.get("status", 200)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Max, QuerySet
+from django.db.models import Max, QuerySet, Sum
 from django.utils import timezone
 
 from outlier_admin.ingest.logformats import LABELS
@@ -30,13 +30,20 @@ def window_start(since: datetime | None, *, now: datetime | None = None) -> date
     return max(since, now - MAX_WINDOW)
 
 
+def refusal_count(qs: QuerySet[RejectedInput] | None = None) -> int:
+    """How many refusals the rows stand for (the sum of their counts, never the number of rows)."""
+    qs = RejectedInput.objects.all() if qs is None else qs
+    return qs.aggregate(n=Sum("count"))["n"] or 0
+
+
 def counts_by_reason(since: datetime, qs: QuerySet[RejectedInput] | None = None) -> list[dict[str, Any]]:
     """``[{reason, looks_like, format_label, source, count, last_at, sample_id}]`` of the refusals
-    received since ``since``, most frequent first; ``sample_id`` is the newest one of each kind."""
+    received since ``since``, most frequent first; ``sample_id`` is the newest one of each kind.
+    ``count`` adds up the rows' counts (a row is a sample standing for that many refusals)."""
     qs = (RejectedInput.objects.all() if qs is None else qs).filter(received_at__gte=since)
     rows = list(
         qs.values("reason", "looks_like", "source")
-        .annotate(count=Count("id"), last_at=Max("received_at"), sample_id=Max("id"))
+        .annotate(count=Sum("count"), last_at=Max("received_at"), sample_id=Max("id"))
         .order_by("-count", "reason", "looks_like", "source")[:500]
     )
     for row in rows:

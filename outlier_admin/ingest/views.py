@@ -4,10 +4,13 @@ A plain Django view rather than DRF: it is the hot path (tens of thousands of re
 and its error contract is fixed by the issue. Responses are JSON:
 
 - 200 ``{"accepted": n, "rejected": n, "duplicates": n, "errors": [{"line": i, "reason": "..."}]}``
-  (``line`` is 1-based: the array element or the NDJSON line; only the first errors are listed,
-  every rejected record is stored with its reason);
-- 400 body is neither JSON nor NDJSON; 401 no / unknown / revoked token or wrong scope;
-  405 not POST; 413 body over ``INGEST_MAX_BODY_BYTES``; 415 content type not JSON/NDJSON;
+  (``line`` is 1-based: the array element or the NDJSON line; only the first errors are listed;
+  every refusal is counted by reason, and a few samples of each reason are stored with their
+  counts, :mod:`outlier_admin.ingest.pipeline`); a record for a group outside a scoped token's
+  groups is one such refusal (``group_out_of_scope``), the rest of the batch goes on;
+- 400 body is neither JSON nor NDJSON; 401 no / unknown / revoked token (or its user deactivated)
+  or wrong scope; 405 not POST; 413 body over ``INGEST_MAX_BODY_BYTES``, or more records (array
+  elements, NDJSON lines) than ``INGEST_MAX_LINES`` (``max_lines`` in the body); 415 content type not JSON/NDJSON;
   503 + ``Retry-After`` Redis or PostgreSQL unreachable (retry the whole body); 500 an error of ours
   (nothing was accepted: retry the whole body). A batch is never half-applied with a 5xx: see
   :mod:`outlier_admin.ingest.pipeline`. Chunked bodies are read.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -76,12 +80,24 @@ def _loads(text: bytes) -> Any:
             raise ValueError(str(exc)) from None
 
 
-def split_body(body: bytes, content_type: str) -> list[tuple[int, Any, str | None]]:
-    """Body -> ``(line, record_or_ParseError, raw)``. A JSON array gives one item per element; NDJSON
-    (or a JSON body that is not one document) one per non-empty line. Raises :class:`BodyError`
-    when nothing in the body is JSON."""
-    from outlier_admin.ingest.logformats import ParseError
+class TooManyLines(BodyError):
+    """More records in a body than ``INGEST_MAX_LINES`` (answered 413, naming the cap)."""
 
+
+def count_lines(body: bytes) -> int:
+    """The lines of an NDJSON body, blank ones included: counted on the bytes (one pass in C), so a
+    body is refused for its size in lines before a single line becomes a Python object."""
+    return body.count(b"\n") + (not body.endswith(b"\n"))
+
+
+def split_body(body: bytes, content_type: str, *, max_lines: int) -> Iterator[tuple[int, Any, bytes | None]]:
+    """Body -> ``(line, record_or_ParseError, raw)``. A JSON array gives one item per element; NDJSON
+    (or a JSON body that is not one document) one per non-empty line, parsed as the items are taken
+    (:func:`~outlier_admin.ingest.pipeline.submit` takes them a chunk at a time), so a line that is
+    refused never outlives its chunk. Raises :class:`TooManyLines` past ``max_lines`` records (before
+    any line is parsed, for NDJSON), :class:`BodyError` for a body that is not JSON: at once for an
+    empty body or a JSON document of the wrong kind, from the iterator when its last line is taken
+    and none was JSON (nothing has been applied then: submit applies at its end)."""
     if not body.strip():
         raise BodyError("empty body")
     if content_type in JSON_TYPES:
@@ -91,23 +107,42 @@ def split_body(body: bytes, content_type: str) -> list[tuple[int, Any, str | Non
             doc = None  # maybe NDJSON sent as application/json (curl -d @file)
         else:
             if isinstance(doc, list):
-                return [(i + 1, rec, None) for i, rec in enumerate(doc)]
+                if len(doc) > max_lines:
+                    raise TooManyLines(f"the body holds {len(doc)} records, over the limit of {max_lines} "
+                                       "records per request (INGEST_MAX_LINES): send smaller batches")
+                return ((i + 1, rec, None) for i, rec in enumerate(doc))
             if isinstance(doc, dict):
-                return [(1, doc, None)]
+                return iter([(1, doc, None)])
             raise BodyError("a JSON body must be an array of records or one record object")
-    items: list[tuple[int, Any, str | None]] = []
+    lines = count_lines(body)
+    if lines > max_lines:
+        raise TooManyLines(f"the body holds {lines} lines, over the limit of {max_lines} records per request "
+                           "(INGEST_MAX_LINES): send smaller batches")
+    return _ndjson(body)
+
+
+def _ndjson(body: bytes) -> Iterator[tuple[int, Any, bytes | None]]:
+    from outlier_admin.ingest.logformats import ParseError
+
     parsed = 0
-    for i, line in enumerate(body.split(b"\n")):
+    start, i, end = 0, 0, len(body)
+    while start < end:  # line by line without a list of every line (bytes.split would make one)
+        stop = body.find(b"\n", start)
+        if stop < 0:
+            stop = end
+        line = body[start:stop]
+        start = stop + 1
+        i += 1
         if not line.strip():
             continue
         try:
-            items.append((i + 1, _loads(line), None))
+            item = (i, _loads(line), None)
             parsed += 1
         except ValueError as exc:
-            items.append((i + 1, ParseError("bad_json", str(exc)[:200]), line.decode("utf-8", "replace")))
+            item = (i, ParseError("bad_json", str(exc)[:200]), line)
+        yield item
     if parsed == 0:
         raise BodyError("the body is neither a JSON array nor NDJSON (no line is valid JSON)")
-    return items
 
 
 def _read_body(request: HttpRequest, limit: int) -> bytes:
@@ -174,9 +209,12 @@ def _ingest_requests(request: HttpRequest) -> HttpResponse:
     if content_type not in JSON_TYPES | NDJSON_TYPES:
         return _json(415, {"error": f"content type {content_type or 'none'!r} not supported; "
                                     "use application/json (array) or application/x-ndjson"})
+    max_lines = settings.INGEST_MAX_LINES
     try:
-        items = split_body(body, content_type)
+        items = split_body(body, content_type, max_lines=max_lines)
+        outcome = submit(items, source=f"http:{token.name}", group_scope=token.group_scope())
+    except TooManyLines as exc:
+        return _json(413, {"error": str(exc), "max_lines": max_lines})
     except BodyError as exc:
         return _json(400, {"error": str(exc)})
-    outcome = submit(items, source=f"http:{token.name}")
     return _json(200, outcome.to_dict())

@@ -59,6 +59,7 @@ from outlier_admin.control.redis_conn import stream_key
 from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.ingest.models import GpuReading, RejectedInput
 from outlier_admin.ingest.pipeline import decode_entry
+from outlier_admin.ingest.rejected import refusal_count
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -233,7 +234,7 @@ def _check_ingest_outcome(response: Any, *, body: bytes, content_type: str, reje
     out = orjson.loads(response.content)
     items = _count_items(body, content_type)
     assert out["accepted"] + out["rejected"] + out["duplicates"] == items, (out, items)
-    assert rejected_rows == out["rejected"], f"{rejected_rows} RejectedInput rows, {out['rejected']} rejected"
+    assert rejected_rows == out["rejected"], f"{rejected_rows} refusals in RejectedInput rows, {out['rejected']} rejected"
     assert stream_rows == out["accepted"], f"{stream_rows} stream rows for {out['accepted']} accepted"
 
 
@@ -248,7 +249,7 @@ def test_every_operation_answers_as_documented_and_never_5xx(case: Any, world: d
                                                              redis_client: Any) -> None:
     ingest = case.operation.path == INGEST_PATH
     token = world["ingest_token"] if ingest else world["api_token"]
-    rejected_before = RejectedInput.objects.count() if ingest else 0
+    rejected_before = refusal_count() if ingest else 0
     rows_before = _stream_rows(redis_client) if ingest else 0
     sid = transaction.savepoint()
     try:
@@ -259,7 +260,7 @@ def test_every_operation_answers_as_documented_and_never_5xx(case: Any, world: d
             _check_ingest_outcome(
                 response, body=sent if isinstance(sent, bytes) else sent.encode(),
                 content_type=content_type.split(";")[0].strip().lower(),
-                rejected_rows=RejectedInput.objects.count() - rejected_before,
+                rejected_rows=refusal_count() - rejected_before,
                 stream_rows=_stream_rows(redis_client) - rows_before)
     finally:
         transaction.savepoint_rollback(sid)
@@ -394,7 +395,7 @@ def test_ingest_is_record_by_record_for_any_mix_of_valid_and_invalid(
         invalid = len(batch) - valid + len(garbage_lines)
     else:
         body, ctype, invalid = orjson.dumps(records), "application/json", len(batch) - valid
-    rejected_before, rows_before = RejectedInput.objects.count(), _stream_rows(redis_client)
+    rejected_before, rows_before = refusal_count(), _stream_rows(redis_client)
 
     resp = client.post(INGEST_PATH, data=body, content_type=ctype,
                        HTTP_AUTHORIZATION=f"Bearer {ingest_world['ingest_token']}")
@@ -404,7 +405,7 @@ def test_ingest_is_record_by_record_for_any_mix_of_valid_and_invalid(
     assert out["accepted"] + out["rejected"] + out["duplicates"] == valid + invalid
     assert out["rejected"] == invalid, out
     assert out["accepted"] + out["duplicates"] == valid, out
-    assert RejectedInput.objects.count() - rejected_before == out["rejected"]
+    assert refusal_count() - rejected_before == out["rejected"]
     assert not RejectedInput.objects.filter(reason="").exists(), "every rejection carries its reason"
     assert _stream_rows(redis_client) - rows_before == out["accepted"]
     assert not ModelGroup.objects.exclude(name=GROUP).exists(), "ingest never creates a group"

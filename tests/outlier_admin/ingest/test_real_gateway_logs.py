@@ -71,7 +71,7 @@ def test_nginx_default_logs(tmp_path, servers, redis_client, make_group):
             f"  rejected {N} no_upstream (looks like nginx (combined / ingress-nginx))",
         ]
         rejected = RejectedInput.objects.filter(source="log:combined")
-        assert rejected.count() == N and {r.looks_like for r in rejected} == {"nginx"}
+        assert sum(r.count for r in rejected) == N and {r.looks_like for r in rejected} == {"nginx"}
         assert all(r.raw.startswith("127.0.0.1 - - [") for r in rejected)
 
         # combined + $request_time $upstream_response_time behind a one-node nginx: its node is given.

@@ -64,7 +64,9 @@ def test_api_counts_by_reason_and_samples_with_the_raw_line(client, refused):
         (1, "wrong_format", "envoy", "log:gw")]
     assert summary["by_reason"][0]["format_label"] == "nginx (combined / ingress-nginx)"
     samples = client.get("/api/v1/rejected-input/", {"reason": "no_upstream", "looks_like": "nginx"}).json()
-    assert samples["count"] == 6 and samples["results"][0]["raw"] == refused
+    # The 6 lines are one line six times: one sample that stands for the six refusals.
+    assert samples["count"] == 1 and samples["results"][0]["raw"] == refused
+    assert samples["results"][0]["count"] == 6
     assert "--node-map" in samples["results"][0]["detail"]
     wrong = client.get("/api/v1/rejected-input/", {"reason": "wrong_format"}).json()["results"][0]
     assert "looks like Envoy" in wrong["detail"] and wrong["raw"].startswith("[2016-04-15T20:17:00.310Z]")
@@ -86,7 +88,8 @@ def test_dashboard_page(client, refused, role, status):
     if status == 200:
         html = resp.content.decode()
         assert "<td>6</td><td><code>no_upstream</code></td><td>nginx (combined / ingress-nginx)</td>" in html
-        assert "6 refused" in html and "&quot;POST /v1/completions HTTP/1.1&quot;" in html  # raw, escaped
+        assert "1 samples" in html and "&quot;POST /v1/completions HTTP/1.1&quot;" in html  # raw, escaped
+        assert '<td>6</td><td>log:gw : 1</td>' in html  # the sample stands for the six refusals
 
 
 def test_dashboard_needs_a_login(client, refused):
