@@ -1,15 +1,19 @@
-"""Model-server scrapes (vLLM, SGLang ``/metrics``) -> streamed progress rows for the detector.
+"""Model-server scrapes (vLLM, SGLang, llama.cpp, TGI, TensorRT-LLM ``/metrics``; llama.cpp's
+``/slots``) -> streamed progress rows for the detector.
 
 An access-log line arrives when a request ends: a request running when a GPU throttles reports its
 decode time seconds later and only partly slowed. The model server itself records every inter-token
 gap as it happens, in a Prometheus histogram; the deltas of its cumulative counters between two
 scrapes of a node are one progress row (:data:`detector.engine_metrics.ROW_FIELDS`: decode tokens and
 time, queue-free prefills, the running batch). What a page gives and how a row is computed is
-:mod:`detector.engine_metrics` (which reads only the few sample lines it needs, not the whole page).
+:mod:`detector.engine_metrics` (which reads only the few sample lines it needs, not the whole page;
+its "Engines" section says what each server can and cannot show, live or only when a request ends).
+A page no engine wrote is refused as :class:`UnrecognisedEngine` (a scrape failure of its own kind,
+never an empty row).
 
 This module owns how a scrape is **kept**: the previous cumulative values of each node live in Redis
-(``outlier:itl:<group>``, hash node -> ``[ts, *EngineCounters]``), written in the same MULTI/EXEC as
-the rows they produced, so whichever process scrapes a node next continues from the last row written
+(``outlier:itl:<group>``, hash node -> ``[ts, *EngineCounters]``, a llama.cpp node's last ``/slots``
+snapshot included), written in the same MULTI/EXEC as the rows they produced, so whichever process scrapes a node next continues from the last row written
 (a counter that went down, a server restart, re-bases without a row). Rows go into the group's
 ingest stream next to the access-log records (one entry per group per write, field ``progress``), and
 the tick hands them to :meth:`detector.GroupDetector.ingest_progress`.
@@ -27,24 +31,28 @@ from typing import Any
 import orjson
 import redis
 
-from detector.engine_metrics import EngineCounters, parse, progress_row
+from detector.engine_metrics import ENGINES, EngineCounters, parse, progress_row
 from outlier_admin.control.redis_conn import itl_key, stream_key
 from outlier_admin.fleet.models import Node
 from outlier_admin.ingest.pipeline import STREAM_MAXLEN
 
-NO_ITL = ("no inter-token latency histogram (vllm:inter_token_latency_seconds, "
-          "vllm:time_per_output_token_seconds, sglang:inter_token_latency_seconds)")
+NOT_AN_ENGINE = (f"not a model server page this parser knows ({', '.join(ENGINES)}): no vLLM/SGLang "
+                 "inter-token histogram, no llamacpp:, tgi_, trtllm_ or nv_trt_llm_ families")
+
+
+class UnrecognisedEngine(ValueError):
+    """A ``/metrics`` page that no engine of :data:`detector.engine_metrics.ENGINES` wrote."""
 
 #: One scrape to keep: ``(group, node, ts, counters, row or None)``.
 Scrape = tuple[str, str, float, EngineCounters, "list[Any] | None"]
 
 
 def read_counters(text: str) -> EngineCounters:
-    """The counters of one page; ``ValueError`` when it is not a model server's (no inter-token
-    histogram) or a sample we read is not a number."""
+    """The counters of one page; :class:`UnrecognisedEngine` when no engine we read wrote it,
+    ``ValueError`` when a sample we read is not a number."""
     cur = parse(text)
     if cur is None:
-        raise ValueError(NO_ITL)
+        raise UnrecognisedEngine(NOT_AN_ENGINE)
     return cur
 
 
@@ -57,8 +65,9 @@ def decode_prev(raw: bytes | None) -> tuple[float, EngineCounters] | None:
 
 
 def queued(row: list[Any] | None) -> bool:
-    """Whether a row goes to the stream: an idle interval (no token, no prefill) says nothing."""
-    return row is not None and (row[3] > 0 or (row[5] or 0) > 0)
+    """Whether a row goes to the stream: an idle interval (no token, no decode time, no prefill) says
+    nothing. A row with decode time and no token is a stalled node (a censored observation): kept."""
+    return row is not None and (row[3] > 0 or row[4] > 0 or (row[5] or 0) > 0)
 
 
 def write_scrapes(r: redis.Redis, scrapes: Iterable[Scrape]) -> int:

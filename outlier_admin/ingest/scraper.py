@@ -20,6 +20,15 @@ keeps scraping). The previous counters of a node are kept in memory and seeded f
 node is first seen (or the shard taken over), so a restarted or replacing process continues the
 same series.
 
+**llama.cpp.** Its ``/metrics`` page has no live decode series (:mod:`detector.engine_metrics`,
+"Engines"): when a node's page is llama.cpp's, the same coroutine also GETs ``/slots`` (:func:`slots_url`:
+the scheme, host and port of the operator's ``metrics_url``, never an address from a page), with the
+same timeout and size cap, and keeps the snapshot with the node's counters. A 404 or 501 there
+(``--no-slots``) means slots are off: the node's rows come from the finished-request counters (late)
+and ``/slots`` is tried again after :data:`SLOTS_RETRY_S`. A ``/slots`` that fails otherwise (or is
+refused: not a slot list, too many slots, a count out of bounds) is a failure of its kind with the
+detail ``slots: ...``; the counters of that scrape are kept, and no decode is counted across it.
+
 Failures are counted by kind and node, ``outlier_scrape_failures_total{group,node,kind}``
 (:data:`KINDS`), and kept as rejected input (``RejectedInput``, reason ``scrape_failed``) at most once
 per node, kind and :data:`REJECT_EVERY_S` (a dead node scraped at 4 Hz would otherwise write 240
@@ -37,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import time
@@ -48,20 +58,33 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import orjson
 import redis
 import yarl
 from django.conf import settings
 
 from detector.engine_metrics import EngineCounters, progress_row
+from detector.engines.llamacpp import SlotsError, slots_from_json
 from outlier_admin.control.redis_conn import get_redis, itl_key
-from outlier_admin.ingest.modelserver import Scrape, decode_prev, read_counters, write_scrapes
+from outlier_admin.ingest.modelserver import (
+    Scrape,
+    UnrecognisedEngine,
+    decode_prev,
+    read_counters,
+    write_scrapes,
+)
 
 log = logging.getLogger(__name__)
 
 #: Failure kinds (the ``kind`` label): no answer in time, no connection (refused, reset, closed),
 #: a status other than 200 (redirects are not followed), a body over ``METRICS_MAX_BYTES``, broken
-#: HTTP, a page that is not a model server's (no inter-token histogram, a value not a number, not UTF-8).
-KINDS = ("timeout", "connect", "http_status", "too_large", "protocol", "parse")
+#: HTTP, a page we cannot read (a value not a number, not UTF-8, a refused llama.cpp ``/slots``), a
+#: page no engine we know wrote (:class:`~outlier_admin.ingest.modelserver.UnrecognisedEngine`).
+KINDS = ("timeout", "connect", "http_status", "too_large", "protocol", "parse", "unrecognised_engine")
+#: How long a llama.cpp node whose ``/slots`` answered 404/501 (slots off) goes without asking again:
+#: an operator turning slots on is seen within minutes, and a node with slots off costs one extra
+#: request per 5 minutes, not one per scrape.
+SLOTS_RETRY_S = 300.0
 REJECT_EVERY_S = 60
 #: The writer waits this long after the first scrape of a batch: at 4 Hz a scrape's row reaches
 #: Redis at most 20 ms later, and a process writes at most 50 times a second whatever its nodes
@@ -70,6 +93,7 @@ WRITE_EVERY_S = 0.02
 MAX_SHARDS = 1024
 ALIVE_KEY = "outlier:scraper:alive"
 _HEADERS = {"Accept": "text/plain", "Accept-Encoding": "identity"}  # no OpenMetrics, no gzip CPU
+_JSON_HEADERS = {"Accept": "application/json", "Accept-Encoding": "identity"}
 
 
 def lease_key(shard: tuple[int, int]) -> str:
@@ -154,20 +178,29 @@ def service_alive(r: redis.Redis) -> bool:
 
 
 class ScrapeError(Exception):
-    """A failed scrape, with its :data:`KINDS` kind."""
+    """A failed scrape, with its :data:`KINDS` kind (and the HTTP status, for ``http_status``)."""
 
-    def __init__(self, kind: str, detail: str) -> None:
+    def __init__(self, kind: str, detail: str, status: int = 0) -> None:
         super().__init__(detail)
         self.kind = kind
+        self.status = status
+
+
+def slots_url(metrics_url: yarl.URL) -> yarl.URL:
+    """llama.cpp's ``/slots`` beside a validated ``metrics_url``: same scheme, host and port; the
+    path's last ``metrics`` segment replaced (a server behind a path prefix keeps it), else ``/slots``."""
+    path = metrics_url.path
+    prefix = path[: -len("metrics")] if path.endswith("/metrics") else "/"
+    return metrics_url.with_path(prefix + "slots").with_query(None).with_fragment(None)
 
 
 async def fetch(session: aiohttp.ClientSession, url: str | yarl.URL, *, timeout: aiohttp.ClientTimeout,
-                max_bytes: int) -> str:
+                max_bytes: int, headers: dict[str, str] = _HEADERS) -> str:
     """The body of ``GET url`` as text; :class:`ScrapeError` on any failure (never a redirect)."""
     try:
-        async with session.get(url, allow_redirects=False, headers=_HEADERS, timeout=timeout) as resp:
+        async with session.get(url, allow_redirects=False, headers=headers, timeout=timeout) as resp:
             if resp.status != 200:
-                raise ScrapeError("http_status", f"HTTP {resp.status}")
+                raise ScrapeError("http_status", f"HTTP {resp.status}", resp.status)
             if (resp.content_length or 0) > max_bytes:
                 raise ScrapeError("too_large", f"Content-Length {resp.content_length} > {max_bytes} bytes")
             body = bytearray()
@@ -223,6 +256,7 @@ class Scraper:
         self._rejected_at: dict[tuple[str, str, str], float] = {}
         self._rejects: list[tuple[Target, ScrapeError]] = []
         self._write_failed_at = 0.0
+        self._slots_off: dict[tuple[str, str], float] = {}  # node -> monotonic time to ask /slots again
         self.active = True  # False while another process holds this shard's lease
 
     # -- one scrape -----------------------------------------------------------------------------
@@ -237,6 +271,8 @@ class Scraper:
             started = time.perf_counter()
             try:
                 cur = read_counters(text)
+            except UnrecognisedEngine as exc:
+                raise ScrapeError("unrecognised_engine", str(exc)) from None
             except ValueError as exc:
                 raise ScrapeError("parse", str(exc)) from None
             finally:
@@ -244,6 +280,10 @@ class Scraper:
         except ScrapeError as exc:
             self._failed(t, exc)
             return
+        if cur.engine == "llamacpp":
+            cur = await self._with_slots(session, t, url, cur)
+            if cur.slots is not None:
+                now = self.clock()  # the decode rows are timed by the /slots snapshots
         self.stats.scrapes += 1
         key = (t.group, t.node)
         self.stats.by_node[key] = self.stats.by_node.get(key, 0) + 1
@@ -251,6 +291,32 @@ class Scraper:
         self.prev[key] = (now, cur)
         self._pending.append((t.group, t.node, now, cur, row))
         self._wake.set()
+
+    async def _with_slots(self, session: aiohttp.ClientSession, t: Target, url: yarl.URL,
+                          cur: EngineCounters) -> EngineCounters:
+        """``cur`` with the node's ``/slots`` snapshot; ``cur`` unchanged while slots are off (404/501,
+        asked again after SLOTS_RETRY_S) or when the read failed or was refused (counted and kept)."""
+        key = (t.group, t.node)
+        if self._slots_off.get(key, 0.0) > time.monotonic():
+            return cur
+        try:
+            body = await fetch(session, slots_url(url), timeout=self._timeout, max_bytes=self.max_bytes,
+                               headers=_JSON_HEADERS)
+            slots = slots_from_json(orjson.loads(body))
+        except ScrapeError as exc:
+            if exc.status in (404, 501):  # --no-slots: the counters alone (late), no failure
+                self._slots_off[key] = time.monotonic() + SLOTS_RETRY_S
+                return cur
+            self._failed(t, ScrapeError(exc.kind, f"slots: {exc}", exc.status))
+            return cur
+        except orjson.JSONDecodeError as exc:
+            self._failed(t, ScrapeError("parse", f"slots: not JSON: {str(exc)[:80]}"))
+            return cur
+        except SlotsError as exc:
+            self._failed(t, ScrapeError("parse", f"slots: {exc}"))
+            return cur
+        self._slots_off.pop(key, None)
+        return dataclasses.replace(cur, slots=slots)
 
     def _failed(self, t: Target, exc: ScrapeError) -> None:
         from outlier_admin.observability.metrics import SCRAPE_FAILURES
@@ -395,6 +461,7 @@ class Scraper:
             loops.pop(t).cancel()
             self._urls.pop(t.url, None)
             self.prev.pop((t.group, t.node), None)
+            self._slots_off.pop((t.group, t.node), None)
             self.stats.by_node.pop((t.group, t.node), None)
         new = [t for t in targets if t not in loops]
         if not new:
