@@ -38,11 +38,13 @@ def page_server():
 
 
 class Plain(BaseHTTPRequestHandler):
-    """/up: a /metrics that is not a model server's; anything else: 500."""
+    """/up: a /metrics that is not a model server's; /bad: a vLLM page with a value not a number;
+    anything else: 500."""
 
     def do_GET(self):
-        body = b"# TYPE up gauge\nup 1\n"
-        self.send_response(200 if self.path == "/up" else 500)
+        body = (b'vllm:inter_token_latency_seconds_sum{model_name="m"} abc\n' if self.path == "/bad"
+                else b"# TYPE up gauge\nup 1\n")
+        self.send_response(200 if self.path in ("/up", "/bad") else 500)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -111,7 +113,8 @@ def test_failures_are_counted_by_kind_and_kept_once_per_node_and_kind(page_serve
 
     targets = {
         "http_status": Target("k", "127.0.0.1:1", f"{plain_server}/missing"),
-        "parse": Target("k", "127.0.0.1:2", f"{plain_server}/up"),
+        "unrecognised_engine": Target("k", "127.0.0.1:2", f"{plain_server}/up"),
+        "parse": Target("k", "127.0.0.1:6", f"{plain_server}/bad"),
         "connect": Target("k", "127.0.0.1:3", "http://127.0.0.1:9/metrics"),  # nothing listens
         "timeout": Target("k", "127.0.0.1:4", f"{page_server}/dead/1/metrics"),
         "too_large": Target("k", "127.0.0.1:5", f"{page_server}/n/5/metrics"),  # ~40 KB > 20 KB
@@ -125,7 +128,8 @@ def test_failures_are_counted_by_kind_and_kept_once_per_node_and_kind(page_serve
         assert failures("k", t.node, kind) - before[kind] == 2, kind
     kept = {r.source: r.detail.split(":")[0] for r in RejectedInput.objects.all()}
     assert kept == {f"metrics:k/{t.node}": kind for kind, t in targets.items()}  # once each, not twice
-    assert "inter-token" in RejectedInput.objects.get(source="metrics:k/127.0.0.1:2").detail
+    assert "not a model server page" in RejectedInput.objects.get(source="metrics:k/127.0.0.1:2").detail
+    assert "not a number" in RejectedInput.objects.get(source="metrics:k/127.0.0.1:6").detail
 
 
 def test_shards_split_the_groups_and_the_spec_is_checked():
