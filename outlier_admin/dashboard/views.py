@@ -53,7 +53,7 @@ from outlier_admin.dashboard.heatmap import default_window as heatmap_window
 from outlier_admin.dashboard.heatmap import heatmap
 from outlier_admin.dashboard.tables import node_rows
 from outlier_admin.fleet.models import ModelGroup, Node
-from outlier_admin.ingest.models import GpuReading
+from outlier_admin.ingest.models import GpuReading, RejectedInput
 
 SORTS = queries.NODE_SORTS
 #: Rows per page of the group page's nodes table. The table is sorted over the whole group first;
@@ -179,6 +179,10 @@ def node_page(request: HttpRequest, pk: int) -> HttpResponse:
     charts = node_charts(points, baseline, transitions,
                          node.group.thresholds(), start, end, signal=signal, tail_points=tail_points,
                          evidence_points=evidence_points, probes=chart_probes, norm_baseline=norm_baseline)
+    # The model-server scrape's failures of the last day, newest 5 (one kept per kind a minute, by the scraper).
+    scrape_failures = RejectedInput.objects.filter(
+        source=f"metrics:{node.group.name}/{node.name}"[:100], reason="scrape_failed",
+        received_at__gte=timezone.now() - timedelta(days=1)).order_by("-received_at")[:5]
     latest_gpu: dict[str, GpuReading] = {}
     for r in GpuReading.objects.filter(node=node).order_by("-at")[:64]:
         latest_gpu.setdefault(r.gpu, r)
@@ -188,6 +192,7 @@ def node_page(request: HttpRequest, pk: int) -> HttpResponse:
         decision_signal=decision, points=len(points), transitions=Transition.objects.filter(node=node)[:50],
         probes=CanaryProbe.objects.filter(node=node)[:50], overrides=Override.objects.filter(node=node).select_related("transition")[:50],
         gpus=sorted(latest_gpu.values(), key=lambda r: r.gpu), override_form=OverrideForm(),
+        scrape_failures=list(scrape_failures),
     ))
 
 
