@@ -6,6 +6,17 @@ the state machine (``GroupDetector.record_probe``), which judges its normalised 
 peer baseline. Connection errors, timeouts and non-2xx answers are failed probes, stored with the
 status and a reason code (:class:`ProbeError`).
 
+Where the answer carries the engine's own timings of the request, they are used rather than the wall
+time alone (:func:`engine_timings`): llama.cpp's ``timings`` (``prompt_ms``, ``predicted_ms``,
+``prompt_n``, ``predicted_n``; also on its OpenAI-compatible answers) and Ollama's
+``prompt_eval_duration`` / ``eval_duration`` (ns) with ``prompt_eval_count`` / ``eval_count``. They
+are queue-free: ``ttft_ms`` is the prompt's time (the first token is sampled at its end) and
+``total_ms`` the prompt's plus the generation's, so a probe that waited behind a request still
+being served, or in a slow network, is not judged slow for it. They come from the node, so they are
+bounded like any untrusted number: finite, not negative, and together no longer than the wall time
+the request took (plus :data:`TIMING_SLACK_MS` for the two clocks' rounding); otherwise the wall
+time stands.
+
 Which probes are due is decided by the tick (``Evaluation.probes_due``, written to
 ``outlier:probes:<group>``); an ``NX`` guard per node keeps one probe in flight per node.
 """
@@ -13,6 +24,7 @@ Which probes are due is decided by the tick (``Evaluation.probes_due``, written 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -23,12 +35,16 @@ from outlier_admin.control.models import CanaryProbe
 from outlier_admin.control.redis_conn import get_redis, mark_inputs_pending, probes_key
 from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.fleet.names import NameError_
+from outlier_admin.fleet.netguard import guarded_transport
 
 log = logging.getLogger(__name__)
 
 PROMPT = "Count from one to twenty, separated by commas:"
 # Used only when the server does not report usage: the prompt above is ~10 tokens.
 PROMPT_TOKENS_GUESS = 10
+#: How much longer than our wall time an engine's own timings may add up to: its clock and ours
+#: round differently, by well under a millisecond; more than this is not a measurement of this request.
+TIMING_SLACK_MS = 5.0
 
 
 class ProbeError:
@@ -62,7 +78,9 @@ def probe_node(node: Node, *, client: httpx.Client | None = None) -> CanaryProbe
     if settings.CANARY_MODEL:
         body["model"] = settings.CANARY_MODEL
     own = client is None
-    client = client or httpx.Client(timeout=settings.CANARY_TIMEOUT_S, follow_redirects=False)
+    # Only to addresses the resolver's answer allows (fleet.netguard), never through an env proxy.
+    client = client or httpx.Client(timeout=settings.CANARY_TIMEOUT_S, follow_redirects=False, trust_env=False,
+                                    transport=guarded_transport())
     started = time.perf_counter()
     try:
         resp = client.post(url, json=body)
@@ -71,8 +89,13 @@ def probe_node(node: Node, *, client: httpx.Client | None = None) -> CanaryProbe
         if 200 <= resp.status_code < 300:
             data = resp.json()
             usage = data.get("usage") or {}
-            probe.prompt_tokens = _tokens(usage.get("prompt_tokens"), PROMPT_TOKENS_GUESS)
-            probe.completion_tokens = _tokens(usage.get("completion_tokens"), settings.CANARY_MAX_TOKENS)
+            timed = engine_timings(data, probe.total_ms)
+            prompt_n, predicted_n = (timed[2], timed[3]) if timed else (None, None)
+            probe.prompt_tokens = _tokens(usage.get("prompt_tokens"), _tokens(prompt_n, PROMPT_TOKENS_GUESS))
+            probe.completion_tokens = _tokens(usage.get("completion_tokens"),
+                                              _tokens(predicted_n, settings.CANARY_MAX_TOKENS))
+            if timed is not None:
+                probe.ttft_ms, probe.total_ms = timed[0], timed[1]
             probe.ok = True
         else:
             probe.error = ProbeError.HTTP_STATUS
@@ -93,6 +116,39 @@ def probe_node(node: Node, *, client: httpx.Client | None = None) -> CanaryProbe
     probe.save()
     mark_inputs_pending(node.group.name)  # the tick looks for probe results only when told
     return probe
+
+
+def _ms(value: Any, scale: float = 1.0) -> float | None:
+    """A duration from the answer in ms (``scale``: its unit in ms), or ``None`` if not a finite
+    number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    ms = float(value) * scale
+    return ms if math.isfinite(ms) and ms >= 0 else None
+
+
+def engine_timings(data: Any, wall_ms: float) -> tuple[float, float, Any, Any] | None:
+    """``(ttft_ms, total_ms, prompt_n, predicted_n)`` from the engine's own timings in a probe's
+    answer (see the module docstring), or ``None`` when it has none, they are not numbers, or they
+    add up to more than ``wall_ms`` (+ TIMING_SLACK_MS) or to nothing. The counts are as sent
+    (:func:`_tokens` bounds them)."""
+    if not isinstance(data, dict):
+        return None
+    timings = data.get("timings")
+    if isinstance(timings, dict):  # llama.cpp server
+        prompt_ms, gen_ms = _ms(timings.get("prompt_ms")), _ms(timings.get("predicted_ms"))
+        counts = timings.get("prompt_n"), timings.get("predicted_n")
+    elif "eval_duration" in data:  # Ollama, in nanoseconds
+        prompt_ms, gen_ms = _ms(data.get("prompt_eval_duration", 0), 1e-6), _ms(data.get("eval_duration"), 1e-6)
+        counts = data.get("prompt_eval_count"), data.get("eval_count")
+    else:
+        return None
+    if prompt_ms is None or gen_ms is None:
+        return None
+    total = prompt_ms + gen_ms
+    if not 0 < total <= wall_ms + TIMING_SLACK_MS:
+        return None
+    return prompt_ms, total, counts[0], counts[1]
 
 
 def _tokens(value: Any, default: int) -> int:
