@@ -191,7 +191,6 @@ _MARKS: tuple[tuple[str, frozenset[str]], ...] = (
 ENGINES: tuple[str, ...] = ("vllm", "sglang", *(engine for engine, _ in _MARKS))
 # The inter-token family must be one server's pair (a page mixing V0 and V1 series reports both).
 _ITL_PAIRS = tuple(zip(_SOURCES["itl_sum_s"], _SOURCES["itl_count"], strict=True))
-_OTHER_SOURCES = tuple((f, names) for f, names in _SOURCES.items() if f not in ("itl_sum_s", "itl_count"))
 
 
 def _split(source: str) -> tuple[str, str | None]:
@@ -201,6 +200,9 @@ def _split(source: str) -> tuple[str, str | None]:
 
 
 _SELECTORS = {s: _split(s) for names in _SOURCES.values() for s in names}
+# Each other field with its sources and the sample name each reads (looked up at every parse).
+_OTHER_SOURCES = tuple((f, tuple((n, _SELECTORS[n][0]) for n in names)) for f, names in _SOURCES.items()
+                       if f not in ("itl_sum_s", "itl_count"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,8 +357,8 @@ def parse(text: str) -> EngineCounters | None:
             return None
         values["engine"] = engine
     for field_name, names in _OTHER_SOURCES:
-        for name in names:
-            if _SELECTORS[name][0] in samples and (v := _total(samples, name)) is not None:
+        for name, sample in names:
+            if sample in samples and (v := _total(samples, name)) is not None:
                 values[field_name] = v
                 break
     return EngineCounters(**values)
