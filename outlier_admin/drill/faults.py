@@ -16,8 +16,8 @@ stand-in for an accelerator failure seen in production:
 Every fault records its ``onset`` (wall-clock seconds, when it took effect) and ``ended``, works as a
 context manager or with ``start()``/``stop()``, and always undoes itself on ``stop()``: the process
 is moved back to the cgroup it came from and our cgroup is removed; a stopped process gets its
-``SIGCONT``. :func:`cleanup_stale` removes cgroups an earlier run left behind (a ``kill -9`` of the
-drill skips every ``finally``). Only pids the caller started should be given (we are root).
+``SIGCONT``. :func:`cleanup_stale` removes cgroups a killed run left behind (a ``kill -9`` of the
+drill skips every ``finally``), and only those: a cgroup is named after its maker's pid. Only pids the caller started should be given (we are root).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from typing import Any
 #: Where the cgroup hierarchies are mounted. v1's ``cpu`` controller, else a v2 unified mount that
 #: has the ``cpu`` controller (``/sys/fs/cgroup`` on a pure v2 host).
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-#: Our cgroups' name prefix: :func:`cleanup_stale` removes only these.
+#: Our cgroups' name prefix (``oa-drill-<target pid>-<maker pid>``): :func:`cleanup_stale` removes
+#: only these, and only when the maker is dead.
 PREFIX = "oa-drill-"
 #: CFS period: 100 ms is the kernel's default; the quota is a fraction of it.
 PERIOD_US = 100_000
@@ -155,15 +156,34 @@ def _remove_cgroup(fs: CgroupFS, cg: Path, back_to: Path | None = None) -> None:
             time.sleep(0.02)
 
 
+def _owner_alive(name: str) -> bool:
+    """Whether the process that made cgroup ``oa-drill-<target>-<owner>`` still runs. A drill and a
+    test can run at once on one host (two engineers, or a test during a benchmark): each may clean
+    up only what a dead process left, never another live drill's fault."""
+    try:
+        owner = int(name.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return False
+    if owner <= 1:
+        return False
+    try:
+        os.kill(owner, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def cleanup_stale(root: Path = CGROUP_ROOT) -> list[str]:
-    """Remove the ``oa-drill-*`` cgroups of an earlier run that was killed (their processes go to
-    the root cgroup). Returns the names removed."""
+    """Remove the ``oa-drill-*`` cgroups whose maker has died (a ``kill -9`` of a drill skips its
+    ``finally``); their processes go to the root cgroup. Returns the names removed."""
     fs = find_cgroup_fs(root)
     if fs is None:
         return []
     removed = []
     for cg in fs.mount.glob(f"{PREFIX}*"):
-        if cg.is_dir():
+        if cg.is_dir() and not _owner_alive(cg.name):
             _remove_cgroup(fs, cg)
             removed.append(cg.name)
     return removed
