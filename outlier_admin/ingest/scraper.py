@@ -240,7 +240,8 @@ class Scraper:
 
     def __init__(self, r: redis.Redis | None = None, *, interval_s: float | None = None,
                  timeout_s: float | None = None, max_connections: int | None = None,
-                 max_bytes: int | None = None, clock: Callable[[], float] = time.time) -> None:
+                 max_bytes: int | None = None, clock: Callable[[], float] = time.time,
+                 slots_off: dict[tuple[str, str], float] | None = None) -> None:
         self.r = r if r is not None else get_redis()
         self.interval_s = interval_s or settings.METRICS_SCRAPE_INTERVAL_MS / 1000.0
         self.timeout_s = timeout_s or settings.METRICS_TIMEOUT_MS / 1000.0
@@ -256,7 +257,8 @@ class Scraper:
         self._rejected_at: dict[tuple[str, str, str], float] = {}
         self._rejects: list[tuple[Target, ScrapeError]] = []
         self._write_failed_at = 0.0
-        self._slots_off: dict[tuple[str, str], float] = {}  # node -> monotonic time to ask /slots again
+        # node -> monotonic time to ask /slots again (the beat's rounds share one across their Scrapers)
+        self._slots_off: dict[tuple[str, str], float] = {} if slots_off is None else slots_off
         self.active = True  # False while another process holds this shard's lease
 
     # -- one scrape -----------------------------------------------------------------------------
@@ -504,6 +506,11 @@ def _in_own_connection(fn: Callable[..., Any], *args: Any) -> Any:
         connection.close()
 
 
+#: The llama.cpp nodes with slots off, kept across the beat's rounds of this worker process (each
+#: round is a new Scraper), so they too ask ``/slots`` again only after SLOTS_RETRY_S.
+_ROUND_SLOTS_OFF: dict[tuple[str, str], float] = {}
+
+
 def scrape_round(r: redis.Redis | None = None) -> int:
     """One :meth:`Scraper.round` over every node (all shards); 0 at once while a ``scrape_metrics``
     service holds the scrapes. Returns the rows queued."""
@@ -513,7 +520,10 @@ def scrape_round(r: redis.Redis | None = None) -> int:
     targets = load_targets()
     if not targets:
         return 0
-    scraper = Scraper(r)
+    now = time.monotonic()
+    for key in [k for k, until in _ROUND_SLOTS_OFF.items() if until <= now]:  # bounded by the live nodes
+        del _ROUND_SLOTS_OFF[key]
+    scraper = Scraper(r, slots_off=_ROUND_SLOTS_OFF)
     rows = asyncio.run(scraper.round(targets))
     scraper.keep_rejected()  # in the caller's thread (and its transaction, if any)
     return rows

@@ -136,6 +136,20 @@ def test_slots_off_falls_back_to_the_counters_and_is_asked_again_only_rarely(lla
     assert LlamaCpp.seen[-1] == "/lc/slots"
 
 
+@pytest.mark.django_db
+def test_the_beat_rounds_remember_slots_off_too(llamacpp, redis_client, monkeypatch):
+    from outlier_admin.control.actions import do_create_group, do_register_node
+    from outlier_admin.ingest import scraper as module
+
+    monkeypatch.setattr(module, "_ROUND_SLOTS_OFF", {})
+    LlamaCpp.pages = {"/lc/metrics": [fixture("metrics_a.txt")], "/lc/slots": [fixture("slots_501.json")]}
+    LlamaCpp.status = {"/lc/slots": 501}
+    do_register_node(do_create_group("g", actor="t"), "127.0.0.1:8080", actor="t", metrics_url=f"{llamacpp}/lc/metrics")
+    for _ in range(3):  # each round is a new Scraper
+        module.scrape_round(redis_client)
+    assert LlamaCpp.seen.count("/lc/slots") == 1 and LlamaCpp.seen.count("/lc/metrics") == 3
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_refused_slots_document_is_a_failure_with_its_reason_and_the_counters_are_kept(llamacpp, redis_client):
     from outlier_admin.ingest.models import RejectedInput
