@@ -51,7 +51,9 @@ empty row). What each can and cannot show:
   The live decode signal is ``GET /slots`` (:mod:`detector.engines.llamacpp`, kept in
   :attr:`EngineCounters.slots`): a row is built from the slots processing the same task at both
   scrapes, each adding its Δ``n_decoded`` tokens and the interval's ms (its stream decoded, or stalled,
-  for the whole interval). Prefill comes from the prompt counters' deltas with ``prefills`` = the
+  for the whole interval), and, when requests end, what the finished-request counters add beyond what
+  the rows already counted of them (a healthy request often decodes within two scrapes: without that
+  rest a fast node would have almost no decode samples; each token is counted once). Prefill comes from the prompt counters' deltas with ``prefills`` = the
   tasks /slots shows finishing their prompt; it is left ``None`` when the two disagree (a request
   that started and ended between two scrapes, or a prompt finishing between the /slots and the
   /metrics read). Without /slots (``--no-slots``), decode falls back to the finished-request counters:
@@ -111,7 +113,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from detector.engines.llamacpp import Slot, slots_row
@@ -256,8 +258,9 @@ class EngineCounters:
                 raise TypeError(f"stored {name} is not a number")
         if kw.get("engine") is not None and kw["engine"] not in ENGINES:
             raise ValueError("stored engine unknown")
-        if kw.get("slots") is not None:
-            kw["slots"] = tuple((int(a), int(b), int(c), int(d)) for a, b, c, d in kw["slots"])
+        if kw.get("slots") is not None:  # a slot of an older layout has no counted tokens and ms
+            kw["slots"] = tuple((int(a), int(b), int(c), int(d), int(e), float(f))
+                                for a, b, c, d, e, f in (list(slot) + [0, 0.0][len(slot) - 4:] for slot in kw["slots"]))
         return cls(**kw)
 
 
@@ -439,8 +442,16 @@ def _finished_decode(prev: EngineCounters, cur: EngineCounters) -> tuple[float, 
 
 def progress_row(node: str, prev: tuple[float, EngineCounters] | None, ts: float,
                  cur: EngineCounters) -> list | None:
-    """The progress row (:data:`ROW_FIELDS`) between the scrape ``prev = (ts, counters)`` and this one;
-    ``None`` on the first scrape, when no time passed, or when the decode counters went down (a
+    """The progress row of :func:`advance` alone (see there)."""
+    return advance(node, prev, ts, cur)[0]
+
+
+def advance(node: str, prev: tuple[float, EngineCounters] | None, ts: float,
+            cur: EngineCounters) -> tuple[list | None, EngineCounters]:
+    """``(row, keep)``: the progress row (:data:`ROW_FIELDS`) between the scrape ``prev = (ts,
+    counters)`` and this one, and the counters to keep as the node's previous scrape (``cur``, with a
+    llama.cpp snapshot's counted tokens carried: :func:`detector.engines.llamacpp.slots_row`). The row
+    is ``None`` on the first scrape, when no time passed, or when the decode counters went down (a
     restart: the next scrape re-bases).
 
     A row whose tokens come from finished-request counters (llama.cpp without /slots, trtllm-serve)
@@ -448,27 +459,31 @@ def progress_row(node: str, prev: tuple[float, EngineCounters] | None, ts: float
     node shows a running batch and no token, which on a live source means its streams stalled
     (:mod:`detector.inflight`). Without the gauge such a row is never read as a stall."""
     if prev is None:
-        return None
+        return None, cur
     prev_ts, before = prev
     interval = ts - prev_ts
     if not interval > 0:
-        return None
+        return None, cur
     interval_ms = interval * 1000.0
     running, prefill_work = cur.running, _delta(before, cur, "prompt_total")
+    keep = cur
     if cur.itl_count is not None or cur.itl_sum_s is not None:  # vLLM, SGLang
         tokens, token_s = _delta(before, cur, "itl_count"), _delta(before, cur, "itl_sum_s")
         if tokens is None or token_s is None:
-            return None
+            return None, cur
         token_ms = token_s * 1000.0
         prefills, prefill_ms = _prefill(before, cur)
         prefill_tokens = _computed_tokens(before, cur, prefills)
     elif cur.engine == "llamacpp":
         if _went_down(before, cur, "prompt_total", "prompt_s", "gen_tokens", "gen_s"):
-            return None
+            return None, cur
         prefills = prefill_ms = prefill_tokens = None
         if cur.slots is not None and before.slots is not None:
-            tokens, token_ms, prefills, prefill_ms, prefill_tokens = slots_row(
-                before.slots, cur.slots, interval_ms, prefill_work, _delta(before, cur, "prompt_s"))
+            finished = _delta(before, cur, "gen_tokens"), _delta(before, cur, "gen_s")
+            tokens, token_ms, prefills, prefill_ms, prefill_tokens, carried = slots_row(
+                before.slots, cur.slots, interval_ms, prefill_work, _delta(before, cur, "prompt_s"),
+                None if None in finished else (finished[0], finished[1] * 1000.0))  # type: ignore[operator]
+            keep = replace(cur, slots=carried)
             running = float(len(cur.slots))
         elif cur.slots is None and before.slots is None:
             tokens, token_ms = _finished_decode(before, cur)
@@ -478,12 +493,12 @@ def progress_row(node: str, prev: tuple[float, EngineCounters] | None, ts: float
     elif cur.steps is not None or before.steps is not None:  # TGI, Triton
         decode = _step_decode(before, cur, interval_ms)
         if decode is None:
-            return None
+            return None, cur
         tokens, token_ms = decode
         prefills = prefill_ms = prefill_tokens = None
     else:  # trtllm-serve (or a page with no decode family)
         if _went_down(before, cur, "gen_tokens", "gen_s", "gen_requests"):
-            return None
+            return None, cur
         tokens, token_ms = _finished_decode(before, cur)
         running = None  # late tokens: see the docstring
         prefills, prefill_ms = _prefill(before, cur)
@@ -491,4 +506,4 @@ def progress_row(node: str, prev: tuple[float, EngineCounters] | None, ts: float
         if cur.engine == "trtllm":
             prefill_work = prefill_tokens  # its prompt counter holds the cached tokens too
     return [node, ts, interval, tokens, token_ms, prefills, prefill_ms, prefill_tokens, running, prefill_work,
-            cur.kv_usage]
+            cur.kv_usage], keep

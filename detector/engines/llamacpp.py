@@ -20,6 +20,16 @@ adds its ms with 0 tokens (a stalled node: a censored observation, not nothing).
 changed, ended, or was still in its prompt adds nothing to decode: a partly covered interval
 would mix prefill into the per-token time.
 
+**The rest of each request from the counters, counted once.** A healthy request often decodes in
+less than two scrape periods (40 tokens at 12 ms is half a second): /slots then never sees it
+generating at two snapshots and it would give no decode at all, so a fast node would have almost no
+samples and a slow one (whose requests last) many. The finished-request counters
+(``llamacpp:tokens_predicted_total`` / ``tokens_predicted_seconds_total``) hold every request's whole
+decode when it ends. Each slot of a snapshot carries what the rows already counted of its task
+(``counted_tokens``, ``counted_ms``); when tasks end, the counters' delta less what was counted of them
+is the rest: the requests /slots never saw decoding, and the ends of the others. It joins the row, so
+every token is counted once: live while the request runs, the remainder when it ends.
+
 The page is untrusted: :func:`slots_from_json` refuses a document that is not a list of slot
 objects, has more than :data:`MAX_SLOTS` slots or duplicate ids, or a count outside its bound
 (:class:`SlotsError`, with the reason). Pure (stdlib only).
@@ -30,8 +40,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-#: One processing slot: ``(slot id, id_task, n_decoded, n_prompt_tokens_processed)``.
-Slot = tuple[int, int, int, int]
+#: One processing slot: ``(slot id, id_task, n_decoded, n_prompt_tokens_processed, counted_tokens,
+#: counted_ms)``; the last two: what the rows have counted of its task so far (0 in a fresh read).
+Slot = tuple[int, int, int, int, int, float]
 
 #: More slots than any server runs (``--parallel``; each holds a KV-cache share): a larger list is
 #: not a llama.cpp server's, and the snapshot is stored per node.
@@ -89,7 +100,7 @@ def slots_from_json(data: Any) -> tuple[Slot, ...]:
         if not isinstance(nxt, dict):
             raise SlotsError(f"slot {sid}: next_token is not an object or a list of them")
         decoded = _count(nxt, "n_decoded", MAX_SLOT_TOKENS, f"slot {sid}")
-        out.append((sid, task, decoded, prompt))
+        out.append((sid, task, decoded, prompt, 0, 0.0))
     out.sort()
     return tuple(out)
 
@@ -105,28 +116,44 @@ def parse_slots(text: str | bytes) -> tuple[Slot, ...]:
 
 
 def slots_row(before: tuple[Slot, ...], now: tuple[Slot, ...], interval_ms: float, prompt_tokens: float | None,
-              prompt_s: float | None) -> tuple[float, float, float | None, float | None, float | None]:
-    """``(tokens, token_ms, prefills, prefill_ms, prefill_tokens)`` between two snapshots.
+              prompt_s: float | None, finished: tuple[float, float] | None = None,
+              ) -> tuple[float, float, float | None, float | None, float | None, tuple[Slot, ...]]:
+    """``(tokens, token_ms, prefills, prefill_ms, prefill_tokens, now')`` between two snapshots;
+    ``now'`` is ``now`` with each slot's counted tokens and ms carried (keep it as the next ``before``).
 
-    Decode: see the module docstring. Prefill: ``prompt_tokens`` and ``prompt_s`` are the interval's
-    deltas of ``llamacpp:prompt_tokens_total`` / ``prompt_seconds_total`` (``None``: unknown). The
-    tasks that finished their prompt in the interval as /slots shows them (generating now, and new or
-    still in their prompt at the earlier snapshot) are the prefills when their
-    ``n_prompt_tokens_processed`` add up to the counter's delta: then the counters' time is exactly
-    theirs. Otherwise (a request that began and ended between two scrapes, or a prompt that finished
-    between the /slots and the /metrics read) the prefill columns are ``None``: a count that does not
-    match the time would make every prefill of the row look slow or fast."""
-    prev = {(sid, task): decoded for sid, task, decoded, _prompt in before}
+    Decode: see the module docstring; ``finished`` is the interval's ``(Δtokens, Δms)`` of the
+    finished-request counters (``None``: unknown, the rest of ended requests is then not counted).
+    Prefill: ``prompt_tokens`` and ``prompt_s`` are the interval's deltas of
+    ``llamacpp:prompt_tokens_total`` / ``prompt_seconds_total`` (``None``: unknown). The tasks that
+    finished their prompt in the interval as /slots shows them (generating now, and new or still in
+    their prompt at the earlier snapshot) are the prefills when their ``n_prompt_tokens_processed``
+    add up to the counter's delta: then the counters' time is exactly theirs. Otherwise (a request
+    that began and ended between two scrapes, or a prompt that finished between the /slots and the
+    /metrics read) the prefill columns are ``None``: a count that does not match the time would make
+    every prefill of the row look slow or fast."""
+    prev = {(sid, task): (decoded, c_tokens, c_ms) for sid, task, decoded, _p, c_tokens, c_ms in before}
     tokens, token_ms, done, done_tokens = 0, 0.0, 0, 0
-    for sid, task, decoded, prompt in now:
-        was = prev.get((sid, task))
-        if was is not None and was >= 1:  # generating at both ends: a whole interval of its stream
-            if decoded >= was:  # lower: not the same task (a restart reused the id), adds nothing
-                tokens += decoded - was
+    carried: list[Slot] = []
+    for sid, task, decoded, prompt, *_ in now:
+        was = prev.pop((sid, task), None)
+        c_tokens, c_ms = 0, 0.0
+        if was is not None and was[0] >= 1:  # generating at both ends: a whole interval of its stream
+            if decoded >= was[0]:  # lower: not the same task (a restart reused the id), adds nothing
+                tokens += decoded - was[0]
                 token_ms += interval_ms
+                c_tokens, c_ms = was[1] + decoded - was[0], was[2] + interval_ms
         elif decoded >= 1:  # its prompt finished during the interval
             done += 1
             done_tokens += prompt
+        carried.append((sid, task, decoded, prompt, c_tokens, c_ms))
+    if finished is not None:
+        # The tasks left in `prev` ended: the counters hold their whole decode, the rows had part of it.
+        rest_tokens = finished[0] - sum(c_tokens for _d, c_tokens, _m in prev.values())
+        rest_ms = finished[1] - sum(c_ms for _d, _t, c_ms in prev.values())
+        if rest_tokens > 0 and rest_ms > 0:
+            tokens += rest_tokens
+            token_ms += rest_ms
+    out = tuple(carried)
     if prompt_tokens is None or prompt_s is None or done_tokens != prompt_tokens:
-        return float(tokens), token_ms, None, None, None
-    return float(tokens), token_ms, float(done), prompt_s * 1000.0, float(done_tokens)
+        return float(tokens), token_ms, None, None, None, out
+    return float(tokens), token_ms, float(done), prompt_s * 1000.0, float(done_tokens), out

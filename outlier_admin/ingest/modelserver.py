@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 import redis
 
-from detector.engine_metrics import ENGINES, EngineCounters, parse, progress_row
+from detector.engine_metrics import ENGINES, EngineCounters, advance, parse
 from outlier_admin.control.redis_conn import itl_key, stream_key
 from outlier_admin.fleet.models import Node
 from outlier_admin.ingest.pipeline import STREAM_MAXLEN
@@ -93,7 +93,7 @@ def record_scrape(r: redis.Redis, node: Node, text: str, now: float) -> list[Any
     from Redis); returns the row. Raises ``ValueError`` as :func:`read_counters`."""
     cur = read_counters(text)
     prev = decode_prev(r.hget(itl_key(node.group.name), node.name))
-    row = progress_row(node.name, prev, now, cur)
+    row, cur = advance(node.name, prev, now, cur)
     write_scrapes(r, [(node.group.name, node.name, now, cur, row)])
     return row
 

@@ -63,7 +63,7 @@ import redis
 import yarl
 from django.conf import settings
 
-from detector.engine_metrics import EngineCounters, progress_row
+from detector.engine_metrics import EngineCounters, advance
 from detector.engines.llamacpp import SlotsError, slots_from_json
 from outlier_admin.control.redis_conn import get_redis, itl_key
 from outlier_admin.ingest.modelserver import (
@@ -289,7 +289,7 @@ class Scraper:
         self.stats.scrapes += 1
         key = (t.group, t.node)
         self.stats.by_node[key] = self.stats.by_node.get(key, 0) + 1
-        row = progress_row(t.node, self.prev.get(key), now, cur)
+        row, cur = advance(t.node, self.prev.get(key), now, cur)  # cur: what the next row starts from
         self.prev[key] = (now, cur)
         self._pending.append((t.group, t.node, now, cur, row))
         self._wake.set()

@@ -82,10 +82,10 @@ def test_llamacpp_restart_rebases():
 
 def test_slots_documents_are_validated_with_a_reason():
     assert parse_slots((LC / "slots_idle.json").read_text()) == ()
-    assert parse_slots((LC / "slots_a.json").read_text()) == ((0, 4, 159, 90), (1, 5, 0, 0))
+    assert parse_slots((LC / "slots_a.json").read_text()) == ((0, 4, 159, 90, 0, 0.0), (1, 5, 0, 0, 0, 0.0))
     # An older server: "state" and a next_token object.
     assert slots_from_json([{"id": 3, "state": 1, "id_task": 7, "n_prompt_tokens_processed": 12,
-                             "next_token": {"n_decoded": 4}}, {"id": 1, "state": 0}]) == ((3, 7, 4, 12),)
+                             "next_token": {"n_decoded": 4}}, {"id": 1, "state": 0}]) == ((3, 7, 4, 12, 0, 0.0),)
     ok = {"id": 0, "is_processing": True, "id_task": 1, "n_prompt_tokens_processed": 5, "next_token": [{"n_decoded": 2}]}
     bad = {
         "not a list": {"slots": []},

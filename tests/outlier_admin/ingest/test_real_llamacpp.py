@@ -101,11 +101,11 @@ def test_scraper_rows_and_a_canary_probe_on_a_real_llamacpp_server(llama_server,
     assert scraper.stats.failures == {}
     decoding = [r for r in rows if r["tokens"] > 0]
     assert decoding, rows
-    for r in decoding:  # per stream: one or two streams, each for the whole interval
-        streams = r["token_ms"] / (r["interval_s"] * 1000.0)
-        assert streams == pytest.approx(round(streams)) and 1 <= round(streams) <= 2
+    for r in decoding:
         assert 1.0 < r["token_ms"] / r["tokens"] < 5_000.0
-    assert sum(r["tokens"] for r in rows) <= 2 * 48  # never a token counted twice
+    # Every token once: live from /slots while the requests ran, the rest from the finished-request
+    # counters when they ended (llamacpp:tokens_predicted_total counts 48 per request).
+    assert sum(r["tokens"] for r in rows) == 2 * 48
     # The prompts that finished between two scrapes, when the counters agree with /slots.
     assert sum(r["prefills"] or 0 for r in rows) >= 1
     assert all(r["prefill_tokens"] > 0 for r in rows if r["prefills"])

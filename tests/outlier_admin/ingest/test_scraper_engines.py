@@ -91,9 +91,15 @@ def test_a_llamacpp_node_is_read_through_its_slots(llamacpp, redis_client):
     assert row["tokens"] == 6 and row["token_ms"] == pytest.approx(row["interval_s"] * 1000.0)
     assert (row["prefills"], row["prefill_ms"], row["prefill_tokens"]) == (1, pytest.approx(296.983), 90)
     # The snapshot is kept with the counters, so another process continues the same series.
+    # Each slot carries what the rows counted of its task (task 4: 6 tokens over the interval), so the
+    # finished-request counters add only the rest when it ends.
     stored = orjson.loads(redis_client.hget("outlier:itl:g", t.node))
-    assert stored[-2:] == ["llamacpp", [[0, 4, 165, 90], [1, 5, 5, 90]]]
-    assert Scraper(redis_client).read_prev([t])[("g", t.node)][1].slots == ((0, 4, 165, 90), (1, 5, 5, 90))
+    interval_ms = row["interval_s"] * 1000.0
+    assert stored[-2] == "llamacpp"
+    assert stored[-1][0][:5] == [0, 4, 165, 90, 6] and stored[-1][0][5] == pytest.approx(interval_ms)
+    assert stored[-1][1] == [1, 5, 5, 90, 0, 0.0]
+    again = Scraper(redis_client).read_prev([t])[("g", t.node)][1].slots
+    assert again[1] == (1, 5, 5, 90, 0, 0.0) and again[0][:5] == (0, 4, 165, 90, 6)
 
 
 @pytest.mark.django_db
