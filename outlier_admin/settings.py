@@ -230,7 +230,13 @@ CANARY_TIMEOUT_S = envint("CANARY_TIMEOUT_S", 30, minimum=1)
 CANARY_MAX_TOKENS = envint("CANARY_MAX_TOKENS", 32, minimum=1)
 CANARY_MODEL = envstr("CANARY_MODEL") or ""
 DCGM_SCRAPE_INTERVAL_S = envint("DCGM_SCRAPE_INTERVAL_S", 15, minimum=1)
+# One exporter's scrape (outlier_admin.ingest.dcgm): the timeout runs from the request to the last byte;
+# a page is cut at DCGM_MAX_BYTES (8 GPUs with every DCP field are about 200 KB; the model-server
+# pages have METRICS_MAX_BYTES), and a round fetches at most DCGM_MAX_CONNECTIONS exporters at once,
+# so it holds at most DCGM_MAX_CONNECTIONS x DCGM_MAX_BYTES of pages whatever the exporters send.
 DCGM_TIMEOUT_S = envint("DCGM_TIMEOUT_S", 5, minimum=1)
+DCGM_MAX_BYTES = envint("DCGM_MAX_BYTES", 1024 * 1024, minimum=1024)
+DCGM_MAX_CONNECTIONS = envint("DCGM_MAX_CONNECTIONS", 64, minimum=1)
 # Model-server /metrics scrapes (Node.metrics_url): the streamed decode signal, so scrape often
 # (outlier_admin.ingest.scraper: the scrape_metrics service, or one round per beat entry below).
 METRICS_SCRAPE_INTERVAL_MS = envint("METRICS_SCRAPE_INTERVAL_MS", 250, minimum=50)
@@ -242,7 +248,9 @@ LOG_TAIL_INTERVAL_S = envint("LOG_TAIL_INTERVAL_S", 2, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "tick-all-groups": {"task": "control.tick_all_groups", "schedule": TICK_INTERVAL_MS / 1000.0},
     "canary-probes": {"task": "control.run_due_canaries", "schedule": 1.0},
-    "dcgm-scrape": {"task": "ingest.scrape_all_dcgm", "schedule": float(DCGM_SCRAPE_INTERVAL_S)},
+    # A DCGM round not started within its period is dropped (the next one is due), never queued behind.
+    "dcgm-scrape": {"task": "ingest.scrape_all_dcgm", "schedule": float(DCGM_SCRAPE_INTERVAL_S),
+                    "options": {"expires": float(DCGM_SCRAPE_INTERVAL_S)}},
     # A round not started within one period is dropped, not run late; it steps aside while a
     # scrape_metrics service runs.
     "metrics-scrape": {"task": "ingest.scrape_all_metrics", "schedule": METRICS_SCRAPE_INTERVAL_MS / 1000.0,

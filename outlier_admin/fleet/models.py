@@ -68,18 +68,17 @@ class ModelGroup(models.Model):
         return self.name
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        """Give a new group its slug (:func:`~outlier_admin.fleet.names.group_slug`), numbered
-        (``-2``, ``-3``, ...) when another group already has it."""
+        """Give a new group its slug (:func:`~outlier_admin.fleet.names.unique_group_slug`): a name
+        that is a slug keeps it; any other name gets a marked slug (``a.b`` -> ``_a-b``) that no
+        group's name can be, numbered (``_a-b-2``) when another group already has it."""
         if self._state.adding and not self.slug:  # set once: a URL must not change under its users
-            from outlier_admin.fleet.names import group_slug
+            from outlier_admin.fleet.names import DERIVED_SLUG_MARK, group_slug, unique_group_slug
 
-            base = slug = group_slug(self.name)
-            taken = set(ModelGroup.objects.filter(slug__startswith=base).values_list("slug", flat=True))
-            n = 1
-            while slug in taken:
-                n += 1
-                slug = f"{base}-{n}"
-            self.slug = slug
+            base = group_slug(self.name)
+            taken = set(ModelGroup.objects.filter(models.Q(slug__startswith=base)
+                                                  | models.Q(slug__startswith=DERIVED_SLUG_MARK + base))
+                        .values_list("slug", flat=True))
+            self.slug = unique_group_slug(self.name, taken)
         super().save(*args, **kwargs)
 
     def thresholds(self) -> Thresholds:

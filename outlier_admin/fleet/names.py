@@ -10,8 +10,18 @@ Redis key and a page URL, a node id becomes a label and a line on the dashboard.
 - a node **address** is ``host:port`` (or ``[v6]:port``), optionally with an ``http://`` or
   ``https://`` scheme, and nothing else: no user info, path, query or fragment, so the only URLs we
   build from it are ``<scheme>://<host>:<port>/v1/completions`` and the like. Hosts that are never an
-  inference server are refused: unspecified, multicast, link-local (``169.254.169.254`` is the cloud
-  metadata service, the classic SSRF target) and reserved addresses;
+  inference server are refused (:func:`check_ip`, the one owner of that rule): unspecified and
+  "this network" (``0.0.0.0/8``: a connect to ``0.0.0.0`` reaches this very host), multicast,
+  link-local (``169.254.169.254`` is the cloud metadata service, the classic SSRF target) and
+  reserved addresses, also when wrapped in IPv6 (``::ffff:a.b.c.d``, 6to4 ``2002:abcd:...``).
+  Loopback and private addresses are allowed: an inference server is on the operator's network,
+  and the tests' servers are on 127.0.0.0/8;
+- a host is read **as the resolver reads it**: ``socket.inet_aton`` (glibc's ``getaddrinfo``) takes
+  ``0xa9fea9fe``, ``169.0xfea9fe``, ``0251.0376.0251.0376`` and ``127.1`` for IPv4 addresses, so any
+  host it accepts is that address: judged by :func:`check_ip`, and refused even when allowed unless
+  written as the dotted quad (``bad_address``: one spelling, so an allow-list or a log reads the
+  address that is reached). A DNS name is checked again **when it is resolved**, each resolved
+  address by :func:`check_ip` (:mod:`outlier_admin.fleet.netguard`: DNS rebinding);
 - a **scrape URL** (``metrics_url``, ``dcgm_url``) is an ``http(s)`` URL with such a host, an optional
   port and path, and no user info, query or fragment;
 - an **auto-register allow-list** entry is a CIDR (``127.0.0.0/8``, ``fd00::/8``) or a DNS suffix
@@ -27,6 +37,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -43,6 +54,13 @@ _SLUG_UNSAFE = re.compile(r"[^-A-Za-z0-9_]+")
 NODE_ID_RE = re.compile(r"[A-Za-z0-9\[][A-Za-z0-9._:@\[\]-]{0,199}")
 _DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 _URL_PATH = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=:@/%-]*")
+# What inet_aton may read as a number: decimal, octal (leading 0) and hex (0x) parts, 1 to 4 of them.
+_NUMERIC_HOST = re.compile(r"[0-9A-Fa-fXx.]+")
+# 0.0.0.0/8 is "this host on this network" (RFC 1122 3.2.1.3): never a destination, and Linux sends a
+# connect to 0.0.0.0 to this very host. ``is_unspecified`` covers 0.0.0.0 alone.
+_THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
+# A derived slug (of a name that is not a slug itself) starts with this, which no group name can.
+DERIVED_SLUG_MARK = "_"
 
 
 class NameError_(ValueError):
@@ -69,12 +87,35 @@ def validate_group_name(name: object) -> str:
 
 
 def group_slug(name: str) -> str:
-    """The URL segment of a group: its name with every run of ``/ . @`` replaced by ``-``
-    (``meta-llama/Llama-3.1-70B-Instruct@h100`` -> ``meta-llama-Llama-3-1-70B-Instruct-h100``). A
-    name without those characters is its own slug, so the URLs of groups named before ``/ . @`` were
-    allowed do not change. Two names can share a slug (``a.b``, ``a-b``):
-    :meth:`~outlier_admin.fleet.models.ModelGroup.save` numbers the later one (``a-b-2``)."""
-    return _SLUG_UNSAFE.sub("-", name)[:GROUP_SLUG_MAX - 10]
+    """The URL segment of a group (``ModelGroup.slug``, set once when the group is created).
+
+    A name that is already a slug (letters, digits, ``-`` and ``_``: every name from before ``/ . @``
+    were allowed) is its own slug. Any other name gets :data:`DERIVED_SLUG_MARK` (``_``) followed by
+    the name with every run of ``/ . @`` replaced by ``-`` (``meta-llama/Llama-3.1-70B-Instruct@h100``
+    -> ``_meta-llama-Llama-3-1-70B-Instruct-h100``). A group name never starts with ``_``
+    (:data:`GROUP_NAME_RE`), so a derived slug can never be another group's name: ``a.b`` (``_a-b``)
+    does not squat the slug of a group created later as ``a-b`` (``a-b``). Only derived slugs can
+    collide (``a.b``, ``a@b``); :meth:`~outlier_admin.fleet.models.ModelGroup.save` numbers the later one
+    (``_a-b-2``), still outside the names' space (:func:`unique_group_slug`)."""
+    if _SLUG_UNSAFE.search(name) is None:
+        return name[:GROUP_SLUG_MAX - 10]
+    return (DERIVED_SLUG_MARK + _SLUG_UNSAFE.sub("-", name))[:GROUP_SLUG_MAX - 10]
+
+
+def unique_group_slug(name: str, taken: set[str]) -> str:
+    """:func:`group_slug` of ``name``, numbered (``-2``, ``-3``, ...) while it is in ``taken`` (the
+    slugs of the existing groups that start with it). Only a derived slug can be taken, by another
+    derived one, or a name's own slug by a group created before this rule (whose derived slug had no
+    mark): then the name falls back to the marked form, so the numbered slug is outside the names'
+    space too and no later group's name is squatted."""
+    base = slug = group_slug(name)
+    if slug in taken and not slug.startswith(DERIVED_SLUG_MARK):
+        base = slug = (DERIVED_SLUG_MARK + slug)[:GROUP_SLUG_MAX - 10]
+    n = 1
+    while slug in taken:
+        n += 1
+        slug = f"{base}-{n}"
+    return slug
 
 
 def validate_node_id(node: object) -> str:
@@ -91,14 +132,65 @@ def _show(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _valid_host(host: str) -> str:
-    """A host as it appears in a URL (IPv6 without brackets), lower-cased; raises for hosts that are
-    never an inference server."""
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def check_ip(ip: IPAddress | str) -> IPAddress:
+    """The address a connection to ``ip`` reaches, or :class:`NameError_` (``forbidden_address``)
+    when it is never an inference server: unspecified or ``0.0.0.0/8``, multicast, link-local, or
+    reserved (loopback aside: ``::1`` is in IPv6's reserved ``::/8``). An IPv4-mapped IPv6 address is
+    judged (and returned) as its IPv4 host; a 6to4 one (``2002::/16``) is judged by the IPv4 host its
+    relay reaches too. The one owner of this rule: URL and address validation (:func:`check_host`) and
+    the resolver of every scrape and probe (:mod:`outlier_admin.fleet.netguard`) call it."""
+    if isinstance(ip, str):
+        ip = ipaddress.ip_address(ip)  # ValueError for a string that is no address
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        # ::ffff:169.254.169.254 reaches the IPv4 host: judge (and store) it as that host.
+        ip = ip.ipv4_mapped
+    judged = [ip]
+    if ip.version == 6 and ip.sixtofour is not None:
+        judged.append(ip.sixtofour)
+    for one in judged:
+        if (one.is_unspecified or one.is_multicast or one.is_link_local or (one.is_reserved and not one.is_loopback)
+                or (one.version == 4 and one in _THIS_NETWORK)):
+            shown = str(ip) if one is ip else f"{ip} (IPv4 {one})"
+            raise NameError_("forbidden_address",
+                             f"host {shown} is unspecified, multicast, link-local or reserved")
+    return ip
+
+
+def legacy_ipv4(host: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 address the C resolver reads in ``host`` when it is not a dotted quad
+    (``inet_aton``: ``0x7f000001``, ``127.1``, ``169.0xfea9fe``, ``0251.0376.0251.0376``), else None.
+    A trailing dot is ignored, as the resolver's own lookup may."""
+    text = host.rstrip(".")
+    if not text or not _NUMERIC_HOST.fullmatch(text):
+        return None  # inet_aton also stops at whitespace: only a whole numeric host counts
+    try:
+        packed = socket.inet_aton(text)
+    except OSError:
+        return None
+    return ipaddress.IPv4Address(packed)
+
+
+def check_host(host: str) -> str:
+    """A host as it appears in a URL (IPv6 without brackets), lower-cased, an IP in its compressed
+    form; raises :class:`NameError_` for hosts that are never an inference server
+    (``forbidden_address``, :func:`check_ip`) or not a host (``bad_address``), an IPv4 address in
+    another spelling than the dotted quad included (:func:`legacy_ipv4`)."""
     if not host:
         raise NameError_("bad_address", "the address has no host")
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
+        legacy = legacy_ipv4(host)
+        if legacy is not None:
+            try:
+                check_ip(legacy)
+            except NameError_ as exc:
+                raise NameError_("forbidden_address", f"host {_show(host)} is {legacy}: {exc.detail}") from None
+            raise NameError_("bad_address", f"host {_show(host)} is the IPv4 address {legacy} in a hex, octal or "
+                                            f"short form: write it as {legacy}") from None
         name = host.lower().rstrip(".")
         labels = name.split(".")
         if len(name) > 253 or not all(_DNS_LABEL.fullmatch(label) for label in labels):
@@ -106,12 +198,10 @@ def _valid_host(host: str) -> str:
         if labels[-1].isdigit():
             raise NameError_("bad_address", f"host {_show(host)} is not a valid IPv4 address") from None
         return name
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        # ::ffff:169.254.169.254 reaches the IPv4 host: judge (and store) it as that host.
-        ip = ip.ipv4_mapped
-    if ip.is_unspecified or ip.is_multicast or ip.is_link_local or (ip.is_reserved and not ip.is_loopback):
-        raise NameError_("forbidden_address", f"host {ip} is unspecified, multicast, link-local or reserved")
-    return ip.compressed
+    return check_ip(ip).compressed
+
+
+_valid_host = check_host  # the name the module's callers knew it by
 
 
 @dataclass(frozen=True)
