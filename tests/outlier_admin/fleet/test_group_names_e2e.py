@@ -20,8 +20,8 @@ from tests.outlier_admin.api.conftest import _fast_password_hasher, users  # noq
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services]
 NAMES = ["llama3-70b/h800", "meta-llama/Llama-3.1-70B-Instruct@h100"]
-SLUGS = {"llama3-70b/h800": "llama3-70b-h800",
-         "meta-llama/Llama-3.1-70B-Instruct@h100": "meta-llama-Llama-3-1-70B-Instruct-h100"}
+SLUGS = {"llama3-70b/h800": "_llama3-70b-h800",  # derived slugs are marked: no group name starts with "_"
+         "meta-llama/Llama-3.1-70B-Instruct@h100": "_meta-llama-Llama-3-1-70B-Instruct-h100"}
 GOOD = ["127.0.0.1:8000", "127.0.0.2:8000", "127.0.0.3:8000"]
 BAD = {  # node id -> why auto-registration refuses it
     "gpu-node-03": "bad_address",           # a valid id, but not host:port: nothing to send traffic to
@@ -81,7 +81,30 @@ def test_a_model_id_group_through_ingest_tick_pages_api_and_metrics(name, groups
 
 def test_slugs_of_colliding_names_are_numbered(make_group):
     a, b = make_group("org/model.x"), make_group("org/model-x")
-    assert (a.slug, b.slug) == ("org-model-x", "org-model-x-2")
+    assert (a.slug, b.slug) == ("_org-model-x", "_org-model-x-2")
+
+
+def test_a_derived_slug_never_squats_a_later_groups_name(make_group, client, users):  # noqa: F811
+    """Issue 29 finding 10: ``a.b`` took the slug ``a-b``, so a group created later as ``a-b`` got
+    ``a-b-2`` and its URL was not its name. A name that is a slug keeps it, whichever came first; the
+    derived slugs (and their numbered forms) start with ``_``, which no name can."""
+    dotted, at = make_group("a.b"), make_group("a@b")
+    plain = make_group("a-b")
+    numbered = make_group("a-b-2")  # the name the old numbering would have handed to a-b
+    assert (dotted.slug, at.slug, plain.slug, numbered.slug) == ("_a-b", "_a-b-2", "a-b", "a-b-2")
+    viewer = Client()
+    viewer.force_login(users["viewer"])
+    assert "a-b" in viewer.get("/groups/a-b/").content.decode()
+    assert viewer.get("/api/v1/groups/a-b/").json()["name"] == "a-b"
+    assert viewer.get("/api/v1/groups/_a-b/").json()["name"] == "a.b"
+
+
+def test_a_name_whose_slug_an_old_group_holds_gets_a_marked_slug(make_group):
+    """A group created before the rule may hold a derived slug without the mark (``a.b`` -> ``a-b``);
+    a new ``a-b`` then takes the marked form, outside the names' space, never ``a-b-2``."""
+    ModelGroup.objects.create(name="a.b", slug="a-b")
+    assert make_group("a-b").slug == "_a-b"
+    assert make_group("a-b-2").slug == "a-b-2"
 
 
 def test_an_invalid_stored_address_is_left_out_of_the_published_document(groups, redis_client, caplog):

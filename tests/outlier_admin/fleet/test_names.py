@@ -12,6 +12,7 @@ from outlier_admin.fleet.names import (
     GROUP_NAME_RE,
     NameError_,
     group_slug,
+    unique_group_slug,
     host_allowed,
     parse_address,
     validate_allow_entry,
@@ -76,8 +77,10 @@ def test_node_ids_and_group_names():
 
 @pytest.mark.parametrize(("name", "slug"), [
     ("llama-70b_h100", "llama-70b_h100"),  # a name allowed before "/ . @" is its own slug: old URLs hold
-    ("llama3-70b/h800", "llama3-70b-h800"),
-    ("meta-llama/Llama-3.1-70B-Instruct@h100", "meta-llama-Llama-3-1-70B-Instruct-h100"),
+    ("llama3-70b/h800", "_llama3-70b-h800"),
+    ("meta-llama/Llama-3.1-70B-Instruct@h100", "_meta-llama-Llama-3-1-70B-Instruct-h100"),
+    ("a.b", "_a-b"),
+    ("a-b", "a-b"),
 ])
 def test_group_slugs(name, slug):
     assert group_slug(name) == slug and SLUG_RE.fullmatch(slug)
@@ -86,6 +89,19 @@ def test_group_slugs(name, slug):
 @given(st.from_regex(GROUP_NAME_RE, fullmatch=True))
 def test_every_valid_group_name_has_a_url_safe_slug(name):
     assert SLUG_RE.fullmatch(group_slug(name)) and len(group_slug(name)) <= 210
+
+
+@given(st.from_regex(GROUP_NAME_RE, fullmatch=True), st.from_regex(GROUP_NAME_RE, fullmatch=True))
+def test_a_slug_is_its_own_name_or_no_name_at_all(name, other):
+    """Whichever group came first: a name that is a slug gets it; any other name's slug (numbered
+    too) is no valid name, so no later group's name can ever find its own slug taken."""
+    taken = {unique_group_slug(other, set())} if other != name else set()
+    slug = unique_group_slug(name, taken)
+    assert slug not in taken
+    if SLUG_RE.fullmatch(name):
+        assert slug == name
+    else:
+        assert not GROUP_NAME_RE.fullmatch(slug) and SLUG_RE.fullmatch(slug)
 
 
 def test_scrape_urls():
