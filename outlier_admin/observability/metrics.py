@@ -44,6 +44,8 @@ Series (labels):
 ``outlier_alerts_total``                    alert deliveries (receiver kind, result=sent|failed)
 ``outlier_scrape_failures_total``           failed model-server scrapes (group, node, kind; kinds in
                                             :data:`outlier_admin.ingest.scraper.KINDS`)
+``outlier_dcgm_scrape_failures_total``      failed dcgm-exporter scrapes (group, node, kind; kinds in
+                                            :data:`outlier_admin.ingest.dcgm.KINDS`)
 ``outlier_metrics_sql_up``                  1 if the scrape read the fleet state from the database,
                                             0 if not (the SQL-backed series above are then absent)
 =========================================  ====================================================
@@ -97,6 +99,11 @@ ALERTS = Counter("outlier_alerts", "Alert deliveries by receiver kind and result
 SCRAPE_FAILURES = Counter(
     "outlier_scrape_failures", "Failed model-server /metrics scrapes by group, node and kind "
     "(timeout, connect, http_status, too_large, protocol, parse).", ["group", "node", "kind"], registry=EVENTS,
+)
+
+DCGM_SCRAPE_FAILURES = Counter(
+    "outlier_dcgm_scrape_failures", "Failed dcgm-exporter scrapes by group, node and kind (the model-server "
+    "kinds, and bad_url, forbidden_address, database).", ["group", "node", "kind"], registry=EVENTS,
 )
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
