@@ -60,6 +60,9 @@ def check_command(argv: list[str]) -> None:
         assert callable(getattr(importlib.import_module(module), func, None)), f"{prog}: no {module}:{func}"
     elif prog == "redis-server":
         pass  # the official image's entry point
+    elif prog == "nginx":  # the official image's binary, run on the shipped config (tests/deploy/test_nginx.py)
+        assert argv[argv.index("-c") + 1] == "/etc/nginx/nginx.conf" and argv[-2:] == ["-g", "daemon off;"], argv
+        assert argv[argv.index("-p") + 1] == "/tmp/", "relative paths of the config (pid, temp files) go under /tmp/"
     else:
         pytest.fail(f"unknown program {prog!r} in a service command")
 
@@ -75,7 +78,7 @@ def test_every_service_command_names_an_existing_entry_point(service: str) -> No
 
 def test_the_stack_has_the_services_health_checks_and_named_volumes() -> None:
     services = COMPOSE["services"]
-    assert {"postgres", "redis", "web", "worker", "beat", "demo"} <= set(services)
+    assert {"postgres", "redis", "proxy", "web", "worker", "beat", "demo"} <= set(services)
     for name, svc in services.items():
         assert "healthcheck" in svc, f"{name} has no health check"
     assert services["demo"]["profiles"] == ["demo"]
@@ -146,3 +149,25 @@ def test_the_beat_health_check_follows_a_real_beat_schedule(tmp_path: Path) -> N
     for p in tmp_path.glob("celerybeat-schedule*"):
         os.utime(p, (old, old))
     assert subprocess.run(["sh", "-c", script]).returncode != 0
+
+
+def test_only_the_nginx_proxy_is_published_in_front_of_gunicorn() -> None:
+    """Slow clients would hold gunicorn's threads (issue 29): gunicorn is reached only through the
+    proxy service, which runs the shipped deploy/nginx/nginx.conf and publishes the stack's port."""
+    services = COMPOSE["services"]
+    web, proxy = services["web"], services["proxy"]
+    assert "ports" not in web and web["expose"] == ["8000"]
+    assert web["environment"]["PORT"] == "8000"  # the config's upstream web:8000, whatever .env's PORT says
+    assert "server web:8000;" in (ROOT / "deploy" / "nginx" / "nginx.conf").read_text()
+    assert proxy["ports"] == ["${PORT:-8000}:8080"] and "listen 8080;" in (ROOT / "deploy" / "nginx" / "nginx.conf").read_text()
+    source, target, mode = proxy["volumes"][0].split(":")
+    assert (ROOT / source).resolve() == (ROOT / "deploy" / "nginx" / "nginx.conf").resolve()
+    assert target == proxy["command"][proxy["command"].index("-c") + 1] and mode == "ro"
+    assert proxy["depends_on"]["web"] == {"condition": "service_healthy", "restart": True}
+    published = [name for name, svc in services.items() if svc.get("ports") and "demo" not in svc.get("profiles", [])]
+    assert published == ["proxy"]
+    # The proxy is the peer of every request: the web trusts its X-Forwarded-For, and only its network's.
+    edge = COMPOSE["networks"]["web-edge"]["ipam"]["config"][0]["subnet"]
+    assert web["environment"]["TRUSTED_PROXIES"].split(",")[0] == edge
+    assert set(web["networks"]) == {"default", "web-edge"} and proxy["networks"] == ["web-edge"]
+    assert [n for n, svc in services.items() if "web-edge" in svc.get("networks", [])] == ["web", "proxy"]

@@ -132,7 +132,7 @@ def test_every_rendered_manifest_is_valid_kubernetes(full: list[dict[str, Any]],
 def test_the_validators_reject_what_kubernetes_would(full: list[dict[str, Any]]) -> None:
     """The validation above can fail: an unknown field, a wrong type, a CR field that does not exist."""
     web = copy.deepcopy(by_kind(full, "Deployment")["rel-outlier-admin-web"])
-    web["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGet"]["paht"] = "/healthz"
+    web["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["paht"] = "/readyz"
     with pytest.raises(kubernetes_validate.ValidationError):
         validate(web, K8S_VERSIONS[-1])
     web = copy.deepcopy(by_kind(full, "Deployment")["rel-outlier-admin-web"])
@@ -213,8 +213,8 @@ def test_every_container_command_exists(full: list[dict[str, Any]]) -> None:
     for name, c in containers(full):
         if c["image"].startswith("haproxy:"):
             continue
-        check_command(c["args"])
-        if c["args"][0] == "outlier-admin":  # manage.py: the management command exists
+        check_command(c.get("args") or c["command"])  # the proxy's nginx: its command, not the image's
+        if c.get("args", [""])[0] == "outlier-admin":  # manage.py: the management command exists
             assert c["args"][1] in get_commands(), c["args"]
         if name.endswith("/outlier-agent"):
             from outlier_admin.agent.__main__ import build_applier, build_parser
@@ -258,11 +258,15 @@ def test_probes_and_prometheus_reach_the_pod_by_ip(full: list[dict[str, Any]]) -
     from django.conf import settings
     from django.urls import resolve
 
-    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+    for probe in ("readinessProbe", "startupProbe"):  # through the nginx sidecar's port
         path = web[probe]["httpGet"]["path"]
         assert resolve(path).func.__name__ in ("healthz", "readyz"), path
+        assert web[probe]["httpGet"]["port"] == "http"
         # Plain HTTP from kubelet: the path must be exempt from the SSL redirect.
         assert any(re.match(rx, path.lstrip("/")) for rx in settings.SECURE_REDIRECT_EXEMPT), path
+    # Liveness asks gunicorn itself on loopback (only it is restarted), with the pod's IP as Host.
+    live = web["livenessProbe"]["exec"]["command"]
+    assert live[:2] == ["python", "-c"] and "127.0.0.1" in live[2] and "/healthz" in live[2] and "POD_IP" in live[2]
 
 
 def test_services_and_monitors_select_real_pods_and_ports(full: list[dict[str, Any]]) -> None:
@@ -332,3 +336,40 @@ def test_the_install_notes_name_commands_that_exist(tmp_path: Path) -> None:
     commands = re.findall(r"outlier-admin ([a-z_]+) ", notes)
     assert {"create_token", "create_group", "register_node"} <= set(commands)
     assert set(commands) <= set(get_commands())
+
+
+def test_every_web_pod_runs_the_shipped_nginx_in_front_of_a_loopback_gunicorn(full: list[dict[str, Any]],
+                                                                               tmp_path: Path) -> None:
+    """Issue 29: slow clients held gunicorn's threads. The web pod's Service port is nginx's, which runs
+    deploy/nginx/nginx.conf with only its upstream made gunicorn on the pod's loopback; gunicorn binds
+    127.0.0.1 and trusts the sidecar's X-Forwarded-For (login throttling counts per client)."""
+    from tests.reliability import stack
+
+    link = CHART / "files" / "nginx.conf"
+    assert link.is_symlink() and link.resolve() == stack.NGINX_CONF.resolve()
+    dep = by_kind(full, "Deployment")["rel-outlier-admin-web"]
+    pod = dep["spec"]["template"]["spec"]
+    web, proxy = pod["containers"]
+    assert (web["name"], proxy["name"]) == ("web", "proxy")
+    assert dep["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == "web"
+    env = {e["name"]: e.get("value") for e in web["env"]}
+    assert env["WEB_BIND"] == "127.0.0.1" and env["TRUSTED_PROXIES"] == "127.0.0.1"
+    assert "ports" not in web  # nothing outside the pod reaches gunicorn
+    conf = by_kind(full, "ConfigMap")["rel-outlier-admin-web-proxy"]["data"]["nginx.conf"]
+    assert conf.rstrip("\n") == stack.NGINX_CONF.read_text().replace(
+        "server web:8000;", f"server 127.0.0.1:{env['PORT']};").rstrip("\n")
+    mount = next(m for m in proxy["volumeMounts"] if m["name"] == "proxy-config")
+    assert proxy["command"][proxy["command"].index("-c") + 1] == mount["mountPath"]
+    assert {"name": "proxy-tmp", "mountPath": "/tmp"} in proxy["volumeMounts"]  # pid, temp files: -p /tmp/
+    assert proxy["ports"] == [{"name": "http", "containerPort": 8080}] and "listen 8080;" in conf
+    assert proxy["livenessProbe"]["httpGet"] == {"path": "/nginx-healthz", "port": "http"}
+    assert by_kind(full, "Service")["rel-outlier-admin-web"]["spec"]["ports"][0]["targetPort"] == "http"
+    # The real nginx parses the rendered file (listener moved to a free port: tests run side by side).
+    out = stack.nginx_check(conf.replace("listen 8080;", "listen 127.0.0.1:18081;"), tmp_path)
+    assert out.returncode == 0, out.stderr
+    # A TLS proxy of the operator's, named in config, is trusted as well; port 8080 is nginx's.
+    more = render(tmp_path, {**BASE, "config": {"TRUSTED_PROXIES": "10.0.0.0/8"}})
+    web = by_kind(more, "Deployment")["rel-outlier-admin-web"]["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e.get("value") for e in web["env"]}["TRUSTED_PROXIES"] == "127.0.0.1,10.0.0.0/8"
+    out = helm("template", "rel", values={**BASE, "web": {"port": 8080}}, tmp_path=tmp_path)
+    assert out.returncode != 0 and "/web/port" in out.stderr

@@ -98,7 +98,7 @@ The pod's own IP joins ALLOWED_HOSTS: kubelet probes and Prometheus address the 
   mountPath: /run/prometheus
 {{- end -}}
 
-{{/* What every control-plane pod shares. */}}
+{{/* What every control-plane pod shares. `volumes` stays its last key: the web pod appends its proxy's. */}}
 {{- define "outlier-admin.podCommon" -}}
 automountServiceAccountToken: false
 {{- with .Values.imagePullSecrets }}
@@ -124,4 +124,14 @@ tolerations:
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end -}}
+
+{{/* The web pod's nginx configuration: deploy/nginx/nginx.conf (files/nginx.conf links to it), its
+upstream (compose's `web` service) made gunicorn on the pod's loopback. */}}
+{{- define "outlier-admin.proxyConfig" -}}
+{{- $conf := .Files.Get "files/nginx.conf" -}}
+{{- if not (contains "server web:8000;" $conf) -}}
+{{- fail "files/nginx.conf has no upstream `server web:8000;` to point at the pod's gunicorn" -}}
+{{- end -}}
+{{- $conf | replace "server web:8000;" (printf "server 127.0.0.1:%d;" (int .Values.web.port)) -}}
 {{- end -}}
