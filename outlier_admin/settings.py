@@ -327,7 +327,13 @@ MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.clickjacking.XFrameOptions
 # Threshold preview bounds (api.preview): over one, the preview is a 400 naming it.
 PREVIEW_MAX_WINDOW_S = envint("PREVIEW_MAX_WINDOW_S", 3600, minimum=60)
 PREVIEW_MAX_NODES = envint("PREVIEW_MAX_NODES", 1000, minimum=1)
-PREVIEW_MAX_ROWS = envint("PREVIEW_MAX_ROWS", 400_000, minimum=1)
+PREVIEW_MAX_ROWS = envint("PREVIEW_MAX_ROWS", 400_000, minimum=1)  # all the reads of one preview together
+# How often (api.preview.admit_preview): a token bucket per user (PREVIEW_BURST, one back every
+# PREVIEW_REFILL_S seconds) and at most PREVIEW_MAX_CONCURRENT previews at once per web process; over
+# either, a 429 with Retry-After.
+PREVIEW_BURST = envint("PREVIEW_BURST", 3, minimum=1)
+PREVIEW_REFILL_S = envint("PREVIEW_REFILL_S", 20, minimum=1)
+PREVIEW_MAX_CONCURRENT = envint("PREVIEW_MAX_CONCURRENT", 1, minimum=1)
 ALERT_TIMEOUT_S = envint("ALERT_TIMEOUT_S", 5, minimum=1)
 ALERT_RETRIES = envint("ALERT_RETRIES", 2, minimum=0)
 # Base URL of the dashboard, for links in alerts (generatorURL).

@@ -36,17 +36,36 @@ replay of part of the history would show transitions that differ from what the d
 Unbounded, 10,000 nodes x 60 rows took 10-16 s and +379 MB of one web worker per request (refused
 now in 0.02 s); at the default bounds' limit, 1,000 nodes x an hour (~340,000 rows), 4-14 s and
 +215 MB on the shared 2-core development machine.
+
+``PREVIEW_MAX_ROWS`` is one budget for the whole preview, not per query: a group deciding on
+``decode`` with ``prefill_time`` baselines read its deciding rows, the ``norm`` rows for the tail
+window, the ``prefill_time`` rows and the ``norm`` rows once more, each up to the bound — four times
+the rows the bound names (issue 29, finding 10: 17-42 s a request with 8 at once). The ``norm`` rows
+are now read once, and every read takes from the same budget.
+
+And how often (:func:`admit_preview`, both the API and the dashboard): a preview costs seconds of a
+web thread, so each user has a token bucket of ``PREVIEW_BURST`` previews refilled one per
+``PREVIEW_REFILL_S`` seconds (in Redis, shared by every web process and pod; atomic, so eight
+requests at once take at most the tokens there are), and a web process runs at most
+``PREVIEW_MAX_CONCURRENT`` previews at a time, so previews never hold all of its threads. Over
+either, :class:`PreviewThrottled` (a 429 with ``Retry-After``); a refused request spends no token.
+Without Redis the preview is refused (503): the limiter fails closed, as the detector itself needs
+Redis.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
+import redis
 from django.conf import settings
 from django.utils import timezone
 
@@ -56,6 +75,7 @@ from detector.thresholds import Thresholds
 from outlier_admin.api.permissions import CAPABILITIES, user_can
 from outlier_admin.api.queries import decision_signal
 from outlier_admin.control.models import GroupBaseline, NodeHistory
+from outlier_admin.control.redis_conn import get_redis
 from outlier_admin.fleet.models import ModelGroup
 
 #: Thresholds whose effect the replay can show (they act on stored figures).
@@ -91,6 +111,84 @@ class PreviewTooLarge(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class PreviewThrottled(Exception):
+    """A preview refused for how often or how many at once, not for what it asks: ``status`` 429
+    (``retry_after_s`` until a token or a slot is free) or 503 (the limiter's Redis unreachable)."""
+
+    def __init__(self, message: str, retry_after_s: int, status: int = 429) -> None:
+        super().__init__(message)
+        self.retry_after_s = max(int(retry_after_s), 1)
+        self.status = status
+
+
+def rate_key(user_id: int) -> str:
+    """The token bucket of a user's previews: hash ``tokens``, ``at`` (Redis time, seconds)."""
+    return f"outlier:ratelimit:preview:{user_id}"
+
+
+# Refill by the time elapsed since the last take (Redis' own clock: every web process agrees), take one
+# token if there is one, else answer how long until there is; the key lapses once the bucket is full
+# again. Atomic: concurrent requests of one user cannot both take the last token.
+_TAKE = """
+local cap, per = tonumber(ARGV[1]), tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local v = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = math.min(cap, (tonumber(v[1]) or cap) + (now - (tonumber(v[2]) or now)) / per)
+local took = 0
+if tokens >= 1 then tokens = tokens - 1; took = 1 end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil((cap - tokens) * per * 1000) + 1000)
+if took == 1 then return 0 end
+return math.ceil((1 - tokens) * per * 1000)
+"""
+_slots_lock = threading.Lock()
+_slots: dict[str, int] = {"running": 0}
+
+
+def take_token(user_id: int) -> int:
+    """Take one of the user's preview tokens: 0 if taken, else the milliseconds until one is there."""
+    return int(get_redis().eval(_TAKE, 1, rate_key(user_id), settings.PREVIEW_BURST, settings.PREVIEW_REFILL_S))
+
+
+@contextlib.contextmanager
+def admit_preview(user: Any) -> Iterator[None]:
+    """Run a preview of ``user`` inside: a slot of this process (``PREVIEW_MAX_CONCURRENT``) and a token
+    of the user's bucket (``PREVIEW_BURST``, one back per ``PREVIEW_REFILL_S``), or raise
+    :class:`PreviewThrottled`. The slot is taken first, so a request refused for a busy process
+    spends no token."""
+    limit = settings.PREVIEW_MAX_CONCURRENT
+    with _slots_lock:
+        if _slots["running"] >= limit:
+            raise PreviewThrottled(
+                f"{limit} threshold preview(s) already running on this server (PREVIEW_MAX_CONCURRENT={limit}): "
+                "retry in a few seconds", retry_after_s=5)
+        _slots["running"] += 1
+    try:
+        try:
+            wait_ms = take_token(user.pk)
+        except redis.RedisError as exc:
+            raise PreviewThrottled(f"the preview's rate limiter (Redis) is unreachable: {type(exc).__name__}",
+                                   retry_after_s=10, status=503) from exc
+        if wait_ms:
+            raise PreviewThrottled(
+                f"threshold previews are limited to {settings.PREVIEW_BURST} at once and one per "
+                f"{settings.PREVIEW_REFILL_S} s per user (PREVIEW_BURST, PREVIEW_REFILL_S): retry in "
+                f"{math.ceil(wait_ms / 1000)} s", retry_after_s=math.ceil(wait_ms / 1000))
+        yield
+    finally:
+        with _slots_lock:
+            _slots["running"] -= 1
+
+
+class RowBudget:
+    """What is left of ``PREVIEW_MAX_ROWS`` for one preview's history reads (every query takes from it)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.left = limit
 
 
 @dataclass(frozen=True)
@@ -249,33 +347,44 @@ def replay(
 
 
 def history_rows(
-    group: ModelGroup, start: datetime, end: datetime, signal: str = "norm", *, max_rows: int | None = None
+    group: ModelGroup, start: datetime, end: datetime, signal: str = "norm", *,
+    max_rows: int | RowBudget | None = None, tail: dict[tuple[datetime, str], tuple[Any, Any]] | None = None,
 ) -> list[Row]:
     """The group's ``signal`` history rows in ``[start, end)`` as replay input, sorted by time. The
-    tail window's P50/P99 are recorded on the ``norm`` rows: other signals' rows take them from there.
-    ``max_rows``: raise :class:`PreviewTooLarge` rather than read more than that many rows per query.
-    A count capped at ``max_rows + 1`` (in the database) refuses before any row is loaded — reading
-    rows only to refuse cost 2.2 s and +62 MB at 100,000 rows —, and the read itself is capped as
-    well, for rows written by a tick between the count and the read."""
+    tail window's P50/P99 are recorded on the ``norm`` rows: other signals' rows take them from there
+    (``tail``: those already read, ``{(at, node): (p50, p99)}``; filled when empty).
+    ``max_rows``: raise :class:`PreviewTooLarge` rather than read more than that many rows — an int
+    per call, a :class:`RowBudget` across calls (each read takes from it). A count capped at the rows
+    left + 1 (in the database) refuses before any row is loaded — reading rows only to refuse cost
+    2.2 s and +62 MB at 100,000 rows —, and the read itself is capped as well, for rows written by a
+    tick between the count and the read."""
+    budget = RowBudget(max_rows) if isinstance(max_rows, int) else max_rows
+
     def rows(sig: str) -> list[Row]:
         in_window = NodeHistory.objects.filter(node__group=group, signal=sig, at__gte=start, at__lt=end)
         qs = in_window.order_by("at", "node_id").values_list(
             "at", "node__name", "z", "ema", "p50", "p99", "state", "evidence")
-        if max_rows is None:
+        if budget is None:
             return list(qs)
+        left = budget.left
         too_many = PreviewTooLarge(
-            "group", f"the preview would read more than PREVIEW_MAX_ROWS={max_rows} history rows of "
-                     f"group {group.name!r} ({sig} rows in the window): preview a shorter window")
-        if in_window.order_by()[: max_rows + 1].count() > max_rows:
+            "group", f"the preview would read more than PREVIEW_MAX_ROWS={budget.limit} history rows of "
+                     f"group {group.name!r} ({sig} rows in the window, {budget.limit - left} read before): "
+                     "preview a shorter window")
+        if in_window.order_by()[: left + 1].count() > left:
             raise too_many
-        out = list(qs[: max_rows + 1])
-        if len(out) > max_rows:
+        out = list(qs[: left + 1])
+        if len(out) > left:
             raise too_many
+        budget.left -= len(out)
         return out
 
     out = rows(signal)
     if signal != "norm":
-        tail = {(r[0], r[1]): (r[4], r[5]) for r in rows("norm")}
+        if tail is None:
+            tail = {}
+        if not tail:
+            tail.update({(r[0], r[1]): (r[4], r[5]) for r in rows("norm")})
         out = [(r[0], r[1], r[2], r[3], *tail.get((r[0], r[1]), (None, None)), r[6], r[7]) for r in out]
     return out
 
@@ -287,12 +396,15 @@ def stored_baselines(group: ModelGroup, start: datetime, end: datetime, signal: 
 
 
 def preview_thresholds(
-    group: ModelGroup, changes: dict[str, Any], *, window_s: float | None = None, now: datetime | None = None
+    group: ModelGroup, changes: dict[str, Any], *, window_s: float | None = None, now: datetime | None = None,
+    user: Any = None,
 ) -> Preview:
     """Replay the last ``window_s`` seconds (default: an hour, or ``PREVIEW_MAX_WINDOW_S`` if shorter)
     of ``group``'s history under its current thresholds and under ``current.replace(**changes)``.
     Raises ``ThresholdError`` for an invalid change, :class:`PreviewTooLarge` over a bound (each is
-    checked before any history row is loaded)."""
+    checked before any history row is loaded). ``user``: the requester, admitted by
+    :func:`admit_preview` once the input is checked (a refused input spends no token) and before any
+    history is read; the API and the dashboard always pass it, only scripts and tests go without."""
     max_window = settings.PREVIEW_MAX_WINDOW_S
     if window_s is None:
         window_s = min(DEFAULT_WINDOW_S, max_window)
@@ -305,10 +417,19 @@ def preview_thresholds(
     if n > settings.PREVIEW_MAX_NODES:
         raise PreviewTooLarge("group", f"group {group.name!r} has {n} nodes, over PREVIEW_MAX_NODES="
                                        f"{settings.PREVIEW_MAX_NODES}: too large to replay here")
+    with admit_preview(user) if user is not None else contextlib.nullcontext():
+        return _replay_window(group, current, proposed, n, window_s, now)
+
+
+def _replay_window(group: ModelGroup, current: Thresholds, proposed: Thresholds, n: int, window_s: float,
+                   now: datetime | None) -> Preview:
+    """:func:`preview_thresholds` once its input is checked and the preview admitted: the reads and replays."""
     end = now or timezone.now()
     start = end - timedelta(seconds=window_s)
     signal = decision_signal(group)
-    rows = history_rows(group, start, end, signal, max_rows=settings.PREVIEW_MAX_ROWS)
+    budget = RowBudget(settings.PREVIEW_MAX_ROWS)  # every read below takes from it
+    tail: dict[tuple[datetime, str], tuple[Any, Any]] = {}  # the norm rows' P50/P99, read once
+    rows = history_rows(group, start, end, signal, max_rows=budget, tail=tail)
     baselines = stored_baselines(group, start, end, signal)
     also = {}
     if signal != "norm":
@@ -317,7 +438,7 @@ def preview_thresholds(
         for other in QUEUE_FREE:
             if other != signal and GroupBaseline.objects.filter(
                     group=group, signal=other, at__gte=start, at__lt=end, baseline__isnull=False).exists():
-                also[other] = (history_rows(group, start, end, other, max_rows=settings.PREVIEW_MAX_ROWS),
+                also[other] = (history_rows(group, start, end, other, max_rows=budget, tail=tail),
                                stored_baselines(group, start, end, other))
     return Preview(
         rows=len(rows), nodes=len({r[1] for r in rows}), start=start, end=end,

@@ -14,10 +14,10 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ErrorDetail, ValidationError
+from rest_framework.exceptions import APIException, ErrorDetail, Throttled, ValidationError
 from rest_framework.generics import get_object_or_404  # a malformed id is a 404 too (Django's: a 500)
 from rest_framework.renderers import BrowsableAPIRenderer
 from rest_framework.request import Request
@@ -30,7 +30,12 @@ from outlier_admin.api import serializers as s
 from outlier_admin.api.errors import problem_response
 from outlier_admin.api.inputs import PARSERS, Pagination
 from outlier_admin.api.permissions import CanRead, capability_permission
-from outlier_admin.api.preview import may_preview, preview_roles, preview_thresholds
+from outlier_admin.api.preview import (
+    PreviewThrottled,
+    may_preview,
+    preview_roles,
+    preview_thresholds,
+)
 from outlier_admin.api.renderers import FastJSONRenderer
 from outlier_admin.api.timeline import MAX_POINTS, RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.control import actions
@@ -41,6 +46,17 @@ from outlier_admin.ingest.models import GpuReading
 CanTune = capability_permission("tune")
 CanDecide = capability_permission("decide")
 CanOverride = capability_permission("override")
+
+
+class PreviewUnavailable(APIException):
+    """The preview's rate limiter cannot be reached (503 + Retry-After): it fails closed."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_code = "unavailable"
+
+    def __init__(self, detail: str, wait: int) -> None:
+        super().__init__(detail)
+        self.wait = wait
 
 
 class CanPreview(CanRead):
@@ -125,17 +141,30 @@ class GroupViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
         page = self.paginate_queryset(group.threshold_changes.all())
         return self.get_paginated_response(s.ThresholdChangeSerializer(page, many=True).data)
 
-    @extend_schema(request=s.ThresholdPreviewSerializer, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=s.ThresholdPreviewSerializer, responses={
+        200: OpenApiTypes.OBJECT,
+        429: OpenApiResponse(description="Too many previews: the user's (`PREVIEW_BURST`, `PREVIEW_REFILL_S`) "
+                             "or this server's (`PREVIEW_MAX_CONCURRENT`); an application/problem+json "
+                             "body, code `throttled`; retry after `Retry-After` seconds")})
     @action(detail=True, methods=["post"], url_path="thresholds/preview", permission_classes=[CanPreview])
     def threshold_preview(self, request: Request, slug: str | None = None) -> Response:
         """Replay recorded history under the proposed values (changes nothing; role ``operator`` or
         ``oncall``). Bounded: over ``PREVIEW_MAX_WINDOW_S``, ``PREVIEW_MAX_NODES`` or ``PREVIEW_MAX_ROWS``
-        it is a 400 naming the bound (see :mod:`outlier_admin.api.preview`)."""
+        it is a 400 naming the bound (see :mod:`outlier_admin.api.preview`). Rate-limited per user
+        (``PREVIEW_BURST``, ``PREVIEW_REFILL_S``) and per process (``PREVIEW_MAX_CONCURRENT``): a 429
+        ``throttled`` with ``Retry-After``; the input is checked first, so a bad one spends no token."""
         group = self.get_object()
         data = _valid(s.ThresholdPreviewSerializer, request)
         if not data["changes"]:
             raise ValidationError({"changes": ["give at least one threshold to preview"]})
-        return Response(preview_thresholds(group, data["changes"], window_s=data["window_s"]).to_dict())
+        try:
+            preview = preview_thresholds(group, data["changes"], window_s=data["window_s"], user=request.user)
+        except PreviewThrottled as exc:
+            if exc.status == 429:
+                raise Throttled(wait=exc.retry_after_s, detail=str(exc)) from exc
+            # Not chained: a refused connection in the cause would read as PostgreSQL's outage.
+            raise PreviewUnavailable(str(exc), wait=exc.retry_after_s) from None
+        return Response(preview.to_dict())
 
     @extend_schema(request=s.PolicySerializer, responses=s.GroupSerializer)
     @action(detail=True, methods=["post"], permission_classes=[CanTune])

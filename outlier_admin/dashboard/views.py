@@ -25,7 +25,13 @@ from detector.thresholds import ThresholdError
 from outlier_admin.api import queries
 from outlier_admin.api.filters import AuditFilter
 from outlier_admin.api.permissions import CAPABILITIES, capabilities_of, user_can
-from outlier_admin.api.preview import PreviewTooLarge, may_preview, preview_roles, preview_thresholds
+from outlier_admin.api.preview import (
+    PreviewThrottled,
+    PreviewTooLarge,
+    may_preview,
+    preview_roles,
+    preview_thresholds,
+)
 from outlier_admin.api.timeline import RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.control import actions
 from outlier_admin.control.models import (
@@ -333,12 +339,15 @@ def thresholds_page(request: HttpRequest, slug: str) -> HttpResponse:
                                                           reason=form.cleaned_data["reason"])
                     messages.success(request, f"Thresholds version {change.version} saved.")
                     return redirect("dashboard:thresholds", slug=group.slug)
-                preview = preview_thresholds(group, changes)
+                preview = preview_thresholds(group, changes, user=request.user)  # the API's limit, same bucket
+            except PreviewThrottled as exc:
+                form.add_error(None, str(exc))
+                status = exc.status
             except ThresholdError as exc:
                 form.add_error(exc.field if exc.field in form.fields else None, exc.message)
             except (actions.ActionError, PreviewTooLarge) as exc:
                 form.add_error(None, str(exc))
-    if request.method == "POST" and form.errors:
+    if request.method == "POST" and form.errors and status == 200:
         status = 400
     return render(request, "dashboard/thresholds.html", _ctx(
         request, group=group, form=form, preview=preview, can_preview=may_preview(request.user),
