@@ -32,7 +32,16 @@ module decides, in this order at every evaluation:
 6. **Restore.** A recovering node advances one step per ``recovery_step_s`` while it stays under the
    line; a bad step sends it back to quarantine with the probe interval doubled (Envoy's ejection
    backoff, capped at ``backoff_cap_s``; the count decays after ``backoff_cap_s`` healthy).
-7. **Probes due** for quarantined nodes.
+7. **Probes due** for quarantined nodes, and **confirmation probes** for a node cut at quarantine
+   strength that has no samples to confirm it with. Cut to the floor weight, a node gets a few
+   percent of a round robin's requests; in a quiet group that is one request a minute, and the
+   quarantine it has earned waits for it (a real llama.cpp server at 20 % of a core behind nginx: cut
+   5.4 s after the onset, its one slow request over by then, quarantined at 24 s, when the next came).
+   So a DEGRADED node over the quarantine line whose last sample is older than
+   ``quarantine_persistence_s`` is probed (at most once per that time; one probe in flight): the probe
+   is a real request, so it streams rows like any other, and its answer enters as a completed request
+   (:meth:`detector.operator.NodeActions.record_probe`). It is judged like every other sample: a node
+   that is fast again under the probe is restored, a slow one quarantined.
 """
 
 from __future__ import annotations
@@ -263,12 +272,18 @@ def restore(a: NodeArrays, t: Thresholds, now: float, judged: np.ndarray, failin
     a.flaps[long_ok] = 0
 
 
-def probes_due(a: NodeArrays, t: Thresholds, now: float, moves: Moves) -> np.ndarray:
-    """Step 7: quarantined nodes whose probe is due move to PROBING; returns the due mask."""
+def probes_due(a: NodeArrays, t: Thresholds, now: float, moves: Moves, strong: np.ndarray) -> np.ndarray:
+    """Step 7: quarantined nodes whose probe is due move to PROBING, and degraded nodes at quarantine
+    strength (``strong``) with no sample for ``quarantine_persistence_s`` get a confirmation probe (see
+    the module docstring); returns the due mask."""
     due = _PROBED[a.state] & (a.next_probe <= now)
     moves(due & (a.state == S.QUARANTINED), S.PROBING, Reason.PROBE_DUE)
     a.next_probe[due] = now + t.canary_interval_s
-    return due
+    with np.errstate(invalid="ignore"):
+        starved = ~(now - a.last_seen < t.quarantine_persistence_s)
+        confirm = (a.state == S.DEGRADED) & strong & starved & ~(a.next_probe > now)
+    a.next_probe[confirm] = now + t.quarantine_persistence_s
+    return due | confirm
 
 
 def end_of_tick(a: NodeArrays, now: float) -> None:

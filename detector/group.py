@@ -400,7 +400,7 @@ class GroupDetector(NodeActions):
         failing = ejection.enforced(consecutive, t) | ejection.enforced(success, t) | ejection.enforced(z_verdict, t)
         ejection.restore(a, t, now, judged=self.signals.ewma["norm"].count > t.min_samples, failing=failing,
                          over_d=lines.over_d, moves=moves)
-        due = ejection.probes_due(a, t, now, moves)
+        due = ejection.probes_due(a, t, now, moves, strong=lines.over_q)
         ejection.end_of_tick(a, now)
         weights, fallback_reason = weighing.with_fallback(a, t, d.weight_score, self.signals.ewma["norm"].mean)
         counts = {s: e.count for s, e in self.signals.ewma.items()}

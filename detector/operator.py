@@ -15,12 +15,14 @@ the next :class:`~detector.explain.Evaluation`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
 from detector import ejection, explain
 from detector.detectors.tail import TailDetector
 from detector.nodes import NodeArrays
+from detector.samples import SampleBatch
 from detector.signals import SignalModel
 from detector.states import NodeState, Reason, Transition, check_edge
 from detector.thresholds import Thresholds
@@ -37,6 +39,7 @@ class NodeActions:
     tail: TailDetector
     _last: dict[str, float]
     _pending: list[Transition]
+    ingest: Callable[[SampleBatch], object]
 
     def index_of(self, node: str) -> int:
         return self.a.position(node)
@@ -60,11 +63,21 @@ class NodeActions:
         return self.signals.probe_value(prompt_tokens, completion_tokens, ttft_ms, total_ms)
 
     def record_probe(self, node: str, now: float, prompt_tokens: float, completion_tokens: float,
-                     ttft_ms: float | None, total_ms: float | None, ok: bool) -> bool:
+                     ttft_ms: float | None, total_ms: float | None, ok: bool) -> bool | None:
         """Judge one canary probe of a ``PROBING``/``QUARANTINED`` node; returns whether it passed.
-        ``canary_passes`` in a row start a stepwise restore with fresh statistics."""
+        ``canary_passes`` in a row start a stepwise restore with fresh statistics.
+
+        A confirmation probe of a ``DEGRADED`` node (:func:`detector.ejection.probes_due`) is not a
+        verdict but a sample: its answer enters as a completed request of the node (``None``). A probe
+        that failed is not an error of the node here: the error detectors count the gateway's own."""
         i, a = self.index_of(node), self.a
         src = NodeState(int(a.state[i]))
+        if src == S.DEGRADED:
+            if ok and total_ms is not None and math.isfinite(total_ms) and total_ms > 0:
+                self.ingest(SampleBatch.from_columns(
+                    node=[node], ts=[now], prompt_tokens=[prompt_tokens], completion_tokens=[completion_tokens],
+                    total_ms=[total_ms], ttft_ms=[math.nan if ttft_ms is None else ttft_ms], status=[200]))
+            return None
         if src not in (S.PROBING, S.QUARANTINED):
             return False
         value = self.probe_value(prompt_tokens, completion_tokens, ttft_ms, total_ms) if ok else math.nan

@@ -1,4 +1,6 @@
-"""Canary probes: one synthetic completion request to a quarantined/probing node.
+"""Canary probes: one synthetic completion request to a quarantined/probing node, or to a degraded
+node at quarantine strength that has no samples to confirm it with (a confirmation probe: its answer
+is a sample of the node, not a verdict; ``detector.ejection.probes_due``).
 
 ``POST <address>/v1/completions`` with a fixed prompt and ``max_tokens`` (``CANARY_MAX_TOKENS``),
 timeout ``CANARY_TIMEOUT_S``. The probe is stored as :class:`CanaryProbe`; the next tick feeds it to
@@ -169,12 +171,23 @@ def run_due_probes() -> int:
         if not due:
             continue
         names = [d.decode() for d in due]
+        interval = group.thresholds().canary_interval_s
         for node in Node.objects.filter(group=group, name__in=names, retired=False).select_related("group"):
             guard = f"outlier:probe-inflight:{group.name}:{node.name}"
-            interval = group.thresholds().canary_interval_s
-            # One probe per node per canary interval, whichever worker gets here first.
-            if not r.set(guard, b"1", nx=True, px=int(interval * 1000)):
+            # One probe in flight per node, whichever worker gets here first.
+            if not r.set(guard, b"1", nx=True, px=int((settings.CANARY_TIMEOUT_S + 1) * 1000)):
                 continue
-            probe_node(node)
+            started = time.monotonic()
+            try:
+                probe_node(node)
+            finally:
+                # A quarantined node's next probe waits the canary interval (the due list may name it
+                # again until the next tick replaces it); a degraded node's confirmation probes are
+                # paced by the detector itself (detector.ejection.probes_due).
+                rest = 0.0 if node.state == "degraded" else interval - (time.monotonic() - started)
+                if rest > 0.001:
+                    r.pexpire(guard, int(rest * 1000))
+                else:
+                    r.delete(guard)
             sent += 1
     return sent

@@ -185,10 +185,11 @@ def node_page(request: HttpRequest, pk: int) -> HttpResponse:
     charts = node_charts(points, baseline, transitions,
                          node.group.thresholds(), start, end, signal=signal, tail_points=tail_points,
                          evidence_points=evidence_points, probes=chart_probes, norm_baseline=norm_baseline)
-    # The model-server scrape's failures of the last day, newest 5 (one kept per kind a minute, by the scraper).
+    # The model-server and DCGM scrapes' failures of the last day, newest 5 (one kept per kind a minute
+    # by the scraper, per kind and REJECT_EVERY_S by the DCGM round).
     scrape_failures = RejectedInput.objects.filter(
-        source=f"metrics:{node.group.name}/{node.name}"[:100], reason="scrape_failed",
-        received_at__gte=timezone.now() - timedelta(days=1)).order_by("-received_at")[:5]
+        source__in=[f"{kind}:{node.group.name}/{node.name}"[:100] for kind in ("metrics", "dcgm")],
+        reason="scrape_failed", received_at__gte=timezone.now() - timedelta(days=1)).order_by("-received_at")[:5]
     latest_gpu: dict[str, GpuReading] = {}
     for r in GpuReading.objects.filter(node=node).order_by("-at")[:64]:
         latest_gpu.setdefault(r.gpu, r)
