@@ -16,6 +16,7 @@ from outlier_admin.fleet.models import Node
 from outlier_admin.ingest.dcgm import KINDS, scrape_all
 from outlier_admin.ingest.models import GpuReading, RejectedInput
 from outlier_admin.observability.metrics import EVENTS
+from tests.outlier_admin.api.conftest import _fast_password_hasher, users  # noqa: F401
 from tests.outlier_admin.helpers import http_server
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services, pytest.mark.timeout(60)]
@@ -161,3 +162,16 @@ def test_a_dead_exporter_is_kept_once_per_interval_and_every_kind_is_known(redis
     assert failures(dead, "connect") == 2
     assert RejectedInput.objects.filter(source=f"dcgm:{dead.group.name}/{dead.name}").count() == 1  # REJECT_EVERY_S
     assert {"too_large", "timeout", "parse", "forbidden_address", "database"} <= set(KINDS)
+
+
+def test_the_failure_is_shown_on_the_nodes_page_with_the_other_scrape_failures(redis_client, users):  # noqa: F811
+    from django.test import Client
+
+    with http_server(page_handler(HUGE_XID_PAGE.encode())) as url:
+        bad = _node("page-group", 9001, url)
+        scrape_all()
+    viewer = Client()
+    viewer.force_login(users["viewer"])
+    html = viewer.get(f"/nodes/{bad.pk}/").content.decode()
+    assert 'id="scrape-failures"' in html
+    assert "DCGM exporter · parse: ValueError: DCGM_FI_DEV_XID_ERRORS = 1e+11 is outside 0..65535" in html
