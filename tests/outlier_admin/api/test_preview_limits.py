@@ -169,10 +169,14 @@ def test_the_row_bound_counts_every_read_of_the_preview(fleet, users, redis_clie
     # decode 1,440 + norm (tail window) 1,440 + prefill_time 1,440 = 4,320 rows; each read alone is
     # under 2,000, which the per-query bound let through (reading 5,760 rows: norm twice).
     settings.PREVIEW_MAX_ROWS = 2000
-    resp = as_user(users["operator"]).post(url(fleet), CHANGES, format="json")
+    with CaptureQueriesContext(connection) as queries:
+        resp = as_user(users["operator"]).post(url(fleet), CHANGES, format="json")
     assert resp.status_code == 400
+    loads = [q["sql"] for q in queries.captured_queries
+             if f'FROM "{history}"' in q["sql"] and not q["sql"].startswith("SELECT COUNT(*)")]
+    assert loads == [], "refused on counts alone, before any row is loaded"
     assert "more than PREVIEW_MAX_ROWS=2000 history rows" in resp.json()["detail"]
-    assert "(norm rows in the window, 1440 read before)" in resp.json()["detail"]
+    assert "(decode, norm, prefill_time rows in the window)" in resp.json()["detail"]
     settings.PREVIEW_MAX_ROWS = 3 * 1440  # exactly the rows it needs: served, norm read once
     with CaptureQueriesContext(connection) as queries:
         resp = as_user(users["operator"]).post(url(fleet), CHANGES, format="json")
