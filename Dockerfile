@@ -34,6 +34,9 @@ EXPOSE 8000 9808
 # docker-compose.yml and the Helm chart give worker and beat their own checks.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=4 \
     CMD ["python", "-c", "import os, urllib.request as u; h = os.environ.get('ALLOWED_HOSTS', '').split(',')[0].strip().lstrip('.*') or 'localhost'; u.urlopen(u.Request('http://127.0.0.1:%s/healthz' % os.environ.get('PORT', '8000'), headers={'Host': h}), timeout=4)"]
+# The default command is gunicorn alone: fine on loopback, but slow clients hold its threads (issue 29),
+# so docker-compose.yml and the Helm chart put nginx (deploy/nginx/nginx.conf) in front of it and
+# publish only nginx. WEB_BIND (default 0.0.0.0) sets the address gunicorn listens on.
 # Multi-process metrics files belong to the processes of this container run: start clean.
 ENTRYPOINT ["/bin/sh", "-c", "rm -rf \"$PROMETHEUS_MULTIPROC_DIR\"/* 2>/dev/null; exec \"$@\"", "--"]
 CMD ["gunicorn", "-c", "python:outlier_admin.observability.gunicorn_conf", "outlier_admin.wsgi:application"]
