@@ -52,7 +52,8 @@ def test_the_body_limit_lets_the_largest_ingest_batch_through() -> None:
 
 
 @pytest.mark.slow
-def test_served_through_nginx_the_app_sees_the_client_and_refusals_are_problems(tmp_path: Path) -> None:
+def test_served_through_nginx_the_app_sees_the_client_and_refusals_are_problems(django_db_setup: None,
+                                                                                 tmp_path: Path) -> None:
     with stack.gunicorn(tmp_path / "gunicorn.log") as web:
         (tmp_path / "nginx").mkdir()
         with stack.nginx(web, tmp_path / "nginx") as proxy:

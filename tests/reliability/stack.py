@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from tests.reliability.conftest import free_port
 
@@ -81,9 +82,14 @@ def gunicorn(log: Path, extra_env: dict[str, str] | None = None) -> Iterator[int
     """gunicorn as the image runs it (``-c python:outlier_admin.observability.gunicorn_conf``, its
     default workers and threads) on a free loopback port, its output in ``log``; yields the port."""
     port = free_port()
+    from django.db import connection
+
+    db = connection.settings_dict  # the suite's test database once django_db_setup ran (never the base one)
     env = {k: v for k, v in os.environ.items()
            if k not in ("WEB_CONCURRENCY", "GUNICORN_THREADS", "GUNICORN_CMD_ARGS", "PROMETHEUS_MULTIPROC_DIR")}
     env.update({"PORT": str(port), "WEB_BIND": "127.0.0.1", "OUTLIER_TESTING": "1", "LOG_JSON": "0",
+                "DATABASE_URL": urlsplit(os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/x")
+                ._replace(path=f"/{db['NAME']}").geturl(),
                 **(extra_env or {})})
     out = log.open("w")
     proc = subprocess.Popen(

@@ -127,7 +127,8 @@ def attack(port: int) -> dict:
             "closed_by_server": len(closed), "last_closed_at_s": round(max(closed), 2) if closed else None}
 
 
-def test_64_slow_clients_leave_the_api_answering_behind_nginx_and_not_without(tmp_path, record_property):
+def test_64_slow_clients_leave_the_api_answering_behind_nginx_and_not_without(django_db_setup, tmp_path,
+                                                                              record_property):
     (tmp_path / "nginx").mkdir()
     with stack.gunicorn(tmp_path / "gunicorn.log") as web:
         bare = attack(web)
