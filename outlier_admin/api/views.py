@@ -27,7 +27,7 @@ from detector.signals import SIGNALS
 from detector.thresholds import Thresholds
 from outlier_admin.api import filters, queries
 from outlier_admin.api import serializers as s
-from outlier_admin.api.errors import problem_response
+from outlier_admin.api.errors import PROBLEM_CONTENT_TYPE, problem_response
 from outlier_admin.api.inputs import PARSERS, Pagination
 from outlier_admin.api.permissions import CanRead, capability_permission
 from outlier_admin.api.preview import (
@@ -143,9 +143,10 @@ class GroupViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(request=s.ThresholdPreviewSerializer, responses={
         200: OpenApiTypes.OBJECT,
-        429: OpenApiResponse(description="Too many previews: the user's (`PREVIEW_BURST`, `PREVIEW_REFILL_S`) "
-                             "or this server's (`PREVIEW_MAX_CONCURRENT`); an application/problem+json "
-                             "body, code `throttled`; retry after `Retry-After` seconds")})
+        (429, PROBLEM_CONTENT_TYPE): OpenApiResponse(response={"$ref": "#/components/schemas/Problem"},
+                                                     description="Too many previews: the user's (`PREVIEW_BURST`, `PREVIEW_REFILL_S`) "
+                                                     "or this server's (`PREVIEW_MAX_CONCURRENT`): code "
+                                                     "`throttled`; retry after `Retry-After` seconds")})
     @action(detail=True, methods=["post"], url_path="thresholds/preview", permission_classes=[CanPreview])
     def threshold_preview(self, request: Request, slug: str | None = None) -> Response:
         """Replay recorded history under the proposed values (changes nothing; role ``operator`` or
