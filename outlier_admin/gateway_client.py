@@ -44,6 +44,7 @@ import functools
 import json
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -301,11 +302,181 @@ class ClientStats:
     last_fetch_ok_at: float | None = None
 
 
+# --- connections ---------------------------------------------------------------------------------------
+# The one function that turns a Redis URL into a client, for the control plane
+# (``outlier_admin.control.redis_conn.get_redis``), the agents (:meth:`GatewayClient.from_url`) and the
+# tools. Here, not in ``control``, because the gateway host's distribution (deploy/agent) ships this
+# module with redis-py only: no Django.
+
+SENTINEL_SCHEME = "redis+sentinel"
+#: Bounds of a sentinel URL: enough for any real deployment (Sentinel wants 3 or 5), small enough that
+#: a typo pasted in cannot make start-up try hundreds of addresses.
+MAX_SENTINELS = 16
+MAX_DB = 9999
+_MASTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+class RedisURLError(ValueError):
+    """A Redis URL that cannot be used; ``str(err)`` says what is wrong (never the password)."""
+
+
+@dataclass(frozen=True)
+class SentinelURL:
+    """``redis+sentinel://[[user]:password@]host:port[,host:port...]/<master>[/<db>][?sentinel_password=...]``:
+    the Sentinels to ask, the name of the master they monitor, the database number; the password
+    (and user) are the data nodes' (primary and replicas), ``sentinel_password`` the Sentinels' own."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    master: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    sentinel_password: str | None = None
+
+    def describe(self) -> str:
+        """The URL without secrets, for messages."""
+        hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.sentinels)
+        return f"{SENTINEL_SCHEME}://{hosts}/{self.master}/{self.db}"
+
+
+def _host_port(item: str) -> tuple[str, int]:
+    if item.startswith("["):  # [::1]:26379
+        host, sep, port = item[1:].partition("]:")
+    else:
+        host, sep, port = item.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise RedisURLError(f"sentinel address {item!r} is not host:port (port 1-65535)")
+    if any(c.isspace() or c in "/@?#" for c in host):
+        raise RedisURLError(f"sentinel address {item!r} has a bad host name")
+    return host, int(port)
+
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """Parse a ``redis+sentinel://`` URL (see :class:`SentinelURL`); raises :class:`RedisURLError`."""
+    from urllib.parse import parse_qs, unquote
+
+    prefix = f"{SENTINEL_SCHEME}://"
+    if not url.startswith(prefix):
+        raise RedisURLError(f"not a {prefix} URL")
+    rest, _, query = url[len(prefix):].partition("?")
+    netloc, _, path = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, pw = userinfo.partition(":")
+        username, password = (unquote(user) or None), (unquote(pw) if colon else None)
+    items = [h.strip() for h in hosts.split(",") if h.strip()]
+    if not items:
+        raise RedisURLError(f"{prefix} URL names no sentinel (host:port,host:port,...)")
+    if len(items) > MAX_SENTINELS:
+        raise RedisURLError(f"{len(items)} sentinels listed; at most {MAX_SENTINELS}")
+    sentinels = tuple(dict.fromkeys(_host_port(h) for h in items))
+    parts = [p for p in path.split("/") if p]
+    if not parts:
+        raise RedisURLError(f"{prefix} URL names no master: {prefix}host:port,.../<master>/<db>")
+    if len(parts) > 2:
+        raise RedisURLError(f"{prefix} URL path must be /<master>[/<db>], not /{path}")
+    master = unquote(parts[0])
+    if not _MASTER_NAME.fullmatch(master):
+        raise RedisURLError(f"master name {master!r} is not 1-64 letters, digits, '.', '_' or '-'")
+    db = 0
+    if len(parts) == 2:
+        if not parts[1].isdigit() or int(parts[1]) > MAX_DB:
+            raise RedisURLError(f"database {parts[1]!r} is not a number 0-{MAX_DB}")
+        db = int(parts[1])
+    options = parse_qs(query, keep_blank_values=True)
+    unknown = set(options) - {"sentinel_password"}
+    if unknown:
+        raise RedisURLError(f"unknown {prefix} URL option(s): {', '.join(sorted(unknown))} "
+                            "(only sentinel_password)")
+    sentinel_password = options.get("sentinel_password", [None])[-1] or None
+    return SentinelURL(sentinels, master, db, username, password, sentinel_password)
+
+
+def is_sentinel_url(url: str) -> bool:
+    return url.startswith(f"{SENTINEL_SCHEME}://")
+
+
+def _sentinel(spec: SentinelURL, kwargs: dict[str, Any]) -> Any:
+    from redis.sentinel import Sentinel
+
+    # The Sentinels are asked with the same short timeouts as the data nodes: an unreachable one costs
+    # at most the connect timeout, never a hang.
+    sentinel_kwargs = {k: v for k, v in kwargs.items() if k in ("socket_timeout", "socket_connect_timeout")}
+    if spec.sentinel_password:
+        sentinel_kwargs["password"] = spec.sentinel_password
+    return Sentinel(list(spec.sentinels), sentinel_kwargs=sentinel_kwargs, **kwargs)
+
+
+def redis_from_url(url: str, **kwargs: Any) -> redis.Redis:
+    """A redis-py client for ``url``. ``redis://``, ``rediss://`` and ``unix://`` go to
+    ``redis.Redis.from_url``; ``redis+sentinel://host:port,.../<master>/<db>`` to redis-py's
+    ``redis.sentinel.Sentinel(...).master_for(master)``: every new connection asks the Sentinels
+    where the primary is, and a connection that finds a demoted primary (``READONLY``) or loses its
+    server reconnects to the one they name now, so a client follows a failover by itself.
+    ``kwargs`` (socket timeouts, ``health_check_interval``) apply to the data nodes and, for the
+    socket timeouts, to the Sentinels. Raises :class:`RedisURLError` for a sentinel URL that cannot
+    be used (nothing is connected here: an unreachable Sentinel or an unknown master name is
+    ``redis.sentinel.MasterNotFoundError`` at the first command, or see :func:`sentinel_problem`)."""
+    if not is_sentinel_url(url):
+        return redis.Redis.from_url(url, **kwargs)
+    spec = parse_sentinel_url(url)
+    node_kwargs = dict(kwargs)
+    if spec.username:
+        node_kwargs["username"] = spec.username
+    if spec.password:
+        node_kwargs["password"] = spec.password
+    return _sentinel(spec, kwargs).master_for(spec.master, db=spec.db, **node_kwargs)
+
+
+def sentinel_problem(url: str, timeout_s: float = 1.0) -> str | None:
+    """What stops a client of the sentinel ``url`` from finding its primary, in words naming the
+    Sentinels and the master (None when a Sentinel names a primary for it; for a URL that is not a
+    sentinel one, None without any connection). Asks every listed Sentinel, each with ``timeout_s``
+    to connect and to answer: a start-up check that fails fast instead of hanging."""
+    if not is_sentinel_url(url):
+        return None
+    try:
+        spec = parse_sentinel_url(url)
+    except RedisURLError as exc:
+        return str(exc)
+    unreachable: list[str] = []
+    not_sentinel: list[str] = []
+    monitored: set[str] = set()
+    for host, port in spec.sentinels:
+        where = f"{host}:{port}"
+        client = redis.Redis(host=host, port=port, password=spec.sentinel_password, socket_timeout=timeout_s,
+                             socket_connect_timeout=timeout_s)
+        try:
+            masters = client.sentinel_masters()
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            unreachable.append(f"{where} ({type(exc).__name__}: {exc})")
+            continue
+        except redis.ResponseError as exc:  # e.g. a plain redis-server: unknown command 'SENTINEL'
+            not_sentinel.append(f"{where} ({exc})")
+            continue
+        finally:
+            client.close()
+        state = masters.get(spec.master)
+        if state is not None:
+            return None  # a Sentinel names a primary (down or not: a failover is its job)
+        monitored.update(masters)
+    if monitored:
+        return (f"{spec.describe()}: the Sentinels monitor no master named {spec.master!r} "
+                f"(they monitor: {', '.join(sorted(monitored))})")
+    if not_sentinel and not unreachable:
+        return f"{spec.describe()}: not a Redis Sentinel: {'; '.join(not_sentinel)}"
+    if not_sentinel or unreachable:
+        return (f"{spec.describe()}: no Redis Sentinel reachable: "
+                f"{'; '.join(unreachable + [f'not a sentinel: {x}' for x in not_sentinel])}")
+    return f"{spec.describe()}: the Sentinels monitor no master named {spec.master!r} (they monitor none)"
+
+
 @dataclass
 class GatewayClient:
     """Pull/subscribe the weights document of one group and keep the last good one.
 
-    >>> client = GatewayClient(redis.Redis.from_url("redis://127.0.0.1:6379/0"), "llama-70b")
+    >>> client = GatewayClient(redis_from_url("redis://127.0.0.1:6379/0"), "llama-70b")
     >>> client.refresh()           # pull once (never raises on Redis errors)
     >>> client.effective()         # EffectiveWeights or None before the first good document
 
@@ -323,8 +494,12 @@ class GatewayClient:
 
     @classmethod
     def from_url(cls, url: str, group: str, **kwargs: Any) -> GatewayClient:
+        """A client for ``url``: ``redis://``, ``rediss://``, ``unix://`` or, for a Redis run with
+        Sentinel, ``redis+sentinel://host:port,host:port/<master>/<db>`` (see :func:`redis_from_url`;
+        the agent's ``--redis-url`` takes any of them). Raises :class:`RedisURLError` for a URL that
+        cannot be used."""
         # Short socket timeouts: a hung Redis must not freeze the gateway's fail-static clock.
-        conn = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        conn = redis_from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
         return cls(conn, group, **kwargs)
 
     @property

@@ -165,6 +165,31 @@ DATABASES = {
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = envstr("REDIS_URL") or "redis://127.0.0.1:6379/0"
+# Redis run with Sentinel (docs/redis-ha.md): REDIS_SENTINELS=host:port,host:port,... and
+# REDIS_SENTINEL_MASTER=<name> (REDIS_DB, default 0) stand for REDIS_URL=redis+sentinel://host:port,.../<name>/<db>,
+# which may also be given as it is. The agents take the same URL (--redis-url).
+REDIS_SENTINELS = envlist("REDIS_SENTINELS", [])
+REDIS_SENTINEL_MASTER = envstr("REDIS_SENTINEL_MASTER") or ""
+if REDIS_SENTINELS:
+    if not REDIS_SENTINEL_MASTER:
+        raise ImproperlyConfigured("REDIS_SENTINELS is set but REDIS_SENTINEL_MASTER (the monitored master's name) is not")
+    REDIS_URL = f"redis+sentinel://{','.join(REDIS_SENTINELS)}/{REDIS_SENTINEL_MASTER}/{envint('REDIS_DB', 0, minimum=0)}"
+if REDIS_URL.startswith("redis+sentinel://"):
+    from outlier_admin.gateway_client import RedisURLError, parse_sentinel_url
+
+    try:
+        _SENTINEL = parse_sentinel_url(REDIS_URL)
+    except RedisURLError as exc:
+        raise ImproperlyConfigured(f"REDIS_URL / REDIS_SENTINELS: {exc}") from None
+else:
+    _SENTINEL = None
+# An ingest answered 200 (and a tick's SQL write) waits until this many replicas hold it (Redis WAIT, at
+# most REDIS_REPLICA_ACK_TIMEOUT_MS; else 503): replication is asynchronous, and without it a failover
+# can lose records the primary had accepted. 0 (default): no wait, a single Redis's behaviour.
+REDIS_MIN_REPLICAS_ACK = envint("REDIS_MIN_REPLICAS_ACK", 0, minimum=0)
+# Long enough for a replica's acknowledgement over a LAN (well under a millisecond when it is up),
+# short enough that an ingest request with no replica to answer it is refused within a second.
+REDIS_REPLICA_ACK_TIMEOUT_MS = envint("REDIS_REPLICA_ACK_TIMEOUT_MS", 500, minimum=1)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -176,6 +201,19 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 # --- Celery (broker: CELERY_BROKER_URL, else REDIS_URL) ----------------------------------------------
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL") or REDIS_URL
 CELERY_RESULT_BACKEND = None
+if CELERY_BROKER_URL.startswith("redis+sentinel://"):
+    # kombu's own Sentinel transport: sentinel://h1:p1/db;sentinel://h2:p2/db with the master's name
+    # in the transport options (results are ignored; a result backend set later takes the same options).
+    from outlier_admin.gateway_client import parse_sentinel_url as _parse
+
+    _broker = _parse(CELERY_BROKER_URL)
+    _auth = f"{_broker.username or ''}:{_broker.password}@" if _broker.password else ""
+    CELERY_BROKER_URL = ";".join(f"sentinel://{_auth}{h}:{p}/{_broker.db}" for h, p in _broker.sentinels)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"master_name": _broker.master, "socket_timeout": 5,
+                                       "socket_connect_timeout": 2}
+    if _broker.sentinel_password:
+        CELERY_BROKER_TRANSPORT_OPTIONS["sentinel_kwargs"] = {"password": _broker.sentinel_password}
+    CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = CELERY_BROKER_TRANSPORT_OPTIONS
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TIMEZONE = "UTC"

@@ -130,15 +130,15 @@ def main() -> None:
     import django
 
     django.setup()
-    import redis as redis_lib
     from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
     from django.contrib.auth.models import Group, User
     from django.contrib.sessions.backends.db import SessionStore
 
     from outlier_admin.control.actions import do_create_group, do_create_token
+    from outlier_admin.gateway_client import redis_from_url
     from tests.outlier_admin.helpers import make_records
 
-    r = redis_lib.Redis.from_url(redis_url)
+    r = redis_from_url(redis_url)
     r.flushdb()  # our own db number: a clean stream/state for the accounting
     _, token = do_create_token(name=f"load-{int(time.time())}", scope="ingest", actor="load-test")
     user, _ = User.objects.get_or_create(username="load-viewer")

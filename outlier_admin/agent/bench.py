@@ -23,8 +23,6 @@ import time
 import uuid
 from pathlib import Path
 
-import redis
-
 from outlier_admin.agent.core import Agent
 from outlier_admin.agent.haproxy import HAProxyApplier
 from outlier_admin.agent.harness import (
@@ -36,7 +34,7 @@ from outlier_admin.agent.harness import (
     weights_document,
 )
 from outlier_admin.agent.nginx import NginxApplier, upstream_name_for
-from outlier_admin.gateway_client import GatewayClient, effective_weights, parse_document
+from outlier_admin.gateway_client import GatewayClient, effective_weights, parse_document, redis_from_url
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -65,7 +63,7 @@ def write_report(report: dict, out: str | Path) -> None:
 
 
 def run(redis_url: str, n: int, gap_ms: float, nginx_n: int) -> dict:
-    r = redis.Redis.from_url(redis_url)
+    r = redis_from_url(redis_url)
     servers = {f"s{i}": FakeInferenceServer(f"s{i}", slowdown=3.0 if i == 3 else 1.0) for i in range(4)}
     addresses = {k: v.address for k, v in servers.items()}
     workdir = make_workdir("oa-gw-bench-")

@@ -84,7 +84,6 @@ def run(cycles: int, tick_ms: int, clients: int) -> dict[str, Any]:
     import django
 
     django.setup()
-    import redis
     from django.conf import settings
     from django.core.management import call_command
 
@@ -108,10 +107,11 @@ def run(cycles: int, tick_ms: int, clients: int) -> dict[str, Any]:
         do_register_node,
         do_update_thresholds,
     )
+    from outlier_admin.control.redis_conn import client_for
     from outlier_admin.gateway_client import GatewayClient, effective_weights, parse_document
 
     call_command("migrate", verbosity=0)
-    r = redis.Redis.from_url(settings.REDIS_URL)
+    r = client_for(settings.REDIS_URL)
     group = f"bench-gw-{uuid.uuid4().hex[:8]}"
     fleet = FakeServerFleet({f"s{i}": {"per_token_ms": 5.0, "slowdown": 3.0 if i == 3 else 1.0} for i in range(4)})
     servers = fleet.servers

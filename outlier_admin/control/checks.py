@@ -71,3 +71,42 @@ def refuse_bad_tick_timing() -> None:
     problem = _current_problem()
     if problem is not None:
         raise ImproperlyConfigured(f"{CHECK_ID}: {problem}")
+
+
+# --- Redis with Sentinel ----------------------------------------------------------------------------------
+#
+# A misconfigured Sentinel (an unknown master name, no Sentinel reachable) must stop a process at start
+# with what is wrong, not leave it retrying or waiting on its first command. Asked only for a
+# ``redis+sentinel://`` REDIS_URL (a plain Redis is left to the first command, as before), each Sentinel
+# with a 1 s timeout: at most a second per listed Sentinel when none answers.
+
+SENTINEL_CHECK_ID = "control.E002"
+SENTINEL_TIMEOUT_S = 1.0
+
+
+def _sentinel_problem() -> str | None:
+    from outlier_admin.gateway_client import sentinel_problem
+
+    return sentinel_problem(settings.REDIS_URL, timeout_s=SENTINEL_TIMEOUT_S)
+
+
+@checks.register("redis")
+def check_redis_sentinel(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Django system check: the Sentinels of a ``redis+sentinel://`` REDIS_URL name a primary."""
+    problem = _sentinel_problem()
+    if problem is None:
+        return []
+    return [checks.Error(
+        problem,
+        hint="REDIS_SENTINELS lists the Sentinels (host:port,...), REDIS_SENTINEL_MASTER the name in their "
+             "'sentinel monitor <name> ...' line; or REDIS_URL=redis+sentinel://host:port,.../<name>/<db>.",
+        id=SENTINEL_CHECK_ID,
+    )]
+
+
+def refuse_bad_sentinel() -> None:
+    """Raise ``ImproperlyConfigured`` when a sentinel REDIS_URL names no reachable primary (for the
+    processes that run no system check: gunicorn, the Celery worker and beat)."""
+    problem = _sentinel_problem()
+    if problem is not None:
+        raise ImproperlyConfigured(f"{SENTINEL_CHECK_ID}: {problem}")

@@ -1,4 +1,5 @@
-"""The one place that opens Redis connections (so the demo can swap in fakeredis).
+"""The one place that opens Redis connections (so the demo can swap in fakeredis): a single Redis
+(``redis://``) or one run with Sentinel (``redis+sentinel://``; see docs/redis-ha.md).
 
 Key layout (all prefixed ``outlier:``; the gateway contract keys are fixed by the issue):
 
@@ -26,6 +27,7 @@ Key layout (all prefixed ``outlier:``; the gateway contract keys are fixed by th
 - ``outlier:scraper:lease:<i>/<n>``  the scrape_metrics process holding shard i of n (token, PX lease)
 - ``outlier:scraper:alive``        some scrape_metrics process holds a shard (the beat's round steps aside)
 - ``outlier:scrape:rejected:<group>:<node>:<kind>``  NX guard: one rejected-input row a minute
+- ``outlier:replica-ack``           written before each ``WAIT`` (:func:`replicas_acked`); read by nobody
 """
 
 from __future__ import annotations
@@ -39,21 +41,82 @@ from typing import Any
 import redis
 from django.conf import settings
 
+from outlier_admin.gateway_client import redis_from_url  # Django-free: the agents use it too
+
 log = logging.getLogger(__name__)
 _local = threading.local()
 _override: Any = None
 
 
+def client_for(url: str) -> redis.Redis:
+    """A client for ``url`` with the control plane's socket timeouts: a plain ``redis://`` URL or a
+    ``redis+sentinel://host:port,.../<master>/<db>`` one (the one URL-to-client function,
+    :func:`outlier_admin.gateway_client.redis_from_url`, which the agents use too). Tools and
+    benchmarks that take a URL build their client here, never with ``redis.Redis.from_url``."""
+    return redis_from_url(url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=30)
+
+
 def get_redis() -> redis.Redis:
-    """A client for ``settings.REDIS_URL`` (one per thread; redis-py pools connections)."""
+    """A client for ``settings.REDIS_URL`` (one per thread; redis-py pools connections). With a
+    sentinel URL the client follows a failover by itself (see :func:`client_for`)."""
     if _override is not None:
         return _override
     url = settings.REDIS_URL
     client = getattr(_local, "client", None)
     if client is None or getattr(_local, "url", None) != url:
-        client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=30)
+        client = client_for(url)
         _local.client, _local.url = client, url
     return client
+
+
+# --- replica acknowledgement ------------------------------------------------------------------------------
+
+#: Written just before every ``WAIT`` (see :func:`replicas_acked`); holds nothing anyone reads.
+REPLICA_ACK_KEY = "outlier:replica-ack"
+
+
+class NotReplicated(redis.RedisError):
+    """Fewer replicas than ``REDIS_MIN_REPLICAS_ACK`` acknowledged a write within
+    ``REDIS_REPLICA_ACK_TIMEOUT_MS``: the write is on the primary but could be lost with it."""
+
+    def __init__(self, acked: int, wanted: int, timeout_ms: int) -> None:
+        super().__init__(f"{acked} of {wanted} replica(s) acknowledged the write within {timeout_ms} ms")
+        self.acked, self.wanted, self.timeout_ms = acked, wanted, timeout_ms
+
+
+def replicas_acked(client: redis.Redis, wanted: int, timeout_ms: int) -> int:
+    """How many replicas hold every write the primary took so far (at most ``timeout_ms`` of waiting
+    for ``wanted`` of them): Redis ``WAIT``, one round trip.
+
+    ``WAIT`` waits for the writes of *its own connection*, and the write to wait for may have gone
+    out on another connection of the pool (a pipeline, a transaction). So the same round trip first
+    writes :data:`REPLICA_ACK_KEY` on the connection that sends the ``WAIT``: replication is one
+    ordered stream, and a replica that acknowledged that write holds every earlier one, whichever
+    connection sent it."""
+    pipe = client.pipeline(transaction=False)
+    pipe.set(REPLICA_ACK_KEY, b"1", px=60_000)
+    pipe.execute_command("WAIT", int(wanted), int(timeout_ms))
+    return int(pipe.execute()[1])
+
+
+def require_replicas(client: redis.Redis | None = None) -> int:
+    """Make what the primary took so far survive the loss of the primary before it counts as done:
+    wait for ``REDIS_MIN_REPLICAS_ACK`` replicas (``WAIT``, at most ``REDIS_REPLICA_ACK_TIMEOUT_MS``)
+    and raise :class:`NotReplicated` when fewer acknowledge. Returns how many did; ``0`` and no
+    round trip when the setting is 0 (a single Redis, or replication left asynchronous).
+
+    Why: Redis replicates asynchronously, so a write the primary acknowledged can be missing on the
+    replica that Sentinel promotes when the primary dies. The ingest answers 200 only after this
+    (a 503 otherwise: the client retries the body, its ``request_id`` s make the retry safe), and a
+    tick writes SQL and acknowledges its stream entries only after it (:mod:`.tick`)."""
+    wanted = settings.REDIS_MIN_REPLICAS_ACK
+    if wanted <= 0:
+        return 0
+    timeout_ms = settings.REDIS_REPLICA_ACK_TIMEOUT_MS
+    acked = replicas_acked(client if client is not None else get_redis(), wanted, timeout_ms)
+    if acked < wanted:
+        raise NotReplicated(acked, wanted, timeout_ms)
+    return acked
 
 
 def set_redis(client: Any) -> None:

@@ -31,7 +31,41 @@ any group's tick; the per-group lock makes them sequential):
 
 A steady-state tick (nothing decided, no operator input) is 2 SQL statements and 8 Redis round trips
 (lock, WATCH, reads, EXEC, ack, and the lock's release); ``tests/outlier_admin/control/
-test_tick_cost.py`` holds it there.
+test_tick_cost.py`` holds it there. With ``REDIS_MIN_REPLICAS_ACK`` one more: the ``WAIT`` after the EXEC.
+
+The fence across a Redis failover (Sentinel promotes a replica, which may lack the primary's last writes)
+-------------------------------------------------------------------------------------------------------
+Two workers may then both *believe* they hold a group: A took the lock on the old primary, the lock
+never reached the replica, and B took it again on the promoted one. What keeps that harmless:
+
+* **In Redis, the check and the write are one atomic step on the server that takes the write.** Step 5's
+  MULTI/EXEC runs only if the lock key holds the writer's token and the state's ``rev`` is the one the
+  writer read (WATCHed up to the EXEC). A's connection to the dead primary fails; its next commands go
+  to the promoted replica (the Sentinel-managed client asks the Sentinels), where the lock holds B's
+  token (or nothing): A's EXEC is refused (:class:`~outlier_admin.control.redis_conn.LeaseLost`). A
+  write can never be checked on one server and land on another.
+* **A rolled-back state is never mistaken for a newer one.** ``rev`` is a fresh random 64-bit token per
+  write, never a counter: a promoted replica that lost A's last write holds an older ``rev``, which
+  labels exactly the state it came with; A's in-process copy (labelled with the lost ``rev``) no longer
+  matches, so A, B, anyone reloads the checkpoint and replays the stream entries after it.
+* **Nothing outside Redis acts on a commit a replica does not hold** (``REDIS_MIN_REPLICAS_ACK`` >= 1).
+  After the EXEC the tick waits for the replicas (``WAIT``, :func:`~outlier_admin.control.redis_conn.
+  require_replicas`); only then does it write SQL (step 6), acknowledge its entries (step 7) and keep
+  its detector. Replication is one ordered stream, so a replica that acknowledged the EXEC also holds
+  everything before it: this holder's lock and the new ``rev``. Sentinel promotes a replica that
+  holds it (with one replica, that one; with several, the one with the greatest replication offset at
+  equal ``replica-priority``), so the promoted replica carries A's lease until it lapses (B's ``SET NX``
+  fails) and A's state (B starts from it). A commit no replica acknowledged raises
+  :class:`~outlier_admin.control.redis_conn.NotReplicated`: the tick is dropped like a lost lease (its
+  document may have gone out; the next tick's supersedes it), no SQL row records a decision the
+  surviving state may not have, its entries stay pending for the next tick.
+* **The document's version is fenced by PostgreSQL, which a Redis failover cannot roll back.**
+  :func:`~outlier_admin.control.publish.next_version` is one more than both the Redis state's and
+  ``ModelGroup.weights_version`` (only ever raised, written after an acknowledged commit): a
+  promoted replica that lost ticks continues from the SQL version, so a gateway never sees the version
+  go back (a lost tick's version comes again, with a newer ``generated_at``, which gateways take).
+
+``tests/reliability/test_redis_failover.py`` kills the primary under load and checks all of it.
 """
 
 from __future__ import annotations
@@ -55,11 +89,13 @@ from outlier_admin.control.redis_conn import (
     Fence,
     GroupLock,
     LeaseLost,
+    NotReplicated,
     degraded_key,
     get_redis,
     inputs_key,
     outbox_key,
     probes_key,
+    require_replicas,
     state_key,
     stream_key,
     tick_lock,
@@ -372,6 +408,11 @@ def run_tick(group: ModelGroup | str, *, now: float | None = None, consumer: str
         # will: they stay pending); writing our older state would un-apply its work.
         log.warning("tick of %s dropped: %s", name, exc)
         return None
+    except NotReplicated as exc:
+        # Its write is on the primary only: a failover could take it back, so nothing outside Redis
+        # may act on it (see "The fence across a Redis failover" above). The next tick goes on.
+        log.warning("tick of %s not confirmed by a replica (no SQL write, entries left pending): %s", name, exc)
+        return None
     finally:
         lock.release()
 
@@ -510,6 +551,8 @@ def _tick_fenced(r: redis.Redis, store: TickStore, fence: Fence, group: ModelGro
 
     # Only while this tick still holds the group (a stalled tick must not overwrite its successor's).
     fence.commit(lock_value, rev, queue)
+    # Durable before anything acts on it (REDIS_MIN_REPLICAS_ACK; no round trip when 0): raises NotReplicated.
+    require_replicas(r)
     _hold(name, _Held(rev=new_rev, gd=gd, applied=applied, checkpoint_at=now if checkpoint else last_checkpoint))
     result.publish_latency_ms = (time.perf_counter() - decided_at) * 1000.0
     if entries:  # an entry id's first part is its XADD time (Redis clock, ms)

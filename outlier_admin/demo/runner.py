@@ -57,8 +57,10 @@ def choose_redis(url: str) -> tuple[Any, str]:
     in-process fakeredis (the demo then needs no service at all)."""
     import redis
 
+    from outlier_admin.gateway_client import redis_from_url
+
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=2)
+        client = redis_from_url(url, socket_connect_timeout=0.5, socket_timeout=2)
         client.ping()
         return client, f"Redis at {url}"
     except (redis.RedisError, OSError, ValueError):

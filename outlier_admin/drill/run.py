@@ -121,8 +121,9 @@ def _load() -> list[float]:
 
 def run_drill(cfg: DrillConfig, *, log: Any = print) -> dict[str, Any]:
     """One drill (module docstring); Django must be set up. Returns the JSON-able result."""
-    import redis
     from django.conf import settings
+
+    from outlier_admin.control.redis_conn import client_for
 
     spec = cfg.check()
     reason = unavailable_reason(cfg)
@@ -132,7 +133,7 @@ def run_drill(cfg: DrillConfig, *, log: Any = print) -> dict[str, Any]:
     workdir = make_workdir("oa-drill-")
     group = new_group_name()
     faulty_name = cfg.faulty or f"s{cfg.servers - 1}"
-    r = redis.Redis.from_url(settings.REDIS_URL)
+    r = client_for(settings.REDIS_URL)
     fleet = gateway = cp = watcher = fault = None
     host: dict[str, Any] = {"cpus": os.cpu_count(), "loadavg_start": _load()}
     source = source_state()

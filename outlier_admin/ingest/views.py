@@ -11,7 +11,8 @@ and its error contract is fixed by the issue. Responses are JSON:
 - 400 body is neither JSON nor NDJSON; 401 no / unknown / revoked token (or its user deactivated)
   or wrong scope; 405 not POST; 413 body over ``INGEST_MAX_BODY_BYTES``, or more records (array
   elements, NDJSON lines) than ``INGEST_MAX_LINES`` (``max_lines`` in the body); 415 content type not JSON/NDJSON;
-  503 + ``Retry-After`` Redis or PostgreSQL unreachable (retry the whole body); 500 an error of ours
+  503 + ``Retry-After`` Redis or PostgreSQL unreachable, or (``REDIS_MIN_REPLICAS_ACK``) no Redis replica
+  acknowledged the rows in time (retry the whole body); 500 an error of ours
   (nothing was accepted: retry the whole body). A batch is never half-applied with a 5xx: see
   :mod:`outlier_admin.ingest.pipeline`. Chunked bodies are read.
 
@@ -31,6 +32,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from outlier_admin.control.redis_conn import NotReplicated, require_replicas
 from outlier_admin.fleet.auth import lookup_token, token_from_header
 from outlier_admin.fleet.models import TokenScope
 from outlier_admin.ingest.pipeline import submit
@@ -217,4 +219,14 @@ def _ingest_requests(request: HttpRequest) -> HttpResponse:
         return _json(413, {"error": str(exc), "max_lines": max_lines})
     except BodyError as exc:
         return _json(400, {"error": str(exc)})
+    if outcome.accepted or outcome.duplicates:
+        # 200 only once a replica holds the rows (REDIS_MIN_REPLICAS_ACK; nothing when 0). Duplicates
+        # too: they may be a retry of a body whose first answer was this 503, still on the primary only.
+        try:
+            require_replicas()
+        except NotReplicated as exc:
+            log.warning("ingest answered 503: %s", exc)
+            return _json(503, {"error": "the records are not yet on a Redis replica; retry the body (records "
+                                        "with a request_id are counted once)", "retry_after_s": RETRY_AFTER_S},
+                         Retry_After=str(RETRY_AFTER_S))
     return _json(200, outcome.to_dict())
