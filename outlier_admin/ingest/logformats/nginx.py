@@ -161,20 +161,30 @@ def _split(line: str) -> tuple[dict[str, Any], str] | None:
     return {**head, "request": parts[1], **middle.groupdict(), "referer": parts[3], "user_agent": parts[5]}, tail
 
 
+# nginx writes a handful of fields after the user agent (ingress-nginx: 9, plus the key=value ones
+# an operator appends); more is not a line of this format, and stopping there bounds the work per
+# field (a line of the cap made of one-character fields would otherwise cost a Python step each).
+MAX_TAIL_FIELDS = 64
+
+
 def _tail_tokens(tail: str) -> list[str]:
     """The whitespace-separated fields of ``tail``, a list written ``a, b`` (retries) or ``a : b``
-    (upstream groups) joined into one ``a,b``. Linear: one split, one pass (the regular
-    expression ``\\s*(?:,| : )\\s*`` it replaces was quadratic in a run of spaces)."""
+    (upstream groups) joined into one ``a,b``; at most :data:`MAX_TAIL_FIELDS` (``field_count``
+    beyond). Linear: one split, one pass (the regular expression ``\\s*(?:,| : )\\s*`` it
+    replaces was quadratic in a run of spaces)."""
+    words = tail.split(None, MAX_TAIL_FIELDS)
+    if len(words) > MAX_TAIL_FIELDS:
+        raise ParseError("field_count", f"over {MAX_TAIL_FIELDS} fields after the user agent", fmt=NAME)
     out: list[str] = []
     join = False
-    for token in tail.split():
-        if token in (",", ":"):
+    for word in words:
+        if word in (",", ":"):
             join = bool(out)
             continue
-        if out and (join or out[-1].endswith(",") or token.startswith(",")):
-            out[-1] = out[-1].rstrip(",") + "," + token.lstrip(",")
+        if out and (join or out[-1].endswith(",") or word.startswith(",")):
+            out[-1] = out[-1].rstrip(",") + "," + word.lstrip(",")
         else:
-            out.append(token)
+            out.append(word)
         join = False
     return out
 
