@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from outlier_admin.control.actions import ActionError, do_save_log_source
 from outlier_admin.fleet.models import ModelGroup
-from outlier_admin.ingest.logformats import FORMATS, LABELS, parse_node_map
+from outlier_admin.ingest.logformats import FORMATS, LABELS, LINE_TOO_LONG, parse_node_map
 from outlier_admin.ingest.models import IngestSource
 from outlier_admin.ingest.pipeline import IngestOutcome
 from outlier_admin.ingest.tailer import tail_source
@@ -74,6 +74,9 @@ class Command(BaseCommand):
                 if out.accepted or out.rejected or out.duplicates:
                     for line in describe(source.name, out):
                         self.stdout.write(line)
+                if out.rejected_by_reason.get((LINE_TOO_LONG, "")):  # the skip is said where it happened
+                    error = IngestSource.objects.filter(pk=source.pk).values_list("last_error", flat=True).first()
+                    self.stderr.write(f"{source.name}: {error}")
             if opts["once"]:
                 return
             time.sleep(opts["interval"])
