@@ -39,9 +39,18 @@ from pathlib import Path
 from typing import Any
 
 from outlier_admin.agent.haproxy import RuntimeAPI
-from outlier_admin.ingest.logformats import LABELS, ParseError, get_parser
+from outlier_admin.ingest.logformats import (
+    LABELS,
+    LINE_TOO_LONG,
+    MAX_LINE_BYTES,
+    ParseError,
+    get_parser,
+    too_long_error,
+)
 
 log = logging.getLogger("outlier_admin.agent.shipper")
+# At most this much of a file is read per poll (a file that grew by gigabytes is read in steps).
+READ_BYTES = 8 * 1024 * 1024
 
 
 def node_map_from_haproxy(api: RuntimeAPI, backend: str) -> dict[str, str]:
@@ -71,6 +80,7 @@ class LogShipper:
         self.post_errors = 0
         self.dropped = 0  # records the API refused for good (400/415, or one record over 413)
         self.last_response: dict[str, Any] | None = None
+        self.last_error = ""  # the last line skipped for its length (skip_long_line)
         self._lock = threading.Lock()
 
     def feed(self, line: str) -> bool:
@@ -95,6 +105,17 @@ class LogShipper:
         if full:
             self.flush()
         return True
+
+    def skip_long_line(self, sample: bytes, size: int | str) -> None:
+        """Count a line over :data:`MAX_LINE_BYTES` that the file tail skipped unread (``line_too_long``,
+        like the parsers' refusal of one given whole), keep its first bytes, say it in ``last_error``."""
+        exc = too_long_error(size)
+        self.last_error = exc.detail
+        if not self.rejected_by_format[(LINE_TOO_LONG, "")]:
+            log.warning("line refused: %s: %s", LINE_TOO_LONG, exc.detail)
+        self.rejected_by_reason[LINE_TOO_LONG] += 1
+        self.rejected_by_format[(LINE_TOO_LONG, "")] += 1
+        self.rejected.append((LINE_TOO_LONG, sample.decode("utf-8", "replace")))
 
     def flush(self) -> int:
         """POST everything buffered, ``batch_size`` records a request; returns how many records the
@@ -178,12 +199,15 @@ def tail_file(shipper: LogShipper, path: str | Path, stop: threading.Event, *,
     """Follow an access-log file (e.g. nginx's, with ``parser=nginx.parse_line``) from
     ``start_offset`` (default: its current end) until ``stop``; flush at least every
     ``flush_interval_s``. A partial last line is kept until its newline arrives; a truncated or
-    replaced file is re-read from its start."""
+    replaced file is re-read from its start. A line over ``logformats.MAX_LINE_BYTES`` is dropped to
+    its newline unread and counted (:meth:`LogShipper.skip_long_line`): it never stops the tail, and
+    the unfinished rest held in memory stays under the cap."""
     path = Path(path)
     if start_offset is None:
         start_offset = path.stat().st_size if path.exists() else 0
     offset = start_offset
     pending = b""
+    skipping = False  # inside a line over MAX_LINE_BYTES: dropped up to its newline, never read
     last_flush = time.monotonic()
     while not stop.is_set():
         try:
@@ -191,21 +215,41 @@ def tail_file(shipper: LogShipper, path: str | Path, stop: threading.Event, *,
         except FileNotFoundError:
             size = 0
         if size < offset:  # rotated or truncated
-            offset, pending = 0, b""
+            offset, pending, skipping = 0, b"", False
         if size > offset:
             with path.open("rb") as fh:
                 fh.seek(offset)
-                chunk = fh.read(size - offset)
+                chunk = fh.read(min(size - offset, READ_BYTES))
             offset += len(chunk)
-            *lines, pending = (pending + chunk).split(b"\n")
-            for line in lines:
-                if line.strip():
-                    shipper.feed(line.decode("utf-8", "replace"))
+            pending, skipping = _feed_chunk(shipper, pending, chunk, skipping)
         if time.monotonic() - last_flush >= flush_interval_s:
             shipper.flush()
             last_flush = time.monotonic()
-        stop.wait(poll_s)
+        if size <= offset:
+            stop.wait(poll_s)
     shipper.flush()
+
+
+def _feed_chunk(shipper: LogShipper, pending: bytes, chunk: bytes, skipping: bool) -> tuple[bytes, bool]:
+    """Feed the complete lines of ``pending + chunk``; returns the unfinished rest and whether it is
+    inside a line over :data:`MAX_LINE_BYTES` (then dropped, not kept: memory stays under the cap)."""
+    start = 0
+    if skipping:
+        end = chunk.find(b"\n")
+        if end < 0:
+            return b"", True
+        start = end + 1
+    data = pending + chunk[start:] if pending else chunk[start:]
+    *lines, rest = data.split(b"\n")
+    for line in lines:
+        if len(line) > MAX_LINE_BYTES:
+            shipper.skip_long_line(line[:200], len(line))
+        elif line.strip():
+            shipper.feed(line.decode("utf-8", "replace"))
+    if len(rest) > MAX_LINE_BYTES:
+        shipper.skip_long_line(rest[:200], f"over {len(rest)}")
+        return b"", True
+    return rest, False
 
 
 def main(argv: list[str] | None = None) -> int:
