@@ -136,7 +136,7 @@ _SNIFF_TIME = re.compile(r"^\d{2}/[A-Za-z]{3}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4}$
 def looks_like(text: str) -> bool:
     """Whether ``text`` starts like an nginx access-log line (``addr - user [dd/Mon/yyyy:...] "``)."""
     quote = text.find('"')
-    head = _head(text[:quote]) if 0 < quote <= 4096 + 64 else None
+    head = _head(text[:quote]) if quote > 0 else None
     return head is not None and _SNIFF_TIME.match(head["time_local"]) is not None
 
 
