@@ -135,14 +135,19 @@ class SentinelCluster:
         proc.wait(timeout=5)
         return port
 
+    def named_primary(self, i: int) -> int:
+        """The primary's port as Sentinel ``i`` names it (the raw command: redis-py's helper for it
+        takes options a plain client passes along and fails)."""
+        return int(self.sentinel(i).execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER)[1])
+
     def current_primary(self) -> int:
         """The port the Sentinels name as the primary now."""
-        return int(self.sentinel(0).sentinel_get_master_addr_by_name(MASTER)[1])
+        return self.named_primary(0)
 
     def wait_failover(self, old: int, timeout_s: float = 15) -> int:
         """Wait until every Sentinel names a new primary that answers as one; returns its port."""
         def done() -> bool:
-            ports = {int(self.sentinel(i).sentinel_get_master_addr_by_name(MASTER)[1]) for i in range(3)}
+            ports = {self.named_primary(i) for i in range(3)}
             return len(ports) == 1 and old not in ports and \
                 self.node(next(iter(ports))).info("replication")["role"] == "master"
         _wait(done, timeout_s, "no failover")
