@@ -69,8 +69,8 @@ TEMPLATES["auto"] = [t for fmt in ("nginx", "envoy", "haproxy") for t in TEMPLAT
 def build(template: str, unit: str, size: int) -> str:
     """``template`` with its ``{RUN}`` (or ``{JSON}``, JSON-escaped) a run of ``unit`` of about
     ``size`` characters."""
-    run = unit * max(1, size // len(unit))
-    return template.replace(R, run).replace(J, json.dumps(run)[1:-1])
+    escaped = json.dumps(unit)[1:-1]  # JSON escapes a character at a time: escaped(u * k) == escaped(u) * k
+    return template.replace(R, unit * max(1, size // len(unit))).replace(J, escaped * max(1, size // len(escaped)))
 
 
 def parse_seconds(parse: Callable[..., object], line: str, reps: int = 3) -> float:
