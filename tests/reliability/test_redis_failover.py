@@ -151,3 +151,102 @@ def test_primary_killed_under_load_nothing_lost_nothing_twice(sentinel_cluster, 
           f"refusals retried, {duplicates} duplicates on retry, {tick_errors} tick errors, {not_replicated} ticks "
           "dropped")
     assert longest < settings.WEIGHTS_STALE_AFTER_S / 3, longest
+
+
+def _feed(t: float, rng: np.random.Generator, n_nodes: int = 4) -> int:
+    from outlier_admin.ingest.pipeline import submit
+
+    recs = make_records(t, nodes=n_nodes, per_node=10, rng=rng)
+    assert submit([(i + 1, rec, None) for i, rec in enumerate(recs)], source="test").accepted == len(recs)
+    redis_conn.require_replicas()  # as the view does before its 200
+    return len(recs)
+
+
+def _use(settings, port: int) -> None:
+    settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
+    redis_conn.set_redis(None)
+
+
+def test_fence_holds_when_a_replica_is_promoted_under_a_live_primary(tmp_path, settings, make_group):
+    """The worst case of a failover: the old primary is not dead but cut off, and a worker still
+    writes to it. A lease that a replica acknowledged comes along to the promoted replica (a second
+    worker cannot take it there); a tick on the old primary, where no replica acknowledges any more,
+    publishes there but writes no SQL and acknowledges nothing; the tick on the promoted replica
+    applies every record once, and its version is not below what a gateway saw from the old one."""
+    import shutil
+
+    from outlier_admin.control.redis_conn import lock_key, stream_key, tick_lock
+    from outlier_admin.control.tick import CONSUMER_GROUP
+    from tests.reliability.sentinel_cluster import SentinelCluster
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server binary not installed")
+    cluster = SentinelCluster(tmp_path, replicas=2)
+    try:
+        cluster.start(sentinels=False)
+        old, (new, other) = cluster.primary_port, cluster.replica_ports
+        settings.REDIS_MIN_REPLICAS_ACK, settings.REDIS_REPLICA_ACK_TIMEOUT_MS = 1, 300
+        settings.TICK_LOCK_TTL_MS = 3000
+        _use(settings, old)
+        tick._HELD.clear()
+        group = make_group("g1")
+        for i in range(4):
+            do_register_node(group, f"127.0.0.1:{9000 + i}", actor="test")
+        rng = np.random.default_rng(5)
+        t0 = time.time()
+        n1 = _feed(t0, rng)
+        first = run_tick("g1", now=t0 + 0.2)
+        assert first is not None and first.samples == n1
+        v1 = first.version
+        n2 = _feed(t0 + 0.5, rng)
+
+        # Worker A takes the lease on the primary; a replica acknowledges it.
+        lease_a = tick_lock(redis_conn.get_redis(), "g1")
+        assert lease_a.acquire()
+        redis_conn.require_replicas()
+        # The replica is promoted and the other one follows it; the old primary lives on, cut off.
+        cluster.node(new).replicaof("NO", "ONE")
+        cluster.node(other).replicaof("127.0.0.1", new)
+        cluster.wait_replicas(new, 1)
+        promoted = cluster.node(new)
+        assert promoted.get(lock_key("g1")) == lease_a.token.encode(), "the acknowledged lease came along"
+        assert not tick_lock(promoted, "g1").acquire(), "a second worker cannot take it on the promoted replica"
+        lease_a.release()  # on the old primary only
+        assert wait_for_gone(promoted, lock_key("g1"), 5), "the lease lapses on the promoted replica"
+
+        # A ticks on the old primary: the document goes out there, nothing else happens.
+        tick._HELD.clear()
+        assert run_tick("g1", now=t0 + 1.0) is None, "not confirmed by a replica"
+        stale = cluster.node(old)
+        stale_doc = orjson.loads(stale.get("outlier:weights:g1"))
+        assert stale_doc["version"] == v1 + 1
+        assert ModelGroup.objects.get(name="g1").weights_version == v1, "no SQL write for the unconfirmed tick"
+        assert stale.xpending(stream_key("g1"), CONSUMER_GROUP)["pending"] > 0, "its entries stay pending"
+
+        # B ticks on the promoted replica: every record once, the version not below the stale one.
+        gateway = GatewayClient(stale, "g1")
+        assert gateway.refresh()
+        _use(settings, new)
+        tick._HELD.clear()
+        second = run_tick("g1", now=t0 + 1.5)
+        assert second is not None and second.samples == n2
+        assert second.version >= stale_doc["version"]
+        assert ModelGroup.objects.get(name="g1").weights_version == second.version
+        gateway.redis_client = promoted
+        assert gateway.refresh(), "the gateway takes the promoted replica's document"
+        tick._HELD.pop("g1", None)
+        gd = tick._load_detector(promoted, ModelGroup.objects.get(name="g1"), time.time())[0]
+        assert gd.accepted_total == n1 + n2
+    finally:
+        redis_conn._local.__dict__.clear()
+        tick._HELD.clear()
+        cluster.stop()
+
+
+def wait_for_gone(client, key: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not client.exists(key):
+            return True
+        time.sleep(0.05)
+    return False
