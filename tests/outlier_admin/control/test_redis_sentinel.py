@@ -199,3 +199,38 @@ def test_ingest_answers_503_until_a_replica_holds_the_records(on_cluster, settin
     assert (resp.json()["accepted"], resp.json()["duplicates"]) == (0, len(body))
     stream = on_cluster.node(replica).xrange("outlier:stream:g1")
     assert sum(len(orjson.loads(f[b"rows"])) for _, f in stream) == len(body)
+
+
+# --- the settings ------------------------------------------------------------------------------------------
+
+def _settings_of(env: dict[str, str]) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import json, django; django.setup(); from django.conf import settings as s; "
+            "print(json.dumps({k: getattr(s, k, None) for k in ('REDIS_URL', 'CELERY_BROKER_URL', "
+            "'CELERY_BROKER_TRANSPORT_OPTIONS', 'REDIS_MIN_REPLICAS_ACK')}))")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_", "CELERY_"))}
+    proc = subprocess.run([sys.executable, "-c", code], env={**base, "DJANGO_SETTINGS_MODULE": "outlier_admin.settings",
+                                                            "OUTLIER_TESTING": "1", **env},
+                          cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=60)
+    return json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {"error": proc.stderr}
+
+
+@pytest.mark.slow
+def test_sentinel_settings_make_the_url_and_kombus_broker(sentinel_cluster):  # noqa: F811
+    hosts = ",".join(f"127.0.0.1:{p}" for p in sentinel_cluster.sentinel_ports)
+    got = _settings_of({"REDIS_SENTINELS": hosts, "REDIS_SENTINEL_MASTER": MASTER, "REDIS_DB": "6",
+                        "REDIS_MIN_REPLICAS_ACK": "1"})
+    assert got["REDIS_URL"] == f"redis+sentinel://{hosts}/{MASTER}/6"
+    assert got["CELERY_BROKER_URL"] == ";".join(f"sentinel://127.0.0.1:{p}/6" for p in sentinel_cluster.sentinel_ports)
+    assert got["CELERY_BROKER_TRANSPORT_OPTIONS"]["master_name"] == MASTER
+    assert got["REDIS_MIN_REPLICAS_ACK"] == 1
+    # A process whose Sentinels know no such master refuses to start, naming it.
+    bad = _settings_of({"REDIS_SENTINELS": hosts, "REDIS_SENTINEL_MASTER": "nope"})
+    assert "control.E002" in bad["error"] and "no master named 'nope'" in bad["error"]
+    missing = _settings_of({"REDIS_SENTINELS": hosts})
+    assert "REDIS_SENTINEL_MASTER" in missing["error"]
