@@ -177,6 +177,7 @@ def run_drill(cfg: DrillConfig, *, log: Any = print) -> dict[str, Any]:
         if state["dead"]:
             raise DrillFailed("a part of the drill died: " + " | ".join(state["dead"]))
         assert fault is not None and fault.onset is not None and load.started_at is not None
+        fault.stop()  # the load is over: the fault ends here, and its record says when
         end = load.started_at + cfg.onset_s + cfg.after_s
         time.sleep(2.0)  # the last tick's transitions reach PostgreSQL
         host["loadavg_end"] = _load()
