@@ -237,12 +237,19 @@ _KEYS = {"rt": "request_time", "request_time": "request_time", "urt": "upstream_
 _NUMBER = re.compile(r"^\d+(?:\.\d+)?$")
 
 
+def _parts(token: str) -> list[str]:
+    """A list field's items; none past :data:`MAX_TAIL_FIELDS` (more retries than fields is not a list
+    nginx wrote, and a token of the cap's length in commas would cost a Python step per item)."""
+    return token.split(",") if token.count(",") < MAX_TAIL_FIELDS else []
+
+
 def _is_address(token: str) -> bool:
-    return any(valid_upstream(part) for part in token.split(","))
+    return any(valid_upstream(part) for part in _parts(token))
 
 
 def _is_times(token: str) -> bool:
-    return all(_NUMBER.match(part) or part == "-" for part in token.split(",")) and token != "-"
+    parts = _parts(token)
+    return bool(parts) and all(_NUMBER.match(part) or part == "-" for part in parts) and token != "-"
 
 
 def combined_fields(line: str) -> dict[str, Any] | None:
