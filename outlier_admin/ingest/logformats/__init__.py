@@ -19,6 +19,15 @@ Envoy's default text format and JSON access logs (Envoy AI Gateway's token field
 default ``option httplog``; LiteLLM's ``StandardLoggingPayload``; OpenAI-style JSON with a nested
 ``usage``; our own JSONL. ``auto`` recognises each line's format (:mod:`.auto`).
 
+**Untrusted text.** A client writes parts of every line (the request, headers, a Basic-auth user
+name), so no parser searches a line with a pattern that can backtrack: each is anchored on what the
+gateway itself writes and linear in the line, and a line over :data:`MAX_LINE_BYTES` is refused
+``line_too_long`` before any pattern reads it (the tailer and the shipper skip it in the file
+unread). Fields a client controls never decide the node: a line whose quotes are not where its
+format puts them is refused ``field_count`` (Envoy's text format does not escape quotes in headers;
+nginx does, as ``\\x22``), a JSON line naming a key twice ``duplicate_key``, an nginx suffix giving a
+field twice ``ambiguous_fields``. Each module's docstring says which fields its format's clients write.
+
 Every refusal names the format the line looks like (``ParseError.fmt``; :data:`LABELS` for humans):
 a parser given a line of another known format refuses it as ``wrong_format`` naming that format,
 not as ``bad_format``, so an operator who picked the wrong ``--format`` is told which one to pick.

@@ -34,6 +34,11 @@ Mapping onto an ingest record
       capture response header X-TTFT-Ms len 10        # optional; overrides Tr as ttft_ms
 
   the last ``{...}`` block reads ``{12|16|41}`` and gives the counts. Otherwise both are ``None``.
+  Clients write the captured *request* headers; HAProxy escapes ``{ | } "`` in them (``#7B`` ...), so
+  they cannot close their block or open another, and a line whose blocks hold such a character raw
+  is refused. A frontend that captures request headers but no response headers logs one block,
+  the clients': do not read tokens from such a frontend (nothing in the line tells the two apart).
+  The node (``backend/server``), the timers and the status come before every client field.
 * ``ts``: when the request finished, ``%tr + Ta`` (the date its first byte arrived plus the total
   active time), as ISO-8601 UTC: every ingest format stamps a record with its end, the moment the
   gateway learned its latency. HAProxy logs its host's local time without offset; run gateways in UTC
