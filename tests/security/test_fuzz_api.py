@@ -60,6 +60,7 @@ from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.ingest.models import GpuReading, RejectedInput
 from outlier_admin.ingest.pipeline import decode_entry
 from outlier_admin.ingest.rejected import refusal_count
+from outlier_admin.ingest.records import MIN_LATENCY_MS
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -287,7 +288,7 @@ EXTRA_VALUES = st.recursive(
 def valid_records(draw: st.DrawFn) -> dict[str, Any]:
     """A record every rule accepts (``ts`` is filled in just before sending: the window moves)."""
     max_latency = django_settings.INGEST_MAX_LATENCY_MS
-    total = draw(st.floats(0, max_latency, exclude_min=True))
+    total = draw(st.floats(MIN_LATENCY_MS, max_latency))
     prompt = draw(st.integers(0, django_settings.INGEST_MAX_PROMPT_TOKENS))
     completion = draw(st.integers(1 if prompt == 0 else 0, django_settings.INGEST_MAX_COMPLETION_TOKENS))
     rec: dict[str, Any] = {
@@ -296,7 +297,7 @@ def valid_records(draw: st.DrawFn) -> dict[str, Any]:
         "status": draw(st.sampled_from([0, 100, 200, 404, 500, 599])),
     }
     if draw(st.booleans()):
-        rec["ttft_ms"] = draw(st.floats(0, total))
+        rec["ttft_ms"] = draw(st.just(0.0) | st.floats(MIN_LATENCY_MS, total))
     if draw(st.booleans()):  # a small pool, so that some ids repeat (duplicates, within and across batches)
         rec["request_id"] = f"req-{draw(st.integers(0, 40))}"
     # Fields the format does not know are ignored, whatever they hold (NUL included).

@@ -2,7 +2,7 @@
 shape with one field, or the whole line, a long run of what the patterns repeat: spaces, quotes,
 ``:``, ``,``, digits, ``\\S+:`` runs, brackets, ``key=``; :mod:`tests.security.adversarial_lines`)
 are parsed at a size and at 16 times it, from 1 KB to 1 MB, and the time may grow about 16-fold,
-never quadratically (256-fold): the ratio is held under 64, a generous bound and no wall-clock
+never quadratically (256-fold): the ratio is held under 100, a generous bound and no wall-clock
 limit. Before the fix, HAProxy's unanchored search over ``a:`` runs took 0.26 s at 4 KB and 4 s at
 16 KB. Each format is timed through ``FORMATS`` (so the sniffing a refusal runs is timed too), and
 with the standard library's JSON decoder (the agent distribution) as well as orjson."""
@@ -16,7 +16,10 @@ from hypothesis import strategies as st
 from outlier_admin.ingest.logformats import FORMATS, LINE_TOO_LONG, MAX_LINE_BYTES, ParseError, jsondecode
 from tests.security.adversarial_lines import TEMPLATES, UNITS, build, parse_seconds
 
-RATIO = 64  # linear: about 16; quadratic: about 256
+# Linear is 16 in principle, but a line past the CPU caches costs more a character: nginx's 16 KB ->
+# 256 KB measured 38 on an idle host here, and a CI host's load once read 72 against the old bound of
+# 64. Quadratic is 256; 100 still tells them apart with room for a loaded host.
+RATIO = 100
 SIZES = [1_000, 4_000, 16_000, 62_000]  # x16: up to 992,000 characters, under MAX_LINE_BYTES
 
 
@@ -24,7 +27,7 @@ def ratio(parse, template: str, unit: str, size: int) -> float:
     small, big = build(template, unit, size), build(template, unit, size * 16)
     assert len(big) <= MAX_LINE_BYTES
     best = float("inf")
-    for _ in range(3):  # a loaded machine lengthens one timing, not all of three tries
+    for _ in range(5):  # a loaded machine lengthens one timing, not all of five tries
         best = min(best, parse_seconds(parse, big, 3) / max(parse_seconds(parse, small, 5), 1e-7))
         if best < RATIO:
             break
