@@ -59,8 +59,8 @@ from outlier_admin.control.redis_conn import stream_key
 from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.ingest.models import GpuReading, RejectedInput
 from outlier_admin.ingest.pipeline import decode_entry
-from outlier_admin.ingest.rejected import refusal_count
 from outlier_admin.ingest.records import MIN_LATENCY_MS
+from outlier_admin.ingest.rejected import refusal_count
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(240)]
 
