@@ -177,12 +177,13 @@ def run_due_probes() -> int:
             # One probe in flight per node, whichever worker gets here first.
             if not r.set(guard, b"1", nx=True, px=int((settings.CANARY_TIMEOUT_S + 1) * 1000)):
                 continue
+            r.hdel(probes_key(group.name), node.name)  # taken (the tick lists a probe once, when due)
             started = time.monotonic()
             try:
                 probe_node(node)
             finally:
-                # A quarantined node's next probe waits the canary interval (the due list may name it
-                # again until the next tick replaces it); a degraded node's confirmation probes are
+                # A quarantined node's next probe waits the canary interval (a later tick may list it
+                # again before its answer is applied); a degraded node's confirmation probes are
                 # paced by the detector itself (detector.ejection.probes_due).
                 rest = 0.0 if node.state == "degraded" else interval - (time.monotonic() - started)
                 if rest > 0.001:

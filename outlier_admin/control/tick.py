@@ -109,6 +109,9 @@ from outlier_admin.ingest.pipeline import decode_entry, decode_progress
 log = logging.getLogger(__name__)
 
 CONSUMER_GROUP = "ticks"
+#: A due probe nobody took (no canary worker running) is forgotten after this long: the detector lists
+#: a quarantined node again at its next probe time anyway.
+PROBES_KEEP_S = 60
 _STATE_FIELDS = ["rev", "last_id", "thresholds_version", "history_slot", "version", "checkpoint_at"]
 
 # Re-exported: the row builders moved to control.rows (one owner for the tick and the outbox), the SQL
@@ -543,10 +546,12 @@ def _tick_fenced(r: redis.Redis, store: TickStore, fence: Fence, group: ModelGro
         if checkpoint:
             mapping.update(detector=gd.to_bytes(), last_id=applied, checkpoint_at=now)
         p.hset(hkey, mapping=mapping)
-        # Canary probes due now, for the canary task (replaced every tick).
-        p.delete(probes_key(name))
+        # Canary probes due now, for the canary task, which takes each one out as it sends it: a probe is
+        # due in one tick only, and a tick that replaced the list could drop it before the canary's
+        # next round (a second apart, like the ticks). Left over, an entry is one more probe, no harm.
         if ev.probes_due:
             p.hset(probes_key(name), mapping={n: by_name[n].address for n in ev.probes_due if n in by_name})
+            p.expire(probes_key(name), PROBES_KEEP_S)
         store.queue(p, out)
 
     # Only while this tick still holds the group (a stalled tick must not overwrite its successor's).
