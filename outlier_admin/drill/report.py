@@ -15,6 +15,12 @@ Definitions (the ones the user's report used, so a fix is judged against them):
 - **latency after the onset**: requests *sent* in ``[onset, end)``; a timeout counts at the client's
   timeout (it is what the user waited), a dropped or failed request is counted apart. P50/P99 by
   linear interpolation (numpy's default).
+- **busy from**: seconds from the onset until the faulty node had work, ``0`` when a request was in
+  flight on it at the onset, else when the first request it was given after the onset was sent. No
+  detector sees a node that serves nothing: an idle node's slowness shows only once it is given a
+  request, so ``busy_to_first_cut_s`` (the cut less that wait) is the detector's own part of the delay,
+  and the wait is the arrival process's (at 1.2 requests/s over 5 servers, a node's next request comes
+  4.2 s apart on average).
 - **share**: the faulty node's fraction of the answered requests sent before the onset, after it, and
   after the first cut.
 """
@@ -65,6 +71,15 @@ def per_node(reqs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def faulty_busy_from(requests: list[dict[str, Any]], faulty: str, onset: float) -> float | None:
+    """Seconds from ``onset`` until ``faulty`` had work (module docstring); ``None``: never."""
+    mine = [r for r in requests if r["served_by"] == faulty and r["latency_s"] is not None]
+    if any(r["sent_at"] < onset < r["sent_at"] + r["latency_s"] for r in mine):
+        return 0.0
+    later = [r["sent_at"] for r in mine if r["sent_at"] >= onset]
+    return min(later) - onset if later else None
+
+
 def summarise(*, requests: list[dict[str, Any]], transitions: list[dict[str, Any]],
               weights_changes: list[dict[str, Any]], onset: float, end: float, faulty: str,
               addresses: list[str]) -> dict[str, Any]:
@@ -89,11 +104,16 @@ def summarise(*, requests: list[dict[str, Any]], transitions: list[dict[str, Any
     def rel(t: dict[str, Any] | None, key: str = "at") -> float | None:
         return round(t[key] - onset, 1) if t else None
 
+    busy_from = faulty_busy_from(requests, faulty, onset)
+
     return {
         "onset_to_first_cut_s": rel(first_cut),
         "first_cut_state": first_cut["to"] if first_cut else None,
         "first_cut_published_s": rel(published, "seen_at"),
         "onset_to_quarantine_s": rel(first_q),
+        "faulty_busy_from_s": None if busy_from is None else round(busy_from, 1),
+        "busy_to_first_cut_s": (round(first_cut["at"] - onset - busy_from, 1)
+                                if first_cut is not None and busy_from is not None else None),
         "faulty_transitions_after_onset": [f"+{t['at'] - onset:.1f}s {t['from']}->{t['to']} ({t['reason']})"
                                            for t in faulty_tr][:40],
         "false_cuts": len(false_cuts),

@@ -220,6 +220,7 @@ def row(result: dict[str, Any]) -> dict[str, Any]:
     return {
         "gateway": c["gateway"], "weights": "on" if c["weights"] else "off", "fault": c["fault"],
         "cut_s": f["onset_to_first_cut_s"], "quarantine_s": f["onset_to_quarantine_s"],
+        "busy_s": f.get("faulty_busy_from_s"),
         "false_cuts": f["false_cuts"], "false_q": f["false_quarantines"],
         "p50_s": after["p50_s"], "p99_s": after["p99_s"], "timeouts": after["timeouts"], "n_after": after["n"],
         "share_before": f["faulty_share_before"], "share_after": f["faulty_share_after"],
@@ -230,7 +231,7 @@ def row(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    cols = [("gateway", 9), ("weights", 7), ("cut_s", 7), ("quarantine_s", 12), ("false_cuts", 10), ("false_q", 7),
+    cols = [("gateway", 9), ("weights", 7), ("busy_s", 6), ("cut_s", 7), ("quarantine_s", 12), ("false_cuts", 10), ("false_q", 7),
             ("p50_s", 7), ("p99_s", 7), ("timeouts", 8), ("n_after", 7), ("share_before", 12), ("share_after", 11),
             ("share_after_cut", 15), ("load_1m", 18)]
 

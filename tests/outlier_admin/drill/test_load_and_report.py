@@ -84,6 +84,8 @@ def test_summary_of_a_run():
     assert f["onset_to_first_cut_s"] == 4.2 and f["first_cut_state"] == "degraded"
     assert f["first_cut_published_s"] == 4.7
     assert f["onset_to_quarantine_s"] == 12.0
+    # Its first request after the onset was sent at +1 s (none was in flight on it at the onset).
+    assert f["faulty_busy_from_s"] == 1.0 and f["busy_to_first_cut_s"] == 3.2
     assert f["false_cuts"] == 1 and f["false_quarantines"] == 0
     assert f["faulty_share_before"] == pytest.approx(1 / 3, abs=0.001)
     assert f["faulty_share_after"] == 0.2  # 4 of the 20 answered
@@ -91,3 +93,15 @@ def test_summary_of_a_run():
     after = f["latency_after_onset"]
     assert after["n"] == 21 and after["timeouts"] == 1 and after["max_s"] == 60.0 and after["p50_s"] == 1.0
     assert f["states_at_onset"] == {a: "healthy", b: "healthy", bad: "healthy"}
+
+
+def test_a_node_busy_at_the_onset_is_busy_from_zero_and_an_idle_one_from_its_next_request():
+    from outlier_admin.drill.report import faulty_busy_from
+
+    bad = "127.0.0.1:3"
+    in_flight = [{"sent_at": 998.0, "served_by": bad, "latency_s": 5.0, "outcome": "ok"}]
+    assert faulty_busy_from(in_flight, bad, 1000.0) == 0.0
+    ended = [{"sent_at": 990.0, "served_by": bad, "latency_s": 2.0, "outcome": "ok"},
+             {"sent_at": 1003.5, "served_by": bad, "latency_s": 9.0, "outcome": "ok"}]
+    assert faulty_busy_from(ended, bad, 1000.0) == 3.5
+    assert faulty_busy_from(ended[:1], bad, 1000.0) is None
