@@ -30,8 +30,13 @@ import pytest
 
 from outlier_admin.drill.run import DrillConfig, row, run_drill, unavailable_reason
 
-CFG = DrillConfig(gateway="nginx-rr", weights=True, fault="quota:0.2", servers=4, rate=1.0, onset_s=25.0,
-                  after_s=45.0, seed=3, thresholds={"warmup_samples": 5})
+# 2 requests/s, 20 s healthy, 25 s throttled. The healthy phase must give the group the 60 healthy
+# progress rows its decode curve is fitted on (detector.signals.BATCH_CURVE_MIN_ROWS; until then decode
+# is not judged): at 1.2 requests/s that took about 28 s, and a 20 s phase measured the fit, not the
+# detector (cut +19 s). The full drill's cut came 1.4-2.7 s after the throttled server was next given
+# work and its quarantine 2-5 s after the cut (README, "Real engines").
+CFG = DrillConfig(gateway="nginx-rr", weights=True, fault="quota:0.2", servers=4, rate=2.0, onset_s=20.0,
+                  after_s=25.0, seed=3, thresholds={"warmup_samples": 5})
 REASON = unavailable_reason(CFG)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.slow,
