@@ -21,6 +21,10 @@ What it runs (all on 127.0.0.1, all its own, all stopped at the end; temp dirs r
 
   * ``kill -9`` of Redis at 15% (``--redis-kills`` > 1: more, spread over the rest), at a moment a
     tick holds a group's lock, restarted on the same data dir after ``--redis-down-s``;
+  * with ``--redis-failovers N``, Redis runs replicated instead (a replica and three Sentinels,
+    ``redis+sentinel://``, ``REDIS_MIN_REPLICAS_ACK=1``) and its primary is ``kill -9``'d N times;
+    Sentinel promotes the replica, every process follows it, and the dead node comes back
+    ``--redis-down-s`` later as a replica of the new primary;
   * the private PostgreSQL stopped (``pg_ctl -m fast``, or ``--pg-stop-mode immediate``) at 40% for
     ``--pg-stop-s``, then started again; at least ``--storage-up-s`` between two storage faults;
   * ``kill -9`` of a Celery worker every ``--worker-kill-every-s``, timed for the middle of a tick (a
@@ -103,6 +107,7 @@ LOOPBACK = "127.0.0.1"
 # Environment of the outer shell that could point a child at the shared services (or relax the
 # settings): dropped, then set explicitly to the private ones.
 DROPPED_ENV_PREFIXES = ("DJANGO_", "OUTLIER_", "CELERY_", "PG", "ALERT", "GUNICORN_", "PROMETHEUS_")
+SENTINEL_MASTER = "chaos"
 DROPPED_ENV = {"DATABASE_URL", "REDIS_URL", "OUTLIER_TESTING", "WEB_CONCURRENCY", "PORT", "METRICS_TOKEN"}
 
 
@@ -164,6 +169,9 @@ class Cluster:
         self.redis_dir = self.top / "redis"
         self.redis_dir.mkdir()
         self.redis_port = _free_port()
+        # --redis-failovers: a replica and three Sentinels beside it (start_sentinel_setup)
+        self.replica_port: int | None = None
+        self.sentinel_ports: list[int] = []
         self.web_port = _free_port()
         self.procs: dict[str, Proc] = {}
         self.env: dict[str, str] = {}
@@ -254,12 +262,54 @@ class Cluster:
                 "--protected-mode", "yes", "--logfile", str(self.redis_dir / "redis.log")]
         self.spawn("redis", argv)
 
+    def redis_argv(self, port: int, data: Path, replica_of: int | None = None) -> list[str]:
+        argv = ["redis-server", "--port", str(port), "--bind", LOOPBACK, "--dir", str(data),
+                "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no",
+                "--protected-mode", "yes", "--logfile", str(data / "redis.log"), "--repl-diskless-sync-delay", "0"]
+        return argv + (["--replicaof", LOOPBACK, str(replica_of)] if replica_of else [])
+
+    def start_sentinel_setup(self) -> str:
+        """A replica of the primary and three Sentinels (quorum 2, a failover in about 2 s); returns
+        the control plane's ``redis+sentinel://`` URL."""
+        self.replica_port = _free_port()
+        (self.top / "redis-replica").mkdir()
+        self.spawn("redis-replica", self.redis_argv(self.replica_port, self.top / "redis-replica", self.redis_port))
+        self.sentinel_ports = [_free_port() for _ in range(3)]
+        for i, port in enumerate(self.sentinel_ports):
+            conf = self.top / f"sentinel-{i}.conf"
+            conf.write_text(f"port {port}\nbind {LOOPBACK}\ndir {self.top}\n"
+                            f"sentinel monitor {SENTINEL_MASTER} {LOOPBACK} {self.redis_port} 2\n"
+                            f"sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n"
+                            f"sentinel failover-timeout {SENTINEL_MASTER} 3000\n")
+            self.spawn(f"sentinel-{i}", ["redis-server", str(conf), "--sentinel"])
+        hosts = ",".join(f"{LOOPBACK}:{p}" for p in self.sentinel_ports)
+        url = f"redis+sentinel://{hosts}/{SENTINEL_MASTER}/0"
+        from outlier_admin.gateway_client import sentinel_problem
+
+        deadline = time.monotonic() + 30  # every process refuses to start until a Sentinel names the primary
+        while (problem := sentinel_problem(url)) is not None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(problem)
+            time.sleep(0.2)
+        return url
+
+    def client(self) -> Any:
+        """The probe's own Redis client: the primary, wherever the Sentinels say it is."""
+        if not self.sentinel_ports:
+            return _redis_client(self.redis_port)
+        from redis.sentinel import Sentinel
+
+        return Sentinel([(LOOPBACK, p) for p in self.sentinel_ports], socket_timeout=2,
+                        socket_connect_timeout=1).master_for(SENTINEL_MASTER, socket_timeout=2,
+                                                             socket_connect_timeout=1)
+
     def close(self) -> None:
         # The application first, Redis after it (a worker still finishing a task needs it), then
         # PostgreSQL; each politely (SIGTERM), then SIGKILL of a session still alive.
-        app = [p for n, p in self.procs.items() if n != "redis"]
+        storage = ("redis", "redis-replica", "sentinel-0", "sentinel-1", "sentinel-2")
+        app = [p for n, p in self.procs.items() if n not in storage]
         self._stop([p for p in reversed(app)])
-        self._stop([p for n, p in self.procs.items() if n == "redis"])
+        self._stop([p for n, p in self.procs.items() if n in storage])
         self._kill_postgres()
         if self.keep_logs:
             dest = Path(self.keep_logs)
@@ -485,7 +535,7 @@ class Monitor(threading.Thread):
     def run(self) -> None:
         import redis
 
-        r = _redis_client(self.cluster.redis_port)
+        r = self.cluster.client()
         last: dict[str, tuple[int, float] | None] = dict.fromkeys(self.groups)
         while not self.stop.wait(self.period_s):
             now = time.time()
@@ -559,6 +609,9 @@ class Faults(threading.Thread):
         if self.args.redis_kills > 0:
             n = self.args.redis_kills
             plan += [(max(2.0, (0.15 + 0.8 * i / max(n, 1)) * nominal), "redis") for i in range(n)]
+        if self.args.redis_failovers > 0:
+            n = self.args.redis_failovers
+            plan += [(max(2.0, (0.2 + 0.7 * i / n) * nominal), "failover") for i in range(n)]
         if self.args.pg_stop_s > 0:
             plan.append((max(4.0, 0.4 * nominal), "postgres"))
         ready_at = 0.0
@@ -567,7 +620,8 @@ class Faults(threading.Thread):
             # would just be one long outage.
             if not self._sleep_until(max(self.start_at + at, ready_at)):
                 return
-            self.events.append(self._kill_redis() if what == "redis" else self._stop_postgres())
+            fault = {"redis": self._kill_redis, "failover": self._fail_over, "postgres": self._stop_postgres}[what]
+            self.events.append(fault())
             up_s = self.args.storage_up_s
             ready_at = time.monotonic() + (min(10.0, 0.1 * nominal) if up_s is None else up_s)
 
@@ -575,7 +629,7 @@ class Faults(threading.Thread):
         import redis
 
         # The hardest moment for the tick: kill while a group's tick holds its lock (wait up to 2 s).
-        r = _redis_client(self.cluster.redis_port)
+        r = self.cluster.client()
         locks = [f"outlier:lock:tick:{g}" for g in self.groups]
         held: list[str] = []
         t0 = time.monotonic()
@@ -601,6 +655,42 @@ class Faults(threading.Thread):
                 "restarted_after_s": round(self.args.redis_down_s, 2),
                 "lasted_s": round(up - killed, 2) if up else None,
                 "aof_bytes_at_restart": _dir_size(self.cluster.redis_dir)}
+
+    def _fail_over(self) -> dict[str, Any]:
+        """``kill -9`` of the Redis primary with Sentinel watching: the replica is promoted, the
+        control plane follows it; the dead node comes back ``--redis-down-s`` later as its replica."""
+        import redis
+
+        c = self.cluster
+        sentinel = _redis_client(c.sentinel_ports[0])
+
+        def named() -> int | None:
+            with contextlib.suppress(redis.RedisError, TypeError, IndexError):
+                return int(sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER)[1])
+            return None
+
+        old = named()
+        assert c.replica_port is not None and old in (c.redis_port, c.replica_port), old
+        name, data = ("redis", c.redis_dir) if old == c.redis_port else ("redis-replica", c.top / "redis-replica")
+        t0 = time.monotonic()
+        c.kill(name)
+        new = promoted = None
+        while time.monotonic() < t0 + 60 and not self.abort.is_set():
+            new = named()
+            if new is not None and new != old:
+                promoted = time.monotonic()
+                break
+            time.sleep(0.05)
+        self.abort.wait(max(0.0, self.args.redis_down_s - (time.monotonic() - t0)))
+        if new is not None and new != old:
+            with c.lock:  # back as a replica of the new primary (as an operator replaces a node)
+                c.procs[name].argv = c.redis_argv(old, data, replica_of=new)
+                c.spawn(name)
+        return {"fault": "redis_primary_kill_9_sentinel", "at_s": self.rel(t0), "old_primary": old,
+                "new_primary": new, "promoted_after_s": round(promoted - t0, 2) if promoted else None,
+                # no primary from the kill to the promotion: the outage the clients saw
+                "lasted_s": round(promoted - t0, 2) if promoted else None,
+                "restarted_as_replica_after_s": round(time.monotonic() - t0, 2)}
 
     def _stop_postgres(self) -> dict[str, Any]:
         t0 = time.monotonic()
@@ -635,7 +725,7 @@ class Faults(threading.Thread):
         first worker seen above it while a lock is held (up to 4 s more); else the one burning CPU."""
         import redis
 
-        r = _redis_client(self.cluster.redis_port)
+        r = self.cluster.client()
         locks = [f"outlier:lock:tick:{g}" for g in self.groups]
         names = ["worker-1", "worker-2"]
         with self.cluster.lock:
@@ -682,7 +772,7 @@ class Faults(threading.Thread):
         time.sleep(1.5)
         died_holding = []
         with contextlib.suppress(redis.RedisError):
-            r = _redis_client(self.cluster.redis_port)
+            r = self.cluster.client()
             later = dict(zip(self.groups, r.mget([f"outlier:lock:tick:{g}" for g in self.groups]), strict=True))
             died_holding = [g for g, tok in held.items() if later.get(g) == tok]
         time.sleep(max(0.0, self.args.worker_restart_s - 1.5))
@@ -703,7 +793,7 @@ class Faults(threading.Thread):
         if picked is None:
             return {"fault": "worker_pause", "at_s": self.rel(), "skipped": "no live worker"}
         victim, pid, how, held = picked
-        r = _redis_client(self.cluster.redis_port)
+        r = self.cluster.client()
 
         def snapshot() -> dict[str, tuple[int, int]]:
             out: dict[str, tuple[int, int]] = {}
@@ -864,6 +954,9 @@ def main() -> int:
                     help="pg_ctl stop mode: fast (clean) or immediate (crash, recovery on start)")
     ap.add_argument("--redis-down-s", type=float, default=5.0, help="seconds between Redis kill -9 and restart")
     ap.add_argument("--redis-kills", type=int, default=1, help="how many times Redis is killed (0: never)")
+    ap.add_argument("--redis-failovers", type=int, default=0,
+                    help="run Redis with a replica and three Sentinels (redis+sentinel://, REDIS_MIN_REPLICAS_ACK=1) "
+                         "and kill -9 the primary this many times (then --redis-kills is 0)")
     ap.add_argument("--storage-up-s", type=float, default=None,
                     help="minimum seconds of service between two Redis/PostgreSQL faults "
                          "(default: 10, or 10%% of the nominal sending time if less)")
@@ -882,6 +975,8 @@ def main() -> int:
     ap.add_argument("--keep-logs", default=None, help="copy the children's logs to this directory at the end")
     ap.add_argument("--out", default="reports/chaos-probe.json")
     args = ap.parse_args()
+    if args.redis_failovers > 0:
+        args.redis_kills = 0  # the single-Redis kill and the failover are different set-ups
     deadline = time.monotonic() + args.timeout
 
     # SIGTERM -> SystemExit so the finally below still stops everything we started.
@@ -911,6 +1006,8 @@ def _run(cluster: Cluster, args: argparse.Namespace, deadline: float) -> dict[st
     cluster.start_redis()
     db_url = f"postgres://postgres@{LOOPBACK}:{cluster.pg_port}/outlier_chaos"
     redis_url = f"redis://{LOOPBACK}:{cluster.redis_port}/0"
+    if args.redis_failovers > 0:
+        redis_url = cluster.start_sentinel_setup()
     env = {k: v for k, v in os.environ.items()
            if k not in DROPPED_ENV and not k.startswith(DROPPED_ENV_PREFIXES)}
     env.update({
@@ -919,6 +1016,9 @@ def _run(cluster: Cluster, args: argparse.Namespace, deadline: float) -> dict[st
         "SECURE_SSL_REDIRECT": "0", "LOG_LEVEL": "WARNING", "LOG_JSON": "0", "WORKER_METRICS_PORT": "0",
         "AUTO_REGISTER_NODES": "1",
     })
+    if args.redis_failovers > 0:  # the broker follows REDIS_URL (kombu's sentinel://); 200 once a replica holds it
+        env.pop("CELERY_BROKER_URL")
+        env["REDIS_MIN_REPLICAS_ACK"] = "1"
     cluster.env = env
     for key in [k for k in os.environ if k not in env]:
         del os.environ[key]
@@ -961,7 +1061,7 @@ async def _probe(cluster: Cluster, args: argparse.Namespace, groups: list[str], 
                  deadline: float, t_setup: float) -> dict[str, Any]:
     import httpx
 
-    r = _redis_client(cluster.redis_port)
+    r = cluster.client()
     base = f"http://{LOOPBACK}:{cluster.web_port}"
     url = f"{base}/api/v1/ingest/requests"
     rng = np.random.default_rng(args.seed)
