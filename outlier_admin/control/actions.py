@@ -183,8 +183,9 @@ def do_activate(node: Node, *, actor: Actor, reason: str, expires_in_s: float | 
 
 
 def do_release(node: Node, *, actor: Actor, reason: str) -> Override:
-    """Clear any forced state or detector quarantine of ``node`` and return it to service; it
-    re-enters through warm-up, so a still-slow node is caught again by the detector."""
+    """Clear any forced state or detector quarantine of ``node`` and return it to service at full
+    weight with fresh statistics (no slow start: the operator vouches for it); the detector judges it
+    again from its first samples, so a still-slow node is cut again. A pin is not cleared (unpin)."""
     return _override(node, OverrideKind.RELEASE, actor=actor, reason=reason, expires_in_s=None)
 
 

@@ -6,6 +6,11 @@ its weight, and whether the group's gateways have applied the weights that say s
 report the version they applied (:meth:`outlier_admin.gateway_client.GatewayClient.report_applied`,
 hash ``outlier:applied:<group>``), and a published version that no gateway applied is a control loop
 that is not closed. Three queries whatever the fleet size, plus one Redis round trip.
+
+Below it, **every operator override in force** (:func:`overrides_in_force`): pinned weights, forced
+states and silenced proposals, each with who set it, why and until when. A pin on a node the detector
+calls healthy is otherwise invisible here, and a forgotten pin (or a forced-active node that is slow
+again) is exactly what the on-call engineer must see at 3 a.m. Three more queries.
 """
 
 from __future__ import annotations
@@ -18,9 +23,17 @@ from datetime import UTC, datetime
 import orjson
 import redis
 from django.db.models import OuterRef, Subquery
+from django.utils import timezone
 
 from outlier_admin.api.queries import attention_rank
-from outlier_admin.control.models import QuarantineProposal, Transition
+from outlier_admin.control.models import (
+    Outcome,
+    Override,
+    OverrideKind,
+    QuarantineProposal,
+    Silence,
+    Transition,
+)
 from outlier_admin.control.redis_conn import get_redis
 from outlier_admin.dashboard.tables import STATE_ICONS
 from outlier_admin.fleet.models import ModelGroup, Node
@@ -107,12 +120,27 @@ class Problem:
     gateways: GroupGateways
 
 
+@dataclass(frozen=True)
+class OverrideInForce:
+    """One operator decision that still overrides the detector: ``what`` in words, who, why, since
+    when and until when (``until`` ``None``: until an operator undoes it)."""
+
+    node: Node
+    kind: str  # "pin", "forced_quarantine", "forced_active", "silence"
+    what: str
+    actor: str
+    reason: str
+    since: datetime
+    until: datetime | None
+
+
 @dataclass
 class FirstScreen:
     problems: list[Problem] = field(default_factory=list)  # warming nodes last, see ``urgent``
     more: int = 0  # problems beyond MAX_PROBLEMS
     live_nodes: int = 0
     gateways: dict[str, GroupGateways] = field(default_factory=dict)  # group name -> report
+    overrides: list[OverrideInForce] = field(default_factory=list)
 
     @property
     def urgent(self) -> list[Problem]:
@@ -151,6 +179,54 @@ def applied_versions(groups: list[ModelGroup], now: float | None = None) -> dict
     return out
 
 
+#: The override kinds that set a node's forced state, and the state each one sets.
+FORCING = {OverrideKind.QUARANTINE: "forced_quarantine", OverrideKind.ACTIVATE: "forced_active"}
+
+
+def _latest_override(kinds: list[str]) -> Subquery:
+    """The newest override of ``kinds`` of the outer node that a tick did not refuse."""
+    return Subquery(Override.objects.filter(node=OuterRef("pk"), kind__in=kinds)
+                    .exclude(outcome=Outcome.FAILED).order_by("-created_at", "-pk").values("pk")[:1])
+
+
+def overrides_in_force(now: datetime | None = None) -> list[OverrideInForce]:
+    """Every operator override that still holds on a live node (module docstring), newest first.
+
+    - a **pin**: the node's newest pin/unpin is a pin, not refused by the tick and not expired (the
+      detector drops a pin at its expiry);
+    - a **forced state**: the node is ``forced_quarantine`` / ``forced_active`` now, with the newest
+      override that forced it (who, why, its expiry);
+    - a **silence**: no new quarantine proposal of that cause until it ends (:class:`Silence`)."""
+    now = now or timezone.now()
+    pins = (Node.objects.filter(retired=False)
+            .annotate(last_pin=_latest_override([OverrideKind.PIN, OverrideKind.UNPIN]))
+            .exclude(last_pin=None).values_list("last_pin", flat=True))
+    forced = (Node.objects.filter(retired=False, state__in=list(FORCING.values()))
+              .annotate(last_force=_latest_override(list(FORCING)))
+              .exclude(last_force=None).values_list("last_force", flat=True))
+    rows = Override.objects.filter(pk__in=[*pins, *forced]).select_related("node", "node__group")
+    out = []
+    for o in rows:
+        if o.expires_at is not None and o.expires_at <= now:
+            continue
+        if o.kind == OverrideKind.PIN:
+            out.append(OverrideInForce(o.node, "pin", f"weight pinned at {o.weight}/{o.node.base_weight}",
+                                       o.actor, o.reason, o.created_at, o.expires_at))
+        elif o.kind in FORCING and o.node.state == FORCING[o.kind]:
+            what = "forced out of service" if o.kind == OverrideKind.QUARANTINE else "forced into service (not judged)"
+            out.append(OverrideInForce(o.node, FORCING[o.kind], what, o.actor, o.reason, o.created_at,
+                                       o.expires_at))
+    for si in Silence.objects.active(now).filter(node__retired=False).select_related("node", "node__group"):
+        out.append(OverrideInForce(si.node, "silence", f"no new {si.get_cause_display()} quarantine proposal",
+                                   si.actor, si.reason, si.created_at, si.expires_at))
+    out.sort(key=lambda o: o.since, reverse=True)
+    return out
+
+
+def _forced_by(overrides: list[OverrideInForce], node: Node) -> OverrideInForce | None:
+    return next((o for o in overrides if o.node.pk == node.pk and o.kind == node.state), None)
+
+
 def first_screen(gateways: dict[str, GroupGateways] | None = None, now: float | None = None) -> FirstScreen:
     """Every live node that is not healthy, most urgent first, with the evidence for each (see the
     module docstring); ``gateways``: :func:`applied_versions` already read for (at least) their groups."""
@@ -166,11 +242,17 @@ def first_screen(gateways: dict[str, GroupGateways] | None = None, now: float | 
     transitions = Transition.objects.in_bulk([n.last_transition for n in nodes if n.last_transition])
     pending = {p.node_id: p for p in QuarantineProposal.objects.filter(
         status="pending", node__in=[n.pk for n in nodes])}
+    screen.overrides = overrides_in_force()
     rows = []
     for n in nodes:
         t = transitions.get(n.last_transition)
         current = t is not None and t.to_state == n.state
-        if n.state == "pending_approval" and n.pk in pending:
+        forced = _forced_by(screen.overrides, n)
+        if forced is not None:  # who, why and until when, not only "by an operator"
+            until = f"until {forced.until:%Y-%m-%d %H:%M} UTC" if forced.until else "until released"
+            cause = f"{forced.what} by {forced.actor}"
+            detail, since = f"{forced.reason} ({until})", forced.since
+        elif n.state == "pending_approval" and n.pk in pending:
             p = pending[n.pk]
             cause, detail, since = f"waiting for approval: {cause_in_words(p.reason)}", p.reason, p.created_at
         elif current:
@@ -180,7 +262,7 @@ def first_screen(gateways: dict[str, GroupGateways] | None = None, now: float | 
         else:
             cause, detail, since = "no transition recorded into this state", "", None
         rows.append(Problem(n, STATE_ICONS.get(n.state, "○"), since, cause, detail,
-                            t.z if current else None, screen.gateways[n.group.name]))
+                            t.z if current and forced is None else None, screen.gateways[n.group.name]))
     rows.sort(key=lambda r: (attention_rank(r.node.state), -(r.z if r.z is not None else float("inf")),
                              r.node.group.name, r.node.name))
     screen.problems, screen.more = rows[:MAX_PROBLEMS], max(0, len(rows) - MAX_PROBLEMS)

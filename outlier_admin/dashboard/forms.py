@@ -35,7 +35,7 @@ class ProposalDecisionForm(ReasonForm):
 class OverrideForm(ReasonForm):
     ACTIONS = [
         ("quarantine", "Quarantine (weight 0)"),
-        ("release", "Release (back to service through warm-up)"),
+        ("release", "Release (back to service at full weight; judged afresh by the detector)"),
         ("pin", "Pin weight"),
         ("unpin", "Unpin weight"),
         ("activate", "Force active (never quarantine)"),

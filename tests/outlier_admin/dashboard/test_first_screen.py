@@ -155,3 +155,54 @@ def test_a_thresholds_object_is_what_the_heatmap_colours_by():
     t = Thresholds()
     assert z_color(-1.0, t) == "#ffffff" and z_color(t.quarantine_z, t) == "#c62828"
     assert z_color(t.degrade_z, t) == "#ffe066"
+
+
+def overrides_table(html: str) -> list[list[str]]:
+    table = html.split('id="overrides"')[1].split("</table>")[0]
+    return [re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", row)).strip()
+            for row in re.findall(r'<tr class="override-[a-z_]+">(.*?)</tr>', table, re.S)]
+
+
+def test_the_first_screen_lists_every_override_in_force_with_who_why_and_until(fleet, users, redis_client):
+    """A pin on a node the detector calls healthy, a forced state and a silence are on the first
+    screen with who, why and until when; an expired pin, an undone pin and a refused one are not."""
+    from outlier_admin.control.actions import (
+        do_activate,
+        do_pin_weight,
+        do_quarantine,
+        do_reject_proposal,
+        do_unpin_weight,
+    )
+    from outlier_admin.control.models import Outcome, Override
+
+    nodes = fleet["nodes"]
+    do_pin_weight(nodes[2], 50, actor="alice", reason="suspect fan, halve its share", expires_in_s=300)
+    old = do_pin_weight(nodes[3], 10, actor="bob", reason="old pin", expires_in_s=60)
+    Override.objects.filter(pk=old.pk).update(expires_at=fleet["now"] - timedelta(seconds=1))
+    do_pin_weight(nodes[4], 20, actor="bob", reason="pinned then unpinned")
+    do_unpin_weight(nodes[4], actor="bob", reason="done")
+    refused = do_pin_weight(nodes[5], 30, actor="bob", reason="the tick refused it")
+    Override.objects.filter(pk=refused.pk).update(outcome=Outcome.FAILED, outcome_reason="node gone")
+    do_quarantine(nodes[6], actor="carol", reason="fan replacement, ticket 4711", expires_in_s=3600)
+    Node.objects.filter(pk=nodes[6].pk).update(state="forced_quarantine", weight=0)
+    do_activate(nodes[7], actor="dave", reason="keep it in during the migration")  # the tick has not applied it
+    do_reject_proposal(fleet["proposal"], actor="erin", reason="known noisy neighbour", silence_s=1800)
+
+    html = viewer(users).get("/").content.decode()
+    rows = overrides_table(html)
+    assert len(rows) == 3, rows
+    silence, forced, pin = rows  # newest first
+    assert nodes[1].name in silence and "no new latency outlier" in silence and "erin" in silence
+    assert "known noisy neighbour" in silence
+    assert forced.startswith(nodes[6].name) and "forced out of service" in forced and "carol" in forced
+    assert "fan replacement, ticket 4711" in forced and "in 59 minutes" in forced
+    assert pin.startswith(nodes[2].name) and "weight pinned at 50/100" in pin and "alice" in pin
+    assert "suspect fan, halve its share" in pin and "in 4 minutes" in pin
+    # The forced node's row in "needs attention" says who, why and until when.
+    row = html.split(f'<a href="/nodes/{nodes[6].pk}/">{nodes[6].name}</a></th>')[1].split("</tr>")[0]
+    assert "forced out of service by carol" in row and "fan replacement, ticket 4711 (until 20" in row
+
+
+def test_no_override_in_force_says_so(fleet, users, redis_client):
+    html = viewer(users).get("/").content.decode()
+    assert "Operator overrides in force (0)" in html and "None: every node follows the detector." in html
