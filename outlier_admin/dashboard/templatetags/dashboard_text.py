@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django import template
+from django.utils import timezone
+from django.utils.timesince import timesince
 
 register = template.Library()
 
@@ -29,3 +32,15 @@ def readable(value: Any) -> str:
 def readable_key(key: Any) -> str:
     """``expires_at`` -> ``expires at``."""
     return str(key).replace("_", " ")
+
+
+@register.filter
+def elapsed(value: datetime | None) -> str:
+    """Time since ``value`` in words, to the second under a minute. Django's ``timesince`` says
+    "0 minutes" for anything under one, which reads as "nothing happened" on a node cut 40 s ago."""
+    if value is None:
+        return "–"
+    seconds = (timezone.now() - value).total_seconds()
+    if seconds < 60:
+        return f"{max(0, int(seconds))} s"
+    return timesince(value)
