@@ -106,7 +106,7 @@ class GroupGateways:
         if not behind:
             return f"v{self.published} on all {len(self.reports)} gateway(s)"
         return (f"v{self.oldest} on the oldest of {len(self.reports)} gateway(s); published v{self.published} "
-                f"({len(behind)} behind)")
+                f"({len(behind)} gateway(s) behind)")
 
 
 @dataclass(frozen=True)

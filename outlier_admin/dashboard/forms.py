@@ -74,6 +74,20 @@ class RetireForm(ReasonForm):
     confirmed = forms.BooleanField(required=False, widget=forms.HiddenInput)
 
 
+#: Labels that a field's name alone leaves ambiguous (``quarantine_persistence`` and
+#: ``quarantine_persistence_s`` both read "quarantine persistence" otherwise).
+LABELS = {"quarantine_persistence": "quarantine persistence (samples; seed mode, or seconds set to 0)"}
+
+
+def threshold_label(name: str) -> str:
+    """A threshold's name in words, with its unit where the name carries one (``_s``: seconds)."""
+    if name in LABELS:
+        return LABELS[name]
+    if name.endswith("_s"):
+        return f"{name[:-2].replace('_', ' ')} (seconds)"
+    return name.replace("_", " ")
+
+
 class ThresholdForm(ReasonForm):
     """One field per threshold the preview can replay; blank keeps the current value."""
 
@@ -85,7 +99,7 @@ class ThresholdForm(ReasonForm):
         for name in PREVIEW_FIELDS:
             field_cls = forms.IntegerField if name in INTEGER_FIELDS else forms.FloatField
             self.fields[name] = field_cls(
-                label=name.replace("_", " "), required=False,
+                label=threshold_label(name), required=False,
                 help_text=f"allowed {ranges[name]}; current {values[name]}",
                 widget=forms.NumberInput(attrs={"step": "any", "placeholder": str(values[name])}),
             )

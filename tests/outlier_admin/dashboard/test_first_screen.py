@@ -63,9 +63,9 @@ def test_the_first_screen_lists_every_unhealthy_node_first_with_its_evidence(inc
     quarantined_at = Transition.objects.get(node=nodes[0], to_state="quarantined").at
     assert quarantined_at.strftime("%Y-%m-%d %H:%M:%S") in row
     assert "much slower than its peers" in row and "Z 4.2 &gt;= quarantine_z 3.5 for 10 samples" in row
-    assert "0/100" in row and "v10 on the oldest of 2 gateway(s); published v12 (1 behind)" in row
+    assert "0/100" in row and "v10 on the oldest of 2 gateway(s); published v12 (1 gateway(s) behind)" in row
     assert "waiting for approval" in html.split(f">{nodes[1].name}</a></th>")[1].split("</tr>")[0]
-    assert "gw-b/nginx: v10 <strong>(2 behind)</strong>" in html and "gw-a/haproxy: v12," in html
+    assert "gw-b/nginx: v10 <strong>(2 versions behind)</strong>" in html and "gw-a/haproxy: v12," in html
     for healthy in nodes[4:]:
         assert f">{healthy.name}</a></th>" not in html.split('id="attention"')[1].split("</table>")[0]
 

@@ -44,3 +44,14 @@ def test_the_favicon_is_served_and_not_a_404(client, users):
     c.force_login(users["viewer"])
     assert 'rel="icon" type="image/svg+xml"' in c.get("/").content.decode()
     assert c.get(resp["Location"]).status_code == 200
+
+
+def test_threshold_fields_name_their_unit_and_no_two_read_alike():
+    from detector.thresholds import Thresholds
+    from outlier_admin.dashboard.forms import ThresholdForm
+
+    form = ThresholdForm(current=Thresholds())
+    labels = [f.label for name, f in form.fields.items() if name != "reason"]
+    assert len(labels) == len(set(labels)), labels
+    assert form.fields["quarantine_persistence_s"].label == "quarantine persistence (seconds)"
+    assert "samples" in form.fields["quarantine_persistence"].label
