@@ -374,19 +374,40 @@ def group_policy(request: HttpRequest, slug: str) -> HttpResponse:
     return redirect("dashboard:thresholds", slug=group.slug)
 
 
-@requires("read")
-def canary_review(request: HttpRequest) -> HttpResponse:
-    nodes = list(Node.objects.filter(retired=False, state__in=("quarantined", "probing", "recovering"))
-                 .select_related("group").order_by("group__name", "name"))
+#: The canary review keeps a recovered node's probes and restore steps on the page this long: the
+#: review is most often read after the fact ("why did it come back?"), when the node is healthy again.
+CANARY_HISTORY = timedelta(hours=24)
+CANARY_HISTORY_NODES = 20
+
+
+def _canary_rows(nodes: list[Node]) -> list[dict[str, Any]]:
+    """Each node's last 10 probes and restore steps (two queries for all of them)."""
     probes: dict[int, list[CanaryProbe]] = {n.pk: [] for n in nodes}
     for p in CanaryProbe.objects.filter(node__in=nodes).order_by("-at")[:20 * max(len(nodes), 1)]:
         if len(probes[p.node_id]) < 10:
             probes[p.node_id].append(p)
     steps = Transition.objects.filter(node__in=nodes, reason__in=(
-        "probes_passed", "probe_failed", "recovery_step_failed", "recovered", "probe_due")).order_by("-at")[:100]
-    rows = [{"node": n, "probes": probes[n.pk], "steps": [t for t in steps if t.node_id == n.pk][:10],
+        "probes_passed", "probe_failed", "recovery_step_failed", "recovered", "probe_due")
+    ).order_by("-at")[:20 * max(len(nodes), 1)]
+    return [{"node": n, "probes": probes[n.pk], "steps": [t for t in steps if t.node_id == n.pk][:10],
              "recovery_steps": n.group.thresholds().recovery_steps} for n in nodes]
-    return render(request, "dashboard/canary.html", _ctx(request, rows=rows))
+
+
+@requires("read")
+def canary_review(request: HttpRequest) -> HttpResponse:
+    nodes = list(Node.objects.filter(retired=False, state__in=("quarantined", "probing", "recovering"))
+                 .select_related("group").order_by("group__name", "name"))
+    recovered_at: dict[int, Any] = {}
+    for node_id, at in (Transition.objects.filter(reason="recovered", at__gte=timezone.now() - CANARY_HISTORY,
+                                                   node__retired=False).exclude(node__in=nodes)
+                        .order_by("-at").values_list("node_id", "at")[:200]):
+        recovered_at.setdefault(node_id, at)
+    recent = Node.objects.select_related("group").in_bulk(list(recovered_at)[:CANARY_HISTORY_NODES])
+    recovered = sorted(recent.values(), key=lambda n: recovered_at[n.pk], reverse=True)
+    for n in recovered:
+        n.recovered_at = recovered_at[n.pk]
+    return render(request, "dashboard/canary.html", _ctx(request, rows=_canary_rows(nodes),
+                                                         recovered=_canary_rows(recovered)))
 
 
 @requires("read")

@@ -55,3 +55,26 @@ def test_threshold_fields_name_their_unit_and_no_two_read_alike():
     assert len(labels) == len(set(labels)), labels
     assert form.fields["quarantine_persistence_s"].label == "quarantine persistence (seconds)"
     assert "samples" in form.fields["quarantine_persistence"].label
+
+
+def test_the_canary_review_keeps_a_recovered_nodes_probes_and_steps(fleet, users):
+    """Read after the fact ("why did it come back?"): a node recovered an hour ago still shows its
+    probes and restore steps; one recovered two days ago does not."""
+    from outlier_admin.control.models import CanaryProbe, Transition
+
+    group, nodes, now = fleet["group"], fleet["nodes"], timezone.now()
+    back, old = nodes[2], nodes[3]
+    for node, when in ((back, now - timedelta(hours=1)), (old, now - timedelta(days=2))):
+        CanaryProbe.objects.create(node=node, at=when - timedelta(seconds=30), ok=True, status=200, total_ms=118.0,
+                                   prompt_tokens=8, completion_tokens=16)
+        for frm, to, reason in (("probing", "recovering", "probes_passed"), ("recovering", "healthy", "recovered")):
+            Transition.objects.create(group=group, node=node, at=when, from_state=frm, to_state=to, reason=reason,
+                                      signal="", explanation={"detail": f"{reason} detail"})
+    c = Client()
+    c.force_login(users["viewer"])
+    html = c.get("/canary/").content.decode()
+    recovered = html.split('id="recovered-h"')[1]
+    assert f">{back.name}</a>" in recovered and "recovered detail" in recovered and "probes_passed" in recovered
+    assert "118" in recovered  # its probe
+    assert f">{old.name}</a>" not in html
+    assert f">{nodes[0].name}</a>" in html.split('id="recovered-h"')[0]  # quarantined now: the live list
