@@ -13,22 +13,44 @@ the event scan (alerts and JSON events), and the main loop below, once per ``DEM
 3. each group ticks (:func:`outlier_admin.control.tick.run_tick`: stream -> detector -> weights
    published to Redis -> history in SQL);
 4. the gateways re-read their group's weights document; new transitions are printed.
+
+What the demo may touch on a shared machine. Before anything else it binds its port (``PORT``): a
+busy port is refused with one line and exit status 2, before the SQLite file or Redis is touched, so
+a second ``make demo`` next to a running one changes nothing. Then it takes, on the Redis it uses,
+the lease :data:`LEASE_KEY` (renewed while it runs, gone :data:`LEASE_TTL_MS` after a crash): one demo
+per Redis database, since two would feed the same groups' streams. Holding it, the demo deletes the
+keys of **its own two groups** only (every key with ``demo-llama3-70b-h100`` or ``demo-qwen2-72b-a100``
+as one ``:``-separated part: the streams, detector state and weights of an earlier demo run, which
+refer to an old database) and never another key: another stack's groups (a colleague's control
+plane on the same Redis) keep theirs, and the keys every group shares (``outlier:obs:*`` event-scan
+cursors, ``outlier:alerts:*``) are never deleted. The demo's event scan reads and moves those shared
+keys like any other scanner of that database, so next to another stack give the demo a database of
+its own (``REDIS_URL=redis://HOST:6379/N``); it says so when it finds other groups' weights there.
+The fresh ``demo.sqlite3`` is deleted only under its lock (:func:`lock_demo_db`): a second demo on
+another port would otherwise delete the first one's database under it.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import secrets
 import socketserver
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 DEMO_DB = BASE_DIR / "demo.sqlite3"
 ACTOR = "system:demo"
+#: One demo per Redis database (see the module docstring); the value names the holder's pid and port.
+LEASE_KEY = "outlier:demo:lease"
+#: How long a crashed demo's lease outlives it; a live demo renews it every third of that.
+LEASE_TTL_MS = 15_000
 
 
 def say(msg: str) -> None:
@@ -36,7 +58,9 @@ def say(msg: str) -> None:
 
 
 def prepare_environment(env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Embedded defaults, set before Django reads its settings. Returns what was chosen."""
+    """Embedded defaults, set before Django reads its settings. Returns what was chosen. Deletes
+    nothing: the old ``demo.sqlite3`` goes only once this demo holds its port and the file's lock
+    (:func:`lock_demo_db`, :func:`remove_demo_db`)."""
     env = os.environ if env is None else env
     env.setdefault("DJANGO_SETTINGS_MODULE", "outlier_admin.settings")
     env["CELERY_TASK_ALWAYS_EAGER"] = "1"  # Celery tasks run in this process
@@ -45,11 +69,34 @@ def prepare_environment(env: dict[str, str] | None = None) -> dict[str, Any]:
     chosen: dict[str, Any] = {"fresh_db": False}
     (BASE_DIR / "staticfiles").mkdir(exist_ok=True)  # STATIC_ROOT: whitenoise warns when it is missing
     if not env.get("DATABASE_URL"):
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{DEMO_DB}{suffix}").unlink(missing_ok=True)
         env["DATABASE_URL"] = f"sqlite:///{DEMO_DB}"
         chosen["fresh_db"] = True
     return chosen
+
+
+def db_lock_path(path: Path = DEMO_DB) -> Path:
+    """The lock file of the SQLite database ``path``: in the temporary directory (nothing to ignore
+    in the checkout), named after the database's absolute path (one lock per checkout)."""
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"outlier-admin-demo-{digest}.lock"
+
+
+def lock_demo_db(path: Path = DEMO_DB) -> IO[str] | None:
+    """An exclusive lock on :func:`db_lock_path`, held until the returned file is closed (at exit at
+    the latest), or ``None`` when another demo holds it: that demo's database must not be deleted."""
+    fh = open(db_lock_path(path), "a")  # noqa: SIM115 - held open for the demo's lifetime
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        return None
+    return fh
+
+
+def remove_demo_db(path: Path = DEMO_DB) -> None:
+    """Delete the previous run's SQLite file (and its WAL): call only under :func:`lock_demo_db`."""
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
 def choose_redis(url: str) -> tuple[Any, str]:
@@ -83,16 +130,49 @@ def _sqlite_tuning() -> None:
         })
 
 
-def _clear_demo_keys(r: Any, fresh_db: bool) -> None:
+def demo_lease(client: Any, port: int) -> Any:
+    """Take :data:`LEASE_KEY` (renewed in the background while the demo runs); ``None`` when
+    another demo holds it. Returns the :class:`~outlier_admin.control.redis_conn.GroupLock`."""
+    from outlier_admin.control.redis_conn import GroupLock
+
+    lease = GroupLock(client, LEASE_KEY, LEASE_TTL_MS, max_hold_ms=10 * 365 * 86_400_000)
+    lease.token = f"pid {os.getpid()} port {port} {lease.token}"
+    return lease if lease.acquire() else None
+
+
+def lease_holder(client: Any) -> str:
+    """Who holds :data:`LEASE_KEY` (``pid N port P``), for the refusal message."""
+    raw = client.get(LEASE_KEY)
+    return " ".join(raw.decode().split()[:4]) if raw else "unknown"
+
+
+def own_key(key: bytes | str, groups: tuple[str, ...]) -> bool:
+    """Whether ``key`` belongs to one of ``groups``: one of its ``:``-separated parts is exactly a
+    group's name (names cannot contain ``:``), so ``outlier:weights:demo-x-2`` is not ``demo-x``'s."""
+    text = key.decode() if isinstance(key, bytes) else key
+    return any(part in groups for part in text.split(":"))
+
+
+def clear_demo_keys(r: Any) -> int:
+    """Delete the keys of the demo's own groups (an earlier run's streams, state and weights, which
+    refer to another database) and nothing else; returns how many. Call only under the lease."""
     from outlier_admin.demo.fleet import LARGE, SMALL
 
-    patterns = [f"outlier:*{g}*" for g in (LARGE, SMALL)]
-    if fresh_db:  # cursors of the event scan refer to ids of the old database
-        patterns += ["outlier:obs:*", "outlier:alerts:failed"]
-    for pattern in patterns:
-        keys = list(r.scan_iter(match=pattern, count=1000))
-        if keys:
-            r.delete(*keys)
+    groups = (LARGE, SMALL)
+    keys = {k for g in groups for k in r.scan_iter(match=f"outlier:*{g}*", count=1000) if own_key(k, groups)}
+    if keys:
+        r.delete(*keys)
+    return len(keys)
+
+
+def other_groups(r: Any) -> list[str]:
+    """Groups other than the demo's with a weights document in this Redis database: another stack
+    shares it (the demo leaves its keys alone, but shares the event-scan cursors with it)."""
+    from outlier_admin.demo.fleet import LARGE, SMALL
+
+    prefix = "outlier:weights:"
+    names = {k.decode()[len(prefix):] for k in r.scan_iter(match=prefix + "*", count=1000)}
+    return sorted(names - {LARGE, SMALL})
 
 
 def seed(cfg: Any, addresses: dict[tuple[int, int], str], password: str) -> list[Any]:
@@ -152,12 +232,19 @@ class _ThreadedWSGIServer(socketserver.ThreadingMixIn):
     daemon_threads = True
 
 
-def start_web(port: int, bind: str = "127.0.0.1") -> Any:
-    from django.core.handlers.wsgi import WSGIHandler
+def bind_web(port: int, bind: str = "127.0.0.1") -> Any:
+    """The web server, bound to ``bind:port`` but not serving yet (:func:`serve_web`): the demo's
+    first act, so a busy port stops it before it changes any file or key. Raises ``OSError``."""
     from django.core.servers.basehttp import WSGIRequestHandler, WSGIServer
 
     server_cls = type("DemoWSGIServer", (_ThreadedWSGIServer, WSGIServer), {})
-    httpd = server_cls((bind, port), WSGIRequestHandler, ipv6=False)
+    return server_cls((bind, port), WSGIRequestHandler, ipv6=False)
+
+
+def serve_web(httpd: Any) -> Any:
+    """Serve the Django app on the bound ``httpd`` in a thread (needs ``django.setup()``)."""
+    from django.core.handlers.wsgi import WSGIHandler
+
     httpd.set_app(WSGIHandler())
     threading.Thread(target=httpd.serve_forever, name="web", daemon=True).start()
     return httpd
@@ -190,31 +277,64 @@ def main() -> int:
         say(f"demo: {exc}")
         return 2
     chosen = prepare_environment()
-    from django.conf import settings
+    try:
+        httpd = bind_web(cfg.port, cfg.bind)
+    except OSError as exc:
+        say(f"demo: cannot listen on {cfg.bind}:{cfg.port} ({exc.strerror}): another demo or service has it; "
+            "set PORT to a free port (nothing was changed)")
+        return 2
+    lease = None
+    db_lock = None
+    try:
+        if chosen["fresh_db"]:
+            db_lock = lock_demo_db()
+            if db_lock is None:
+                say(f"demo: another demo is using {DEMO_DB} (it holds {db_lock_path()}); stop it or set "
+                    "DATABASE_URL (nothing was changed)")
+                return 2
+            remove_demo_db()
+        from django.conf import settings
 
-    _sqlite_tuning()
-    import django
+        _sqlite_tuning()
+        import django
 
-    django.setup()
-    from django.core.management import call_command
+        django.setup()
+        from django.core.management import call_command
 
-    from outlier_admin.control import redis_conn
+        from outlier_admin.control import redis_conn
 
-    client, redis_desc = choose_redis(settings.REDIS_URL)
-    redis_conn.set_redis(client)
-    _clear_demo_keys(client, chosen["fresh_db"])
-    db = settings.DATABASES["default"]
-    db_desc = (f"SQLite {db['NAME']}" + (" (fresh)" if chosen["fresh_db"] else "")
-               if db["ENGINE"].endswith("sqlite3") else f"PostgreSQL {db.get('HOST')}/{db['NAME']}")
-    say("outlier-admin demo")
-    say(f"  database : {db_desc}")
-    say(f"  redis    : {redis_desc}")
-    say("  celery   : tasks run in this process (CELERY_TASK_ALWAYS_EAGER)")
-    call_command("migrate", verbosity=0, interactive=False)
-    return run(cfg, client)
+        client, redis_desc = choose_redis(settings.REDIS_URL)
+        lease = demo_lease(client, cfg.port)
+        if lease is None:
+            say(f"demo: another demo runs on {settings.REDIS_URL} ({lease_holder(client)}, key {LEASE_KEY}); "
+                "stop it or set REDIS_URL to another database (nothing was changed in Redis)")
+            return 2
+        redis_conn.set_redis(client)
+        clear_demo_keys(client)
+        others = other_groups(client)
+        db = settings.DATABASES["default"]
+        db_desc = (f"SQLite {db['NAME']}" + (" (fresh)" if chosen["fresh_db"] else "")
+                   if db["ENGINE"].endswith("sqlite3") else f"PostgreSQL {db.get('HOST')}/{db['NAME']}")
+        say("outlier-admin demo")
+        say(f"  database : {db_desc}")
+        say(f"  redis    : {redis_desc}")
+        if others:
+            say(f"             also holds {len(others)} other group(s) ({', '.join(others[:3])}"
+                f"{', ...' if len(others) > 3 else ''}): their keys are left alone, but the event-scan cursors "
+                "(outlier:obs:*) are shared with them; REDIS_URL=redis://HOST:PORT/N gives the demo its own database")
+        say("  celery   : tasks run in this process (CELERY_TASK_ALWAYS_EAGER)")
+        call_command("migrate", verbosity=0, interactive=False)
+        return run(cfg, client, httpd)
+    finally:
+        httpd.server_close()
+        if lease is not None:
+            lease.release()
+        if db_lock is not None:
+            db_lock.close()
 
 
-def run(cfg: Any, client: Any) -> int:
+def run(cfg: Any, client: Any, httpd: Any) -> int:
+    """The demo itself, serving on ``httpd`` (bound by :func:`bind_web`) until ``DEMO_SECONDS`` or Ctrl-C."""
     from django.db import close_old_connections
 
     from outlier_admin.control.models import Transition
@@ -248,13 +368,7 @@ def run(cfg: Any, client: Any) -> int:
     groups = seed(cfg, {k: c.address for k, c in canaries.items()}, password)
     directory.clear()
     gateways.extend(GatewayClient(client, g.name) for g in groups)
-    try:
-        httpd = start_web(cfg.port, cfg.bind)
-    except OSError as exc:
-        say(f"demo: cannot listen on {cfg.bind}:{cfg.port} ({exc.strerror}); set PORT to a free port")
-        for c in canaries.values():
-            c.stop()
-        return 2
+    serve_web(httpd)
     base = f"http://127.0.0.1:{cfg.port}"
     api_token = demo_api_token()
     say(f"  dashboard: {base}/   login: demo / {password}   (admin: {base}/admin/)")
@@ -303,7 +417,6 @@ def run(cfg: Any, client: Any) -> int:
         for t in threads:
             t.join(timeout=3)
         httpd.shutdown()
-        httpd.server_close()
         for c in canaries.values():
             c.stop()
     say(_summary(counts))

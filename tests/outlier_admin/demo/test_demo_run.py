@@ -45,6 +45,9 @@ def test_demo_degrades_and_quarantines_the_throttled_node(tmp_path, settings, re
            "DEMO_SECONDS": "25", "DEMO_FAULT_AT_S": "3", "DEMO_PCIE_AT_S": "3", "DEMO_HEAL_AT_S": "14",
            "DEMO_TICK_S": "0.5", "DEMO_PASSWORD": "test-only"}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    # A colleague's control plane on the same Redis database: the demo runs beside it, leaves its keys alone.
+    theirs = {"outlier:weights:team-llm": b'{"group": "team-llm"}', "outlier:state:team-llm": b"state"}
+    redis_client.mset(theirs)
     proc = subprocess.Popen([sys.executable, "-m", "outlier_admin.demo"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     answered = {}
@@ -69,6 +72,8 @@ def test_demo_degrades_and_quarantines_the_throttled_node(tmp_path, settings, re
     assert proc.returncode == 0, out
     assert set(answered) == {"/healthz", "/readyz", "/metrics"}, out
     assert f"Redis at {settings.REDIS_URL}" in out
+    assert "also holds 1 other group(s) (team-llm)" in out, out
+    assert dict(zip(theirs, redis_client.mget(list(theirs)), strict=True)) == theirs
     assert "login: demo / test-only" in out
     # The printed API token is a real api-scope token of the demo user, and the database is named
     # so that manage.py commands can be pointed at it.
