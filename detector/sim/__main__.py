@@ -15,7 +15,9 @@ gateways 100 ms after the scrape (:data:`PRODUCTION_CADENCE`); ``--cadence beat`
 beat-driven path (tick, scrape and apply every 1 s); ``scenario`` the scenario's 200 ms tick. ``--quick`` cuts a run to
 60 s after its last fault onset (60 s without faults).
 
-Exit status 2 with a one-line message naming the field for a bad scenario file.
+Exit status 2 with a one-line message naming the field for a bad scenario file, and at once (before
+minutes of simulation) when ``run --plot`` or ``suite`` cannot plot: matplotlib is the ``sim`` extra,
+which the demo's venv (``.[demo]``) does not install.
 """
 
 from __future__ import annotations
@@ -42,6 +44,21 @@ PRODUCTION_CADENCE = (0.25, 0.25, 0.1)
 #: The beat-driven path before it: a Celery beat tick, scrapes and publishes every 1 s.
 BEAT_CADENCE = (1.0, 1.0, 1.0)
 CADENCES = {"production": PRODUCTION_CADENCE, "beat": BEAT_CADENCE}
+
+
+#: What to run when the plotting extra is missing (the message of :func:`require_plotting`).
+SIM_EXTRA_HINT = "pip install -e '.[sim]'"
+
+
+def require_plotting() -> None:
+    """Import :mod:`detector.sim.plot` now, or exit 2 naming the ``sim`` extra: the plots are drawn
+    after the simulation, so without this a run failed on the import only after minutes of work."""
+    try:
+        import detector.sim.plot  # noqa: F401 - imported for the check (matplotlib and its backend)
+    except ImportError as exc:
+        print(f"error: plotting needs matplotlib, the 'sim' extra ({exc}): {SIM_EXTRA_HINT} "
+              "(from the repository, in the venv you run this with)", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _policies(arg: str | None) -> list[str]:
@@ -123,6 +140,8 @@ def _write(report: dict[str, Any], out: Path) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.plot:
+        require_plotting()
     scn = _cadence(load_scenario(args.scenario), args.cadence)
     if args.quick:
         scn = _quick(scn)
@@ -140,6 +159,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_suite(args: argparse.Namespace) -> int:
+    require_plotting()  # the suite writes a plot per scenario
     files = sorted(Path(args.dir).glob("*.json"))
     if not files:
         print(f"error: no *.json scenario in {args.dir}", file=sys.stderr)
