@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import django_filters as filters
+from django import forms
 from django.core.exceptions import ValidationError as FormValidationError
 from django.db.models import QuerySet
 from django_filters.fields import IsoDateTimeField
@@ -14,6 +15,7 @@ from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework.exceptions import ErrorDetail, ValidationError
 from rest_framework.settings import api_settings
 
+from detector.signals import SIGNALS
 from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
 from outlier_admin.fleet.models import Node
 from outlier_admin.ingest.models import GpuReading
@@ -48,10 +50,57 @@ class NodeFilter(filters.FilterSet):
     state = filters.CharFilter(field_name="state")
     address = filters.CharFilter(field_name="address", lookup_expr="icontains")
     retired = filters.BooleanFilter(field_name="retired")
+    # Not a filter: the signal of each node's `z`/`ema` (read by NodeViewSet.get_queryset, which refuses an
+    # unknown one); declared here so that the strict backend knows it and the schema documents it.
+    signal = filters.ChoiceFilter(
+        choices=[(s, s) for s in SIGNALS], method="keep_all",
+        help_text="The signal of `z` and `ema` (default: each node's deciding signal, named in `signal`)")
 
     class Meta:
         model = Node
         fields = ["name", "group", "state", "address", "retired"]
+
+    def keep_all(self, queryset: QuerySet[Node], name: str, value: str) -> QuerySet[Node]:
+        return queryset
+
+
+def is_node_id(value: str) -> bool:
+    """A ``?node=`` of ASCII digits is a node's id; anything else is a name (:data:`NODE_ID_RE
+    <outlier_admin.fleet.names.NODE_ID_RE>` allows a name of digits: address that one within its group)."""
+    return value.isascii() and value.isdigit()
+
+
+class NodeRefFilter(filters.CharFilter):
+    """``?node=``: a node's numeric id, or its name, within ``?group=`` when given. Names are unique
+    within a group only: a name several groups share without ``?group=`` is refused by
+    :class:`NodeRefForm` (a 400 naming the groups), never answered with the rows of whichever node."""
+
+    def filter(self, qs: QuerySet, value: Any) -> QuerySet:
+        if value in (None, ""):
+            return qs
+        if is_node_id(value):
+            return qs.filter(node_id=int(value))
+        nodes = Node.objects.filter(name=value)
+        group = self.parent.form.cleaned_data.get("group") if self.parent is not None else None
+        if group:
+            nodes = nodes.filter(group__name=group)
+        return qs.filter(node_id__in=nodes.values("pk"))
+
+
+class NodeRefForm(forms.Form):
+    """The form of a filter set with ``node`` (:class:`NodeRefFilter`) and ``group``: refuses a node
+    name that several groups share unless ``group`` says which."""
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        node, group = data.get("node"), data.get("group")
+        if node and not group and not is_node_id(node):
+            groups = sorted(set(Node.objects.filter(name=node).values_list("group__name", flat=True)))
+            if len(groups) > 1:
+                self.add_error("node", FormValidationError(
+                    "nodes named %(node)s are in groups %(groups)s: add ?group= to say which",
+                    code="ambiguous_node", params={"node": repr(node), "groups": ", ".join(groups)}))
+        return data
 
 
 class UTCIsoDateTimeField(IsoDateTimeField):
@@ -81,57 +130,65 @@ class _TimeFilter(filters.FilterSet):
 
 class TransitionFilter(_TimeFilter):
     group = filters.CharFilter(field_name="group__name")
-    node = filters.NumberFilter(field_name="node_id")
+    node = NodeRefFilter(help_text="the node's id, or its name (within ?group= when names repeat across groups)")
     reason = filters.CharFilter(field_name="reason")
     to_state = filters.CharFilter(field_name="to_state")
 
     class Meta:
         model = Transition
+        form = NodeRefForm
         fields = ["group", "node", "reason", "to_state", "shadow"]
 
 
 class ProposalFilter(filters.FilterSet):
     group = filters.CharFilter(field_name="group__name")
-    node = filters.NumberFilter(field_name="node_id")
+    node = NodeRefFilter(help_text="the node's id, or its name (within ?group= when names repeat across groups)")
 
     class Meta:
         model = QuarantineProposal
+        form = NodeRefForm
         fields = ["group", "node", "status", "source"]
 
 
 class OverrideFilter(filters.FilterSet):
     group = filters.CharFilter(field_name="node__group__name")
-    node = filters.NumberFilter(field_name="node_id")
+    node = NodeRefFilter(help_text="the node's id, or its name (within ?group= when names repeat across groups)")
 
     class Meta:
         model = Override
+        form = NodeRefForm
         fields = ["group", "node", "kind"]
 
 
 class ProbeFilter(_TimeFilter):
     group = filters.CharFilter(field_name="node__group__name")
-    node = filters.NumberFilter(field_name="node_id")
+    node = NodeRefFilter(help_text="the node's id, or its name (within ?group= when names repeat across groups)")
 
     class Meta:
         model = CanaryProbe
+        form = NodeRefForm
         fields = ["group", "node", "ok", "passed"]
 
 
 class GpuReadingFilter(_TimeFilter):
     group = filters.CharFilter(field_name="node__group__name")
-    node = filters.NumberFilter(field_name="node_id")
+    node = NodeRefFilter(help_text="the node's id, or its name (within ?group= when names repeat across groups)")
 
     class Meta:
         model = GpuReading
+        form = NodeRefForm
         fields = ["group", "node", "gpu"]
 
 
 class AuditFilter(_TimeFilter):
     group = filters.CharFilter(field_name="group__name", label="Group")
-    node = filters.NumberFilter(field_name="node_id", label="Node id")
-    actor = filters.CharFilter(field_name="actor", lookup_expr="icontains", label="Actor")
+    node = NodeRefFilter(label="Node (id or name)",
+                         help_text="the node's id, or its name (within ?group= when names repeat across groups)")
+    actor = filters.CharFilter(field_name="actor", label="Actor",
+                               help_text="exactly: a username, `token:<name>` or `system:<part>`")
     action = filters.CharFilter(field_name="action", lookup_expr="startswith", label="Action (prefix)")
 
     class Meta:
         model = AuditEvent
+        form = NodeRefForm
         fields = ["group", "node", "actor", "action"]

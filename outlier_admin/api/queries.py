@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
+from functools import reduce
+from operator import or_
 from typing import Any
 
 from django.db import connection
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import Case, CharField, F, IntegerField, OuterRef, Q, QuerySet, Subquery, Value, When
+from django.db.models.functions import Coalesce
 
 from detector.states import OUT_OF_SERVICE_LABELS
 from outlier_admin.control.models import GroupBaseline, NodeHistory, QuarantineProposal
@@ -37,13 +40,73 @@ def attention_rank(state: str) -> int:
         return ATTENTION_ORDER.index("forced_active") + 1
 
 
-def with_latest_figures(nodes: QuerySet[Node], signal: str = "norm") -> QuerySet[Node]:
-    """Annotate each node with its latest ``ema``/``z``/``p50``/``p99``/``samples`` of ``signal``.
+def judged_signals(groups: QuerySet[ModelGroup] | None = None) -> dict[int, tuple[str, ...]]:
+    """``{group_id: signals}``: the signals among which the detector picks each node's deciding signal
+    in that group, by the rule :mod:`detector.detectors.zscore` states (:func:`~detector.detectors.zscore.decide`):
+    in robust mode the queue-free signals (:data:`~detector.signals.QUEUE_FREE`) with a stored peer
+    baseline; without one (and in seed mode, which judges its one signal as it is) every signal, of
+    which only ``norm`` and ``prefill`` then have a Z. In :data:`~detector.signals.SIGNALS` order: the
+    first is the group's deciding signal (:func:`decision_signal`), and wins a tie as ``argmax`` does.
 
-    One correlated subquery per figure, each an index probe on ``(node, signal, at)``: cost grows
-    with the number of nodes, not with the length of their history."""
-    latest = NodeHistory.objects.filter(node=OuterRef("pk"), signal=signal).order_by("-at")
-    return nodes.annotate(**{f"latest_{f}": Subquery(latest.values(f)[:1]) for f in LATEST_FIELDS})
+    One query: each queue-free signal's latest stored baseline per group, an index probe each."""
+    from detector.signals import QUEUE_FREE, SIGNALS
+
+    stored = {f"stored_{s}": Subquery(GroupBaseline.objects.filter(group=OuterRef("pk"), signal=s)
+                                      .order_by("-at").values("baseline")[:1]) for s in QUEUE_FREE}
+    out: dict[int, tuple[str, ...]] = {}
+    for group in (groups if groups is not None else ModelGroup.objects.all()).annotate(**stored):
+        with_baseline = tuple(s for s in QUEUE_FREE if getattr(group, f"stored_{s}") is not None)
+        seed = group.thresholds().baseline_mode == "seed"
+        out[group.pk] = SIGNALS if seed or not with_baseline else with_baseline
+    return out
+
+
+def _latest(signal: str, field: str) -> Subquery:
+    """The node's latest ``signal`` history row's ``field`` (an index probe on ``(node, signal, at)``)."""
+    return Subquery(NodeHistory.objects.filter(node=OuterRef("pk"), signal=signal).order_by("-at").values(field)[:1])
+
+
+def with_latest_figures(nodes: QuerySet[Node], signal: str | None = None) -> QuerySet[Node]:
+    """Annotate each node with ``latest_signal`` and its latest ``latest_ema``/``latest_z`` on it, and
+    the latest ``latest_p50``/``latest_p99``/``latest_samples`` (recorded on the ``norm`` rows: the tail
+    window's P50/P99, the count of judged requests).
+
+    ``signal=None``: the node's **deciding** signal at its latest history write, the one the detector
+    weighs, cuts and quarantines it on: of the group's :func:`judged_signals`, the one with the largest
+    Z (a node judged on ``decode`` and ``prefill_time`` shows the larger, as the detector judges it);
+    a node with no Z on any of them shows the group's deciding signal with ``z`` null. Otherwise
+    ``signal`` for every node.
+
+    Correlated subqueries, each an index probe on ``(node, signal, at)`` (the deciding row: the rows of
+    the node's latest ``norm`` write, which holds every signal): cost grows with the number of nodes,
+    not with the length of their history."""
+    tails = {f"latest_{f}": _latest("norm", f) for f in ("p50", "p99", "samples")}
+    if signal is not None:
+        return nodes.annotate(latest_signal=Value(signal, output_field=CharField()),
+                              latest_ema=_latest(signal, "ema"), latest_z=_latest(signal, "z"), **tails)
+    from detector.signals import SIGNALS
+
+    by_signals: dict[tuple[str, ...], list[int]] = defaultdict(list)
+    for group_id, signals in judged_signals().items():
+        by_signals[signals].append(group_id)
+    judged = reduce(or_, (Q(node__group_id__in=ids, signal__in=signals) for signals, ids in by_signals.items()),
+                    Q(pk__in=[]))
+    # NULL Z last (NaN to the detector's argmax), then the signals' order: a tie goes to the first.
+    rank = Case(*(When(signal=s, then=Value(i)) for i, s in enumerate(SIGNALS)), output_field=IntegerField())
+    last_write = NodeHistory.objects.filter(node=OuterRef(OuterRef("pk")), signal="norm").order_by("-at")
+    deciding = (NodeHistory.objects.filter(node=OuterRef("pk"), at=Subquery(last_write.values("at")[:1]))
+                .filter(judged)
+                .order_by(F("z").desc(nulls_last=True), rank))
+    group_signal = Case(*(When(group_id__in=ids, then=Value(signals[0])) for signals, ids in by_signals.items()),
+                        default=Value("norm"), output_field=CharField())
+    return nodes.annotate(
+        latest_signal=Coalesce(Subquery(deciding.values("signal")[:1]), group_signal),
+        latest_ema=Subquery(deciding.values("ema")[:1]), latest_z=Subquery(deciding.values("z")[:1]), **tails)
+
+
+def node_signal(node: Node) -> str:
+    """``node``'s deciding signal now (see :func:`with_latest_figures`)."""
+    return with_latest_figures(Node.objects.filter(pk=node.pk)).values_list("latest_signal", flat=True).get()
 
 
 def latest_figures(node_ids: list[int], signal: str = "norm") -> dict[int, tuple]:
@@ -52,11 +115,11 @@ def latest_figures(node_ids: list[int], signal: str = "norm") -> dict[int, tuple
 
     On PostgreSQL a ``LATERAL`` join probes the ``(node, signal, at)`` index once per node (1,000
     nodes: a few milliseconds, whatever the history length); elsewhere (SQLite demo) the same figures
-    come from the correlated subqueries of :func:`with_latest_figures`."""
+    come from one correlated subquery per figure."""
     if not node_ids:
         return {}
     if connection.vendor != "postgresql":
-        qs = with_latest_figures(Node.objects.filter(pk__in=node_ids), signal)
+        qs = Node.objects.filter(pk__in=node_ids).annotate(**{f"latest_{f}": _latest(signal, f) for f in LATEST_FIELDS})
         return {row[0]: tuple(row[1:]) for row in qs.values_list("pk", *(f"latest_{f}" for f in LATEST_FIELDS))
                 if any(v is not None for v in row[1:])}
     table = NodeHistory._meta.db_table

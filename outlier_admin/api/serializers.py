@@ -14,6 +14,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.exceptions import ErrorDetail
 
+from detector.signals import SIGNALS
 from outlier_admin.control.actions import DEFAULT_SILENCE_S, MAX_SILENCE_S, REASON_MAX
 from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
 from outlier_admin.fleet.models import ModelGroup, Node, Policy, ThresholdChange
@@ -46,17 +47,31 @@ class GroupSerializer(serializers.ModelSerializer):
 
 
 class NodeSerializer(serializers.ModelSerializer):
+    """A node with its latest figures (:func:`outlier_admin.api.queries.with_latest_figures`): ``z`` and
+    ``ema`` are on ``signal``, by default the one the detector decides on for this node, so that a
+    client alerting on ``z`` sees what the detector acts on."""
+
     group = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    ema = serializers.FloatField(source="latest_ema", read_only=True, default=None, allow_null=True)
-    z = serializers.FloatField(source="latest_z", read_only=True, default=None, allow_null=True)
-    p50 = serializers.FloatField(source="latest_p50", read_only=True, default=None, allow_null=True)
-    p99 = serializers.FloatField(source="latest_p99", read_only=True, default=None, allow_null=True)
+    signal = serializers.ChoiceField(
+        choices=SIGNALS, source="latest_signal", read_only=True,
+        help_text="The signal of `z` and `ema`: the node's deciding signal (the one the detector weighs, cuts and "
+        "quarantines it on) unless `?signal=` asked for another")
+    ema = serializers.FloatField(source="latest_ema", read_only=True, default=None, allow_null=True,
+                                 help_text="The node's EMA of `signal` at the latest history write (the signal's "
+                                 "normalised scale)")
+    z = serializers.FloatField(source="latest_z", read_only=True, default=None, allow_null=True,
+                               help_text="The node's Z on `signal` against its peers' baseline; null without one "
+                               "(too few samples or peers, or no traffic: quarantined, probing)")
+    p50 = serializers.FloatField(source="latest_p50", read_only=True, default=None, allow_null=True,
+                                 help_text="P50 of the tail window (normalised latency, whatever `signal`)")
+    p99 = serializers.FloatField(source="latest_p99", read_only=True, default=None, allow_null=True,
+                                 help_text="P99 of the tail window (normalised latency, whatever `signal`)")
     samples = serializers.IntegerField(source="latest_samples", read_only=True, default=None, allow_null=True)
 
     class Meta:
         model = Node
         fields = [
-            "id", "name", "address", "group", "state", "weight", "base_weight", "last_seen", "ema", "z",
+            "id", "name", "address", "group", "state", "weight", "base_weight", "last_seen", "signal", "ema", "z",
             "p50", "p99", "samples", "labels", "gpu_evidence", "dcgm_url", "metrics_url", "retired", "registered_at",
         ]
 
@@ -182,6 +197,8 @@ class TransitionSerializer(serializers.ModelSerializer):
             "id", "at", "group", "node", "node_name", "from_state", "to_state", "reason", "signal", "z",
             "baseline", "spread", "ema", "p50", "p99", "samples", "shadow", "explanation",
         ]
+        extra_kwargs = {"signal": {"help_text": "The signal the detector decided on for this node, of `z`, `baseline`, "
+                                   "`spread` and `ema` (empty for an operator's or a canary's transition)"}}
 
 
 class ProposalSerializer(serializers.ModelSerializer):

@@ -17,7 +17,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException, ErrorDetail, Throttled, ValidationError
+from rest_framework.exceptions import APIException, ErrorDetail, NotFound, Throttled, ValidationError
 from rest_framework.generics import get_object_or_404  # a malformed id is a 404 too (Django's: a 500)
 from rest_framework.renderers import BrowsableAPIRenderer
 from rest_framework.request import Request
@@ -85,6 +85,49 @@ def _valid(serializer_class: type[serializers.Serializer], request: Request) -> 
     return dict(ser.validated_data)
 
 
+SIGNAL_PARAMETER = OpenApiParameter(
+    "signal", OpenApiTypes.STR, enum=list(SIGNALS),
+    description="The signal of `z`, `ema` (and of the timeline's baseline). Default: the node's **deciding** "
+    "signal, the one the detector weighs, cuts and quarantines it on (`decode` or `prefill_time`, the larger "
+    "Z, once the group has a queue-free baseline; else `norm` or `prefill`, the larger Z); the response's "
+    "`signal` names the one shown. An unknown value: 400.")
+NODE_LOOKUP = OpenApiParameter(
+    "id", OpenApiTypes.STR, OpenApiParameter.PATH,
+    description="The node's numeric id, or its name when no other group has a node of that name (a name "
+    "several groups share: 400 `ambiguous_node`; `/api/v1/groups/<group>/nodes/<name>/` is always exact).")
+
+
+def requested_signal(request: Request | None) -> str | None:
+    """The ``?signal=`` asked for (None: each node's deciding signal); any other value than one of
+    :data:`~detector.signals.SIGNALS` is a 400 naming them, never a silent default."""
+    signal = request.query_params.get("signal") if request is not None else None
+    if signal is not None and signal not in SIGNALS:
+        raise ValidationError({"signal": [ErrorDetail(
+            f"unknown signal {signal[:50]!r}: one of {', '.join(SIGNALS)} (default: the node's deciding signal)",
+            code="invalid_choice")]})
+    return signal
+
+
+def node_of(lookup: str, group: ModelGroup | None = None) -> Node:
+    """The node a URL names. In ``group``: by name (unique there). Otherwise a number is an id and
+    anything else a name: one node of that name in any group, else a 404; a name several groups
+    share is a 400 naming them (no node is picked for the caller: an override on the wrong one would
+    take a healthy node out)."""
+    if group is not None:
+        return get_object_or_404(Node, group=group, name=lookup)
+    if lookup.isascii() and lookup.isdigit():
+        return get_object_or_404(Node, pk=lookup)
+    found = list(Node.objects.filter(name=lookup).select_related("group").order_by("group__name")[:10])
+    if not found:
+        raise NotFound(f"no node named {lookup[:200]!r} in any group")
+    if len(found) > 1:
+        paths = ", ".join(f"/api/v1/groups/{n.group.slug}/nodes/{n.name}/" for n in found)
+        raise ValidationError({"id": [ErrorDetail(
+            f"{len(found)}{'+' if len(found) == 10 else ''} groups have a node named {lookup!r}: "
+            f"address it within its group ({paths}) or by id", code="ambiguous_node")]})
+    return found[0]
+
+
 class ApiView:
     """What every endpoint shares: a bounded page and a JSON parser that answers every unreadable body
     with a 400 (:mod:`outlier_admin.api.inputs`)."""
@@ -122,6 +165,17 @@ class GroupViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
             "values": group.thresholds().to_dict(), "overrides": group.threshold_overrides,
             "ranges": Thresholds.field_ranges(),
         })
+
+    @extend_schema(parameters=[SIGNAL_PARAMETER, OpenApiParameter(
+        "node_name", OpenApiTypes.STR, OpenApiParameter.PATH, description="The node's name in the group "
+        "(its detector id), exactly")], responses=s.NodeSerializer)
+    @action(detail=True, methods=["get"], url_path=r"nodes/(?P<node_name>[^/]+)", url_name="node")
+    def node(self, request: Request, slug: str | None = None, node_name: str = "") -> Response:
+        """One node of the group by its name (as ``GET /nodes/<id>/``): names are unique within a group,
+        not across groups. No node of that name here: 404."""
+        node = node_of(node_name, self.get_object())
+        figures = queries.with_latest_figures(Node.objects.select_related("group"), requested_signal(request))
+        return Response(s.NodeSerializer(figures.get(pk=node.pk)).data)
 
     @extend_schema(request=s.ThresholdUpdateSerializer, responses=s.ThresholdChangeSerializer)
     @thresholds.mapping.patch
@@ -217,9 +271,20 @@ class NodeViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.NodeSerializer
     filterset_class = filters.NodeFilter
     ordering_fields = ["name", "state", "weight", "last_seen", "latest_z", "latest_ema"]
+    lookup_value_regex = "[^/]+"  # an id, or a name (fleet.names.NODE_ID_RE: no "/"): see node_of
 
     def get_queryset(self) -> QuerySet[Node]:
-        return queries.with_latest_figures(Node.objects.select_related("group"))
+        return queries.with_latest_figures(Node.objects.select_related("group"), requested_signal(self.request))
+
+    def get_object(self) -> Node:
+        node = node_of(self.kwargs["pk"])
+        self.check_object_permissions(self.request, node)
+        return self.get_queryset().get(pk=node.pk)
+
+    @extend_schema(parameters=[NODE_LOOKUP, SIGNAL_PARAMETER])
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """One node with its state, weight and latest figures (``z``/``ema`` on ``signal``)."""
+        return super().retrieve(request, *args, **kwargs)
 
     def get_permissions(self) -> list[Any]:
         if self.action in ("create", "partial_update"):
@@ -238,11 +303,11 @@ class NodeViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
                                         reason=data.pop("reason"), **data)
         return Response(self.get_serializer(self.get_queryset().get(pk=node.pk)).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=s.NodeUpdateSerializer, responses=s.NodeSerializer)
+    @extend_schema(parameters=[NODE_LOOKUP], request=s.NodeUpdateSerializer, responses=s.NodeSerializer)
     def partial_update(self, request: Request, pk: str | None = None) -> Response:
         """Change the node's address, base weight, labels or scrape URLs (role ``operator``, audited
         with the diff). Its name and group stay; a retired node: 400."""
-        node = get_object_or_404(Node, pk=pk)
+        node = node_of(str(pk))
         data = _valid(s.NodeUpdateSerializer, request)
         reason = data.pop("reason")
         actions.do_update_node(node, data, actor=actor_of(request), reason=reason)
@@ -250,10 +315,11 @@ class NodeViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(
         parameters=[
+            NODE_LOOKUP,
             OpenApiParameter("start", OpenApiTypes.DATETIME, description="ISO 8601; default end - hours"),
             OpenApiParameter("end", OpenApiTypes.DATETIME, description="ISO 8601; default now"),
             OpenApiParameter("hours", OpenApiTypes.FLOAT, description="length of the range (default 1)"),
-            OpenApiParameter("signal", OpenApiTypes.STR, description="norm | prefill | decode"),
+            SIGNAL_PARAMETER,
             OpenApiParameter("max_points", OpenApiTypes.INT, description=f"at most {MAX_POINTS}"),
         ],
         responses=inline_serializer("Timeline", {
@@ -268,14 +334,12 @@ class NodeViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
         """EMA/Z/P50/P99/weight/state/evidence over a range, downsampled to at most 2,000 points (Z, P99
         and evidence keep each bucket's maximum, weight its minimum), with the transitions in the range and the
         detector's peer baseline of the node's group on the same signal (at most 300 points)."""
-        node = get_object_or_404(Node, pk=pk)
+        node = node_of(str(pk))
         try:
             start, end = parse_range(request.query_params, now=timezone.now())
         except RangeError as exc:
             raise ValidationError({"range": [str(exc)]}) from None
-        signal = request.query_params.get("signal", "norm")
-        if signal not in SIGNALS:
-            raise ValidationError({"signal": [f"must be one of {', '.join(SIGNALS)}"]})
+        signal = requested_signal(request) or queries.node_signal(node)
         try:
             max_points = int(request.query_params.get("max_points", MAX_POINTS))
         except ValueError:
@@ -292,7 +356,7 @@ class NodeViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
         })
 
     def _override(self, request: Request, pk: str | None, kind: str) -> Response:
-        node = get_object_or_404(Node, pk=pk)
+        node = node_of(str(pk))
         serializer_class = s.PinInputSerializer if kind == "pin" else (
             s.ReasonSerializer if kind in ("release", "unpin") else s.OverrideInputSerializer)
         data = _valid(serializer_class, request)
@@ -311,42 +375,42 @@ class NodeViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
         row = Override.objects.select_related("node").get(pk=row.pk)
         return Response(s.OverrideSerializer(row).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=s.OverrideInputSerializer, responses={201: s.OverrideSerializer})
+    @extend_schema(parameters=[NODE_LOOKUP], request=s.OverrideInputSerializer, responses={201: s.OverrideSerializer})
     @action(detail=True, methods=["post"], permission_classes=[CanOverride])
     def quarantine(self, request: Request, pk: str | None = None) -> Response:
         """Force the node out of service (role ``oncall``); applied by the group's next tick."""
         return self._override(request, pk, "quarantine")
 
-    @extend_schema(request=s.ReasonSerializer, responses={201: s.OverrideSerializer})
+    @extend_schema(parameters=[NODE_LOOKUP], request=s.ReasonSerializer, responses={201: s.OverrideSerializer})
     @action(detail=True, methods=["post"], permission_classes=[CanOverride])
     def release(self, request: Request, pk: str | None = None) -> Response:
         """Clear a forced state or quarantine; the node re-enters through warm-up (role ``oncall``)."""
         return self._override(request, pk, "release")
 
-    @extend_schema(request=s.OverrideInputSerializer, responses={201: s.OverrideSerializer})
+    @extend_schema(parameters=[NODE_LOOKUP], request=s.OverrideInputSerializer, responses={201: s.OverrideSerializer})
     @action(detail=True, methods=["post"], permission_classes=[CanOverride])
     def activate(self, request: Request, pk: str | None = None) -> Response:
         """Force the node into service at base weight; the detector keeps scoring it (role ``oncall``)."""
         return self._override(request, pk, "activate")
 
-    @extend_schema(request=s.PinInputSerializer, responses={201: s.OverrideSerializer})
+    @extend_schema(parameters=[NODE_LOOKUP], request=s.PinInputSerializer, responses={201: s.OverrideSerializer})
     @action(detail=True, methods=["post"], permission_classes=[CanOverride])
     def pin(self, request: Request, pk: str | None = None) -> Response:
         """Publish exactly ``weight`` for the node (role ``oncall``)."""
         return self._override(request, pk, "pin")
 
-    @extend_schema(request=s.ReasonSerializer, responses={201: s.OverrideSerializer})
+    @extend_schema(parameters=[NODE_LOOKUP], request=s.ReasonSerializer, responses={201: s.OverrideSerializer})
     @action(detail=True, methods=["post"], permission_classes=[CanOverride])
     def unpin(self, request: Request, pk: str | None = None) -> Response:
         """Remove a pinned weight (role ``oncall``)."""
         return self._override(request, pk, "unpin")
 
-    @extend_schema(request=s.ReasonSerializer, responses=s.NodeSerializer)
+    @extend_schema(parameters=[NODE_LOOKUP], request=s.ReasonSerializer, responses=s.NodeSerializer)
     @action(detail=True, methods=["post"], permission_classes=[CanOverride])
     def retire(self, request: Request, pk: str | None = None) -> Response:
         """Take the node out of its group for good (role ``oncall``, audited): it leaves the detector
         and the weights document at the next tick; its history stays. A retired node: 400."""
-        node = get_object_or_404(Node, pk=pk)
+        node = node_of(str(pk))
         data = _valid(s.ReasonSerializer, request)
         actions.do_retire_node(node, actor=actor_of(request), reason=data["reason"])
         return Response(self.get_serializer(self.get_queryset().get(pk=node.pk)).data)
