@@ -145,6 +145,7 @@ def test_a_node_is_addressed_by_name_within_its_group(decode_fleet, users):
     assert c.get("/api/v1/groups/h100/nodes/127.0.1.77:8000/").json()["id"] == dotted.pk
     # Nowhere: 404; in another group only: 404 there; in two groups: 400 naming both paths.
     problem(c.get("/api/v1/nodes/h100-99/"), 404)
+    problem(c.get(f"/api/v1/nodes/{'9' * 30}/"), 404)
     problem(c.get("/api/v1/groups/a100/nodes/h100-03/"), 404)
     problem(c.get("/api/v1/groups/nosuch/nodes/h100-03/"), 404)
     err = problem(c.get("/api/v1/nodes/h100-01/"), 400)
@@ -181,7 +182,7 @@ def test_audit_filters_by_node_name_and_actor_exactly(decode_fleet, users):
     assert reasons(node="a100-02", group="a100") == ["by demo", "by the demo loader"]
     assert reasons(node="a100-02", group="h100") == ["the twin in h100"]
     assert reasons(node=str(twin.pk)) == ["the twin in h100"]  # a number is still an id
-    assert reasons(node="h100-99") == []
+    assert reasons(node="h100-99") == [] and reasons(node="9" * 30) == []  # an id beyond bigint: none, not a 500
     err = problem(c.get("/api/v1/audit/", {"node": "a100-02"}), 400)
     assert err["errors"][0]["code"] == "ambiguous_node" and "a100, h100" in err["errors"][0]["detail"]
     assert reasons(actor="demo", group="a100") == ["another node", "by demo"]
