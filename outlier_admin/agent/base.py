@@ -19,11 +19,14 @@ class ApplyResult:
     ``changes``: human-readable changes actually sent/written (empty = nothing to do).
     ``unknown``: gateway servers matching no node of the document (left alone, reported).
     ``missing``: document nodes with no server in the gateway (nothing to apply them to).
+    ``note``: what the operator should know about an apply that succeeded (nginx not running: the
+    include was written and validated but there was nothing to reload), logged by the agent.
     """
 
     changes: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    note: str = ""
 
 
 class Applier(Protocol):

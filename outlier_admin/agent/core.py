@@ -100,6 +100,8 @@ class Agent:
             for change in result.changes:
                 log.info("applied gateway=%s group=%s version=%s mode=%s: %s", st.gateway, st.group,
                          weights.version, weights.mode, change)
+            if result.note:
+                log.warning("gateway=%s group=%s version=%s: %s", st.gateway, st.group, weights.version, result.note)
             if result.unknown != st.unknown and result.unknown:
                 log.warning("gateway servers not in group %s (left alone): %s", st.group,
                             ", ".join(result.unknown))

@@ -20,7 +20,10 @@ The way consul-template style tools do it:
    previous include is put back the same way and the error is raised: the running nginx never saw
    the bad file.
 4. ``nginx -s reload`` (the configured reload command): the master re-reads the configuration, new
-   workers use the new weights, old workers finish their requests.
+   workers use the new weights, old workers finish their requests. When no nginx runs (the reload
+   says so: :func:`nginx_not_running`), the validated file is the one nginx reads when it starts, so
+   this is not a failure: the result's ``note`` says it (the agent logs it). That is how the include
+   is created before nginx first starts (``--once``). Any other reload failure is an error.
 
 The include goes in the ``http {}`` context; the server blocks ``proxy_pass http://<upstream>;``.
 Directives of the block other than the servers (``least_conn``, ``keepalive 32``) are the applier's
@@ -41,6 +44,25 @@ from outlier_admin.agent.base import ApplyError, ApplyResult
 from outlier_admin.gateway_client import EffectiveWeights
 
 HEADER = "# Managed by outlier-admin agent (group {group}). Do not edit: overwritten on every change.\n"
+
+
+#: What a reload prints when there is no nginx to reload. nginx's own ``-s reload``
+#: (``ngx_signal_process``): no PID file (an ``[error]``-level open failure: a missing configuration
+#: file is ``[emerg]``), an empty one (``invalid PID number ""``, Debian's state before the first
+#: start), or a PID no process has (``kill(N, 1) failed (3: No such process)``, after a crash);
+#: systemd's ``systemctl reload nginx`` of a stopped unit. Permission or configuration errors match none.
+_NOT_RUNNING = re.compile(
+    r'\[error\] open\(\) "[^"]*" failed \(2: No such file or directory\)'
+    r"|invalid PID number"
+    r"|kill\(\d+, \d+\) failed \(3: No such process\)"
+    r"|is not active, cannot reload"
+)
+
+
+def nginx_not_running(reload_output: str) -> bool:
+    """Whether a failed reload's output says no nginx runs (see :data:`_NOT_RUNNING`), as opposed to
+    a running nginx that could not be reloaded."""
+    return bool(_NOT_RUNNING.search(reload_output))
 
 
 def upstream_name_for(group: str) -> str:
@@ -161,11 +183,15 @@ class NginxApplier:
                 write_atomically(self.include_path, old)
             raise ApplyError(f"nginx -t rejected the rendered upstream (previous file restored): {output}")
         ok, output = self._run(self.reload_cmd)
+        note = ""
         if not ok:
-            raise ApplyError(f"nginx reload failed (valid file in place, old config running): {output}")
+            if not nginx_not_running(output):
+                raise ApplyError(f"nginx reload failed (valid file in place, old config running): {output}")
+            note = (f"nginx is not running ({output}): {self.include_path} written and validated, not reloaded; "
+                    "nginx reads it when it starts")
         before, after = _server_lines(old), _server_lines(new)
         changes = [f"- {ln}" for ln in sorted(before - after)] + [f"+ {ln}" for ln in sorted(after - before)]
-        return ApplyResult(changes=changes or [f"rewrote {self.include_path}"])
+        return ApplyResult(changes=changes or [f"rewrote {self.include_path}"], note=note)
 
     def set_safeguard(self, active: bool) -> None:
         # Open-source nginx has no runtime variables; the flag is in the agent's logs and metrics.
