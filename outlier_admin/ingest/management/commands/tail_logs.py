@@ -4,10 +4,14 @@ Runs the log tailer standalone (without Celery): every ``--interval`` seconds, o
 pass and source, what was accepted (and how much of it latency-only) and every refusal counted by
 reason and by the format the line looks like, so a wrong ``--format`` or a log without latency is
 seen at once, not in SQL. ``--format`` defaults to ``auto`` (each line's format recognised).
+With ``--once``, a pass that found nothing new says so, with the file and the offset it read from
+(a second ``--once`` printed nothing at all, which looks like a hang or a wrong path); a missing file
+is said on stderr. Without ``--once`` an idle pass stays quiet: it would print every ``--interval``.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -16,9 +20,15 @@ from django.core.management.base import BaseCommand, CommandError
 from outlier_admin.control.actions import ActionError, do_save_log_source
 from outlier_admin.fleet.models import ModelGroup
 from outlier_admin.ingest.logformats import FORMATS, LABELS, LINE_TOO_LONG, parse_node_map
-from outlier_admin.ingest.models import IngestSource
+from outlier_admin.ingest.models import Checkpoint, IngestSource
 from outlier_admin.ingest.pipeline import IngestOutcome
 from outlier_admin.ingest.tailer import tail_source
+
+
+def describe_idle(source: IngestSource, offset: int | None) -> str:
+    """The line for a pass that read no new line of ``source``: where it looked, from which offset."""
+    where = f"offset {offset}" if offset is not None else "the start"
+    return f"{source.name}: no new lines in {source.location} (read from {where}; nothing accepted)"
 
 
 def describe(name: str, out: IngestOutcome) -> list[str]:
@@ -74,6 +84,14 @@ class Command(BaseCommand):
                 if out.accepted or out.rejected or out.duplicates:
                     for line in describe(source.name, out):
                         self.stdout.write(line)
+                elif opts["once"]:
+                    if os.path.exists(source.location):
+                        # A pass that read no complete line leaves the checkpoint where it started reading
+                        # (0 after a rotation or truncation), so the checkpoint is the offset it read from.
+                        offset = Checkpoint.objects.filter(source=source).values_list("offset", flat=True).first()
+                        self.stdout.write(describe_idle(source, offset))
+                    else:
+                        self.stderr.write(f"{source.name}: {source.location}: no such file (nothing read)")
                 if out.rejected_by_reason.get((LINE_TOO_LONG, "")):  # the skip is said where it happened
                     error = IngestSource.objects.filter(pk=source.pk).values_list("last_error", flat=True).first()
                     self.stderr.write(f"{source.name}: {error}")
