@@ -243,7 +243,10 @@ def soft_degrade(a: NodeArrays, now: float, degrade_now: np.ndarray, lines: Line
     a.evidence_q[back] = 0.0
     a.healthy_since[back] = now
     moves(back, S.HEALTHY, Reason.Z_RECOVERED)
-    cleared = (state == S.PENDING_APPROVAL) & ~lines.over_d & (ej.cause < 0)
+    # The same margin as leaving DEGRADED: a pending node whose Z dipped just under the degrade line
+    # (2.99 against 3.0 at entry) is still the slow node the operator is being asked about; clearing
+    # it there put it back at full weight and superseded the proposal, only to open a new one later.
+    cleared = (state == S.PENDING_APPROVAL) & ~lines.still_d & (ej.cause < 0)
     a.pending_since[cleared] = np.nan
     moves(cleared, S.HEALTHY, Reason.CONDITION_CLEARED)
 

@@ -93,3 +93,25 @@ def test_one_batch_equals_the_same_samples_in_pieces(seed, cuts, slow):
     np.testing.assert_allclose(a.evidence, b.evidence, rtol=1e-7)
     assert [(t.node, t.from_state, t.to_state, t.reason) for t in a.transitions] == [
         (t.node, t.from_state, t.to_state, t.reason) for t in b.transitions]
+
+
+def test_a_pending_node_leaves_only_clearly_under_the_line_as_a_degraded_one_does():
+    """Issue 26 item 3: a node pending approval went back to healthy at Z 2.99 (its line 3.0 in that
+    group), its proposal superseded, only for a new one to open later. A pending node clears with the
+    same margin as a degraded one (``degrade_hysteresis``); in between it keeps its proposal."""
+    from detector.detectors.zscore import lines
+    from detector.ejection import Ejection, soft_degrade
+
+    t = Thresholds(require_approval=True)  # degrade_z 2.0, hysteresis 0.5, materiality 1.15
+    # Z just under the degrade line, half-way down the margin, and clearly back.
+    score = np.array([1.99, 1.6, 1.4])
+    d = _decision(score)
+    d.excess[:] = 1.3
+    for start in (S.PENDING_APPROVAL, S.DEGRADED):
+        a = NodeArrays([f"n{i}" for i in range(3)])
+        a.state[:] = start
+        moves = Moves(a.state)
+        soft_degrade(a, 100.0, np.zeros(3, dtype=bool), lines(d, t),
+                     Ejection(cause=np.full(3, -1, dtype=np.int8), blocked=np.zeros(3, dtype=bool),
+                              safeguard_reason=None), moves)
+        assert [NodeState(int(s)) for s in a.state] == [start, start, S.HEALTHY], start
