@@ -384,7 +384,7 @@ class NodeViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     @extend_schema(parameters=[NODE_LOOKUP], request=s.ReasonSerializer, responses={201: s.OverrideSerializer})
     @action(detail=True, methods=["post"], permission_classes=[CanOverride])
     def release(self, request: Request, pk: str | None = None) -> Response:
-        """Clear a forced state or quarantine; the node re-enters through warm-up (role ``oncall``)."""
+        """Clear a forced state or quarantine; back to service at full weight, judged afresh (role ``oncall``)."""
         return self._override(request, pk, "release")
 
     @extend_schema(parameters=[NODE_LOOKUP], request=s.OverrideInputSerializer, responses={201: s.OverrideSerializer})
