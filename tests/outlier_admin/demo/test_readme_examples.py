@@ -1,6 +1,8 @@
 """The README's code examples run: the gateway client example (it raised AttributeError: the client
-had no ``weights()``), the contract's JSON (a document the client accepts), and every benchmark or
-simulator command (its module or script exists and takes the flags the README gives it)."""
+had no ``weights()``), the contract's JSON (a document the client accepts), every benchmark or
+simulator command (its module or script exists and takes the flags the README gives it), and its
+``python`` commands as written, in a shell that did what the README says first (they assumed the
+project's venv without saying so)."""
 
 from __future__ import annotations
 
@@ -58,10 +60,10 @@ def test_the_contract_json_is_a_document_the_client_accepts():
 def commands() -> list[list[str]]:
     out = []
     for block in blocks("bash"):
-        for line in block.splitlines():
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():  # a command continued with a backslash is one line
             line = line.split("  #")[0].strip()
             words = [w for w in shlex.split(line) if not re.fullmatch(r"[A-Z_]+=\S*", w)]
-            if words and words[0] == "python":
+            if words and words[0] in ("python", ".venv/bin/python"):
                 out.append(words[1:])
     return out
 
@@ -83,3 +85,21 @@ def test_every_readme_command_takes_its_flags(argv):
 
 def test_commands_were_found():
     assert len(commands()) >= 8
+
+
+def test_the_readme_says_how_its_python_commands_run_and_they_do():
+    """The note near the quick start (the venv, ``DJANGO_DEBUG=1``) comes before the first ``python``
+    command, and a shell that does what it says runs ``python manage.py`` and ``python -m`` as the
+    README writes them; without it (no venv on the PATH) ``python`` is not the project's."""
+    first_command = re.search(r"`python (manage\.py [a-z_]+|-m [a-z][a-z_.]*)", README).start()
+    note = re.search(r"`(\. \.venv/bin/activate)`", README)
+    assert note and note.start() < first_command, "the README does not say to activate the venv before its commands"
+    assert "DJANGO_DEBUG=1" in README[:first_command]
+    activate = note.group(1)
+    assert (ROOT / ".venv" / "bin" / "activate").is_file()  # what make test and make demo create
+    clean = {"PATH": "/usr/bin:/bin", "HOME": str(ROOT)}  # a fresh shell: no venv on the PATH
+    for command, expect in (("DJANGO_DEBUG=1 python manage.py help", "create_token"),
+                            ("python -m detector.sim run --help", "--plot")):
+        proc = subprocess.run(["bash", "-c", f"{activate} && {command}"], cwd=ROOT, env=clean, capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0 and expect in proc.stdout, (command, proc.stderr[-2000:])
