@@ -316,8 +316,13 @@ def _entries_of(claimed: Any, own: Any, got: Any, last_id: bytes) -> tuple[list,
     return fresh, list(dict.fromkeys(ids))
 
 
+#: How a read of a stream that has no consumer group (or no stream yet) is refused: Redis says
+#: ``NOGROUP ...``; fakeredis, the demo's stand-in when no Redis is reachable, says the key must exist.
+_NO_GROUP_ERRORS = ("NOGROUP", "requires the key to exist")
+
+
 def _is_nogroup(reply: Any) -> bool:
-    return isinstance(reply, redis.ResponseError) and "NOGROUP" in str(reply)
+    return isinstance(reply, redis.ResponseError) and any(m in str(reply) for m in _NO_GROUP_ERRORS)
 
 
 def _read_entries(r: redis.Redis, key: str, consumer: str, last_id: bytes,
