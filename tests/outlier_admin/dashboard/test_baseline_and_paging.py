@@ -79,10 +79,13 @@ def test_timeline_api_returns_the_group_baseline(fleet, users):
     group, node, now = fleet["group"], fleet["nodes"][0], fleet["now"]
     store_baseline(group, [now - timedelta(minutes=m) for m in (50, 20, 5)], 1.1, peers=7)
     GroupBaseline.objects.create(group=group, signal="decode", at=now - timedelta(minutes=5), baseline=20.0)
-    body = viewer(users).get(f"/api/v1/nodes/{node.pk}/timeline/?hours=0.5").json()
+    body = viewer(users).get(f"/api/v1/nodes/{node.pk}/timeline/?hours=0.5&signal=norm").json()
     assert [(b["baseline"], b["peers"]) for b in body["baseline"]] == [(1.1, 7), (1.1, 7)]
     decode = viewer(users).get(f"/api/v1/nodes/{node.pk}/timeline/?hours=0.5&signal=decode").json()
     assert [b["baseline"] for b in decode["baseline"]] == [20.0]
+    # By default the deciding signal: decode, once the group has a decode baseline (issue 26 item 2).
+    default = viewer(users).get(f"/api/v1/nodes/{node.pk}/timeline/?hours=0.5").json()
+    assert [b["baseline"] for b in default["baseline"]] == [20.0]
 
 
 def test_preview_uses_the_stored_baseline_for_materiality(fleet):
