@@ -10,7 +10,7 @@ that is not closed. Three queries whatever the fleet size, plus one Redis round 
 Below it, **every operator override in force** (:func:`overrides_in_force`): pinned weights, forced
 states and silenced proposals, each with who set it, why and until when. A pin on a node the detector
 calls healthy is otherwise invisible here, and a forgotten pin (or a forced-active node that is slow
-again) is exactly what the on-call engineer must see at 3 a.m. Three more queries.
+again) is exactly what the on-call engineer must see at 3 a.m. Four more queries.
 """
 
 from __future__ import annotations
