@@ -1,4 +1,4 @@
-"""Runs ``python -m outlier_admin.demo`` for 25 s with a short fault schedule (the one slow test of
+"""Runs ``python -m outlier_admin.demo`` for 18 s with a short fault schedule (the one slow test of
 this area): a node must be degraded or quarantined, and the web endpoints must answer meanwhile."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_demo_degrades_and_quarantines_the_throttled_node(tmp_path, settings, re
     port = _free_port()
     db = tmp_path / "demo.sqlite3"
     env = {**os.environ, "DATABASE_URL": f"sqlite:///{db}", "REDIS_URL": settings.REDIS_URL, "PORT": str(port),
-           "DEMO_SECONDS": "25", "DEMO_FAULT_AT_S": "3", "DEMO_PCIE_AT_S": "3", "DEMO_HEAL_AT_S": "14",
+           "DEMO_SECONDS": "18", "DEMO_FAULT_AT_S": "3", "DEMO_PCIE_AT_S": "3", "DEMO_HEAL_AT_S": "12",
            "DEMO_TICK_S": "0.5", "DEMO_PASSWORD": "test-only"}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     # A colleague's control plane on the same Redis database: the demo runs beside it, leaves its keys alone.
