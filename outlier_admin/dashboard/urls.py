@@ -17,6 +17,8 @@ urlpatterns = [
     path("silences/<int:pk>/expire/", views.expire_silence, name="expire_silence"),
     path("canary/", views.canary_review, name="canary"),
     path("audit/", views.audit_log, name="audit"),
+    path("audit/export.csv", views.audit_csv, name="audit_csv"),
+    path("transitions/export.csv", views.transitions_csv, name="transitions_csv"),
     path("rejected/", views.rejected_input, name="rejected"),
     # Throttled by django-axes (outlier_admin.fleet.login_throttle): its backend refuses a locked-out
     # attempt and its middleware answers 429 + Retry-After with this page.

@@ -419,6 +419,39 @@ def audit_log(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/audit.html", _ctx(request, filter=flt, page=page, query=query.urlencode()))
 
 
+def _export(request: HttpRequest, filter_cls: Any, model: Any, name: str, columns: list[str],
+            rows: Any) -> HttpResponse:
+    """A CSV export under the page's filters; a filter the page would refuse is a 400 naming it."""
+    from outlier_admin.dashboard.export import csv_response
+
+    flt = filter_cls(request.GET or None, queryset=model.objects.all())
+    if request.GET and not flt.is_valid():
+        errors = "; ".join(f"{k}: {' '.join(v)}" for k, v in flt.errors.items())
+        return HttpResponse(f"bad filter: {errors}\n", status=400, content_type="text/plain; charset=utf-8")
+    stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+    return csv_response(f"outlier-admin-{name}-{stamp}.csv", columns, rows(flt.qs))
+
+
+@requires("read")
+@require_http_methods(["GET", "HEAD"])
+def audit_csv(request: HttpRequest) -> HttpResponse:
+    """The audit log as CSV, newest first, under the audit page's filters."""
+    from outlier_admin.dashboard.export import AUDIT_COLUMNS, audit_rows
+
+    return _export(request, AuditFilter, AuditEvent, "audit", AUDIT_COLUMNS, audit_rows)
+
+
+@requires("read")
+@require_http_methods(["GET", "HEAD"])
+def transitions_csv(request: HttpRequest) -> HttpResponse:
+    """Every node's state changes as CSV, newest first (``group``, ``node``, ``since``, ``until``,
+    ``reason``, ``to_state`` as the API's transitions list): the fleet-wide history for a review."""
+    from outlier_admin.api.filters import TransitionFilter
+    from outlier_admin.dashboard.export import TRANSITION_COLUMNS, transition_rows
+
+    return _export(request, TransitionFilter, Transition, "transitions", TRANSITION_COLUMNS, transition_rows)
+
+
 @requires("read")
 @require_http_methods(["GET", "HEAD"])  # a read page: a POST here is refused, never silently answered
 def rejected_input(request: HttpRequest) -> HttpResponse:
