@@ -34,10 +34,7 @@ def cell(value: Any) -> str:
         return value.isoformat()
     if isinstance(value, int | float):  # a number is no formula: a negative Z stays a number
         return str(value)
-    if isinstance(value, dict | list):
-        text = orjson.dumps(value).decode()
-    else:
-        text = str(value)
+    text = orjson.dumps(value).decode() if isinstance(value, dict | list) else str(value)
     return "'" + text if text.startswith(FORMULA_START) else text
 
 
