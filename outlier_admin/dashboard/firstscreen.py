@@ -70,8 +70,14 @@ CAUSE_WORDS = {
 }
 
 
-def cause_in_words(reason: str) -> str:
-    return CAUSE_WORDS.get(reason, reason.replace("_", " "))
+#: Reasons decided on one signal's Z: the words name that signal (a node cut on ``prefill_time`` is
+#: not the same story as one cut on ``decode``).
+ON_A_SIGNAL = {"z_degrade", "z_recovered", "z_quarantine"}
+
+
+def cause_in_words(reason: str, signal: str = "") -> str:
+    words = CAUSE_WORDS.get(reason, reason.replace("_", " "))
+    return f"{words}, on {signal}" if signal and reason in ON_A_SIGNAL else words
 
 
 @dataclass(frozen=True)
@@ -256,7 +262,7 @@ def first_screen(gateways: dict[str, GroupGateways] | None = None, now: float | 
             p = pending[n.pk]
             cause, detail, since = f"waiting for approval: {cause_in_words(p.reason)}", p.reason, p.created_at
         elif current:
-            cause, detail, since = cause_in_words(t.reason), t.explanation.get("detail", ""), t.at
+            cause, detail, since = cause_in_words(t.reason, t.signal), t.explanation.get("detail", ""), t.at
         elif n.state == "warming":
             cause, detail, since = "new or restarted: warming up before it is judged", "", n.registered_at
         else:

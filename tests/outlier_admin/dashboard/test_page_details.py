@@ -78,3 +78,24 @@ def test_the_canary_review_keeps_a_recovered_nodes_probes_and_steps(fleet, users
     assert "118" in recovered  # its probe
     assert f">{old.name}</a>" not in html
     assert f">{nodes[0].name}</a>" in html.split('id="recovered-h"')[0]  # quarantined now: the live list
+
+
+def test_a_cause_names_its_signal_and_the_evidence_its_units(fleet, users):
+    """Issue 26 item 4: the cause never named the deciding signal, and ``EMA=1.355 baseline=1.003``
+    sat next to ms per token without a unit."""
+    from outlier_admin.control.models import Transition
+
+    group, node, now = fleet["group"], fleet["nodes"][4], timezone.now()
+    Node.objects.filter(pk=node.pk).update(state="degraded", weight=30)
+    Transition.objects.create(group=group, node=node, at=now - timedelta(seconds=3), from_state="healthy",
+                              to_state="degraded", reason="z_degrade", signal="decode", z=2.7, ema=14.8,
+                              baseline=9.6, explanation={"detail": "evidence 9.1 sd"})
+    c = Client()
+    c.force_login(users["viewer"])
+    row = c.get("/").content.decode().split(f">{node.name}</a></th>")[1].split("</tr>")[0]
+    assert "slower than its peers (Z over the degrade threshold), on decode" in row
+    page = c.get(f"/nodes/{node.pk}/").content.decode()
+    assert "Z=2.70 on <strong>decode</strong>; EMA 14.800 ms/token, peer baseline 9.600 ms/token" in page
+    # The fixture's norm transitions read as ratios to the cost model.
+    quarantined = c.get(f"/nodes/{fleet['nodes'][0].pk}/").content.decode()
+    assert "on <strong>norm</strong>; EMA 2.000 x expected, peer baseline 1.000 x expected" in quarantined
