@@ -74,7 +74,7 @@ from detector.detectors.cross_p50 import cross_p50_slow
 from detector.thresholds import Thresholds
 from outlier_admin.api.permissions import CAPABILITIES, user_can
 from outlier_admin.api.queries import decision_signal
-from outlier_admin.control.models import GroupBaseline, NodeHistory
+from outlier_admin.control.models import GroupBaseline, NodeHistory, Transition
 from outlier_admin.control.redis_conn import get_redis
 from outlier_admin.fleet.models import ModelGroup
 
@@ -204,6 +204,54 @@ class SimTransition:
                 "to_state": self.to_state, "rule": self.rule}
 
 
+#: The detector's own cuts and quarantines, which a replay of history can make: what the replay of
+#: the current thresholds is checked against (operators' moves, probes and restores are not replayed).
+REPLAYED_REASONS = ("z_degrade", "z_quarantine", "tail_ratio", "cross_p50")
+REPLAYED_STATES = ("degraded", "pending_approval", "quarantined")
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """How well the replay of the **current** thresholds reproduces what the detector recorded in the
+    window, by node and decision (a cut, or a quarantine: :func:`_kind`): a preview whose replay of today
+    disagrees with what happened cannot say what a change would do (the replay reads history rows one
+    every ``HISTORY_EVERY_S``, not the samples the detector read), and must say so rather than show
+    "no difference". ``unread``: nodes with recorded cuts but no history rows in the window."""
+
+    recorded: int
+    reproduced: int
+    missed: list[tuple[str, str]]
+    extra: list[tuple[str, str]]
+    unread: list[str]
+
+    @property
+    def faithful(self) -> bool:
+        return not self.missed and not self.extra
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"faithful": self.faithful, "recorded": self.recorded, "reproduced": self.reproduced,
+                "missed": [{"node": n, "to_state": s} for n, s in self.missed],
+                "extra": [{"node": n, "to_state": s} for n, s in self.extra],
+                "nodes_without_rows": self.unread}
+
+
+def _kind(state: str) -> str:
+    """``degraded`` (a cut), or ``quarantine`` for either way out: the replay cannot know what an
+    operator decided, so a quarantine the detector proposed (``pending_approval``) and one it took or an
+    operator approved (``quarantined``) are the same decision of the detector."""
+    return "quarantine" if state in ("pending_approval", "quarantined") else state
+
+
+def fidelity(recorded: list[tuple[str, str]], current: list[SimTransition], replayed_nodes: set[str]) -> Fidelity:
+    """Compare the recorded (node, cut or quarantine) with the current-threshold replay's (see :class:`Fidelity`)."""
+    rec = {(n, _kind(st)) for n, st in recorded}
+    sim = {(t.node, _kind(t.to_state)) for t in current
+           if t.to_state in REPLAYED_STATES and t.rule in REPLAYED_REASONS}
+    missed, extra = sorted(rec - sim), sorted(sim - rec)
+    return Fidelity(recorded=len(rec), reproduced=len(rec & sim), missed=missed, extra=extra,
+                    unread=sorted({n for n, _ in missed if n not in replayed_nodes}))
+
+
 @dataclass
 class Preview:
     rows: int
@@ -213,6 +261,7 @@ class Preview:
     current: list[SimTransition] = field(default_factory=list)
     proposed: list[SimTransition] = field(default_factory=list)
     signal: str = "norm"  # the history replayed: the signal the detector decides on
+    fidelity: Fidelity | None = None
 
     @staticmethod
     def _keys(ts: list[SimTransition]) -> set[tuple[str, str, str]]:
@@ -235,6 +284,7 @@ class Preview:
             "start": self.start.isoformat(), "end": self.end.isoformat(),
             "current": [t.to_dict() for t in self.current], "proposed": [t.to_dict() for t in self.proposed],
             "added": [t.to_dict() for t in self.added], "removed": [t.to_dict() for t in self.removed],
+            "fidelity": self.fidelity.to_dict() if self.fidelity is not None else None,
         }
 
 
@@ -450,8 +500,12 @@ def _replay_window(group: ModelGroup, current: Thresholds, proposed: Thresholds,
     baselines = stored_baselines(group, start, end, signal)
     also = {other: (history_rows(group, start, end, other, max_rows=budget, tail=tail),
                     stored_baselines(group, start, end, other)) for other in others}
+    now_replay = replay(rows, current, n, baselines, queue_laden=signal == "norm", also=also)
+    recorded = list(Transition.objects.filter(
+        group=group, at__gte=start, at__lt=end, shadow=False, reason__in=REPLAYED_REASONS,
+        to_state__in=REPLAYED_STATES).values_list("node__name", "to_state")[:10_000])
     return Preview(
-        rows=len(rows), nodes=len({r[1] for r in rows}), start=start, end=end,
-        current=replay(rows, current, n, baselines, queue_laden=signal == "norm", also=also),
+        rows=len(rows), nodes=len({r[1] for r in rows}), start=start, end=end, current=now_replay,
         proposed=replay(rows, proposed, n, baselines, queue_laden=signal == "norm", also=also), signal=signal,
+        fidelity=fidelity(recorded, now_replay, {r[1] for r in rows}),
     )

@@ -207,7 +207,12 @@ class GroupViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
         ``oncall``). Bounded: over ``PREVIEW_MAX_WINDOW_S``, ``PREVIEW_MAX_NODES`` or ``PREVIEW_MAX_ROWS``
         it is a 400 naming the bound (see :mod:`outlier_admin.api.preview`). Rate-limited per user
         (``PREVIEW_BURST``, ``PREVIEW_REFILL_S``) and per process (``PREVIEW_MAX_CONCURRENT``): a 429
-        ``throttled`` with ``Retry-After``; the input is checked first, so a bad one spends no token."""
+        ``throttled`` with ``Retry-After``; the input is checked first, so a bad one spends no token.
+
+        ``fidelity`` says whether the replay of the **current** thresholds reproduces the cuts and
+        quarantines the detector recorded in the window (``faithful``, ``recorded``, ``reproduced``,
+        ``missed``, ``extra``, ``nodes_without_rows``): when it does not, ``added``/``removed`` describe
+        the replay, not what the change would do."""
         group = self.get_object()
         data = _valid(s.ThresholdPreviewSerializer, request)
         if not data["changes"]:
