@@ -368,8 +368,8 @@ def test_every_web_pod_runs_the_shipped_nginx_in_front_of_a_loopback_gunicorn(fu
     out = stack.nginx_check(conf.replace("listen 8080;", "listen 127.0.0.1:18081;"), tmp_path)
     assert out.returncode == 0, out.stderr
     # A TLS proxy of the operator's, named in config, is trusted as well; port 8080 is nginx's.
-    more = render(tmp_path, {**BASE, "config": {"TRUSTED_PROXIES": "10.0.0.0/8"}})
+    more = render(tmp_path, {**BASE, "config": {"TRUSTED_PROXIES": "127.0.4.0/24"}})
     web = by_kind(more, "Deployment")["rel-outlier-admin-web"]["spec"]["template"]["spec"]["containers"][0]
-    assert {e["name"]: e.get("value") for e in web["env"]}["TRUSTED_PROXIES"] == "127.0.0.1,10.0.0.0/8"
+    assert {e["name"]: e.get("value") for e in web["env"]}["TRUSTED_PROXIES"] == "127.0.0.1,127.0.4.0/24"
     out = helm("template", "rel", values={**BASE, "web": {"port": 8080}}, tmp_path=tmp_path)
     assert out.returncode != 0 and "/web/port" in out.stderr
