@@ -49,7 +49,7 @@ demo: $(DEMO_STAMP)
 	$(BIN)/python -m outlier_admin.demo
 
 bench: install
-	$(BIN)/python -m detector.bench --out reports/bench-detector.json
+	$(BIN)/python -m bench.detector --out reports/bench-detector.json
 
 # The image's exact dependency versions (with hashes), from pyproject.toml's runtime dependencies.
 lock: install

@@ -56,7 +56,7 @@ from outlier_admin.dashboard.forms import (
 from outlier_admin.dashboard.heatmap import MAX_ROWS as HEATMAP_ROWS
 from outlier_admin.dashboard.heatmap import STATE_COLORS as HEATMAP_STATES
 from outlier_admin.dashboard.heatmap import default_window as heatmap_window
-from outlier_admin.dashboard.heatmap import heatmap
+from outlier_admin.dashboard.heatmap import heatmap, heatmap_legend
 from outlier_admin.dashboard.tables import node_rows
 from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.ingest.models import GpuReading, RejectedInput
@@ -64,7 +64,7 @@ from outlier_admin.ingest.models import GpuReading, RejectedInput
 SORTS = queries.NODE_SORTS
 #: Rows per page of the group page's nodes table. The table is sorted over the whole group first;
 #: rendering all 1,000 rows took ~200 ms with the old template filters and ~100 ms now (the target
-#: for the whole page is 300 ms on a shared machine), 200 rows ~25 ms (``scripts/bench_dashboard.py``).
+#: for the whole page is 300 ms on a shared machine), 200 rows ~25 ms (``bench/dashboard.py``).
 GROUP_PAGE_SIZE = 200
 
 
@@ -118,7 +118,7 @@ def group_page(request: HttpRequest, slug: str) -> HttpResponse:
     table / the heatmap (the page's live refresh)."""
     group = get_object_or_404(ModelGroup, slug=slug)
     if request.GET.get("partial") == "heatmap":
-        return render(request, "dashboard/_heatmap.html", _heatmap_ctx(group, _signal(request, group)))
+        return render(request, "dashboard/_heatmap.html", _heatmap_ctx(group, _asked_signal(request)))
     sort = request.GET.get("sort", "attention")
     if sort.lstrip("-") not in SORTS:
         sort = "attention"
@@ -134,23 +134,34 @@ def group_page(request: HttpRequest, slug: str) -> HttpResponse:
                counts=[(s, counts.get(s, 0)) for s in queries.STATE_ORDER if counts.get(s)])
     if request.GET.get("partial") == "nodes":
         return render(request, "dashboard/_nodes_table.html", ctx)
-    return render(request, "dashboard/group.html", {**ctx, **_heatmap_ctx(group, signal, queries.by_attention(ordered))})
+    return render(request, "dashboard/group.html",
+                  {**ctx, **_heatmap_ctx(group, _asked_signal(request), queries.by_attention(ordered))})
 
 
-def _heatmap_ctx(group: ModelGroup, signal: str, nodes: list[Node] | None = None) -> dict[str, Any]:
-    """The heatmap's rows are the group's nodes in attention order (``nodes``: already so sorted)."""
+def _heatmap_ctx(group: ModelGroup, asked: str | None, nodes: list[Node] | None = None) -> dict[str, Any]:
+    """The heatmap's rows are the group's nodes in attention order (``nodes``: already so sorted).
+    Read on ``asked`` (``?signal=``), else on each node's deciding signal: the group's judged signals
+    (:func:`~outlier_admin.api.queries.judged_signals`), of which the detector takes the larger Z."""
     start, end = heatmap_window(timezone.now())
-    nodes = queries.group_nodes(group, "attention", signal=signal) if nodes is None else nodes
-    return {"group": group, "signal": signal, "heatmap_start": start, "heatmap_end": end,
+    signals = (asked,) if asked else queries.judged_signals(ModelGroup.objects.filter(pk=group.pk))[group.pk]
+    nodes = queries.group_nodes(group, "attention", signal=signals[0]) if nodes is None else nodes
+    t = group.thresholds()
+    return {"group": group, "heatmap_signal": asked, "heatmap_signals": signals,
+            "heatmap_start": start, "heatmap_end": end,
             "heatmap_rows": min(len(nodes), HEATMAP_ROWS), "heatmap_nodes": len(nodes),
-            "heatmap": heatmap(nodes, group.thresholds(), start=start, end=end, signal=signal),
-            "heatmap_states": HEATMAP_STATES}
+            "heatmap": heatmap(nodes, t, start=start, end=end, signals=signals),
+            "heatmap_states": HEATMAP_STATES, "heatmap_legend": heatmap_legend(t)}
+
+
+def _asked_signal(request: HttpRequest) -> str | None:
+    """``?signal=`` when it names a signal, else None."""
+    asked = request.GET.get("signal")
+    return asked if asked in SIGNALS else None
 
 
 def _signal(request: HttpRequest, group: ModelGroup) -> str:
     """``?signal=`` if valid, else the signal the detector decides on for the group."""
-    asked = request.GET.get("signal")
-    return asked if asked in SIGNALS else queries.decision_signal(group)
+    return _asked_signal(request) or queries.decision_signal(group)
 
 
 @requires("read")

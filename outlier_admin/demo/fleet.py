@@ -1,11 +1,11 @@
 """The simulated fleet of the demo: the simulator's vLLM V1 step engines, fed by the real traces, in real time.
 
-Nothing here is a second model. The cluster is a :class:`detector.sim.scenario.Scenario` (two groups
-on the step engine of :mod:`detector.sim.vllm` with their measured profiles, the demo's faults as
-resources, ``scenarios/SCHEMA.md``); the requests come from :func:`detector.sim.workload.build_requests`
+Nothing here is a second model. The cluster is a :class:`sim.scenario.Scenario` (two groups
+on the step engine of :mod:`sim.vllm` with their measured profiles, the demo's faults as
+resources, ``scenarios/SCHEMA.md``); the requests come from :func:`sim.workload.build_requests`
 (arrival gaps and token pairs of the Azure LLM 2023 conversation trace); and a
-:class:`detector.sim.engine.Simulation` runs them — the same event loop, engines and fault model as
-``python -m detector.sim`` — advanced to the wall clock (:meth:`Simulation.advance`). What this module
+:class:`sim.engine.Simulation` runs them — the same event loop, engines and fault model as
+``python -m sim`` — advanced to the wall clock (:meth:`Simulation.advance`). What this module
 adds is that clock and the HTTP faces of the nodes:
 
 * :meth:`SimulatedFleet.advance` runs the simulation up to now: arrivals are routed through each
@@ -16,7 +16,7 @@ adds is that clock and the HTTP faces of the nodes:
   that node's engine, answered when the engine finishes it, so it waits behind the node's batch and
   sees its faults — and its ``/metrics``: the engine's own page (vLLM V1 names:
   inter-token, TTFT, prefill, queue and e2e histograms, running/waiting, KV usage, prefix-cache and
-  preemption counters, :meth:`detector.sim.metrics.EngineMetrics.render`), which the control plane
+  preemption counters, :meth:`sim.metrics.EngineMetrics.render`), which the control plane
   scrapes (``Node.metrics_url``) for the streamed decode and queue-free prefill signals.
 
 The workload is an hour (``HORIZON_S``); each hour the fleet starts a new simulation of it, as if
@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from detector.sim.engine import GroupContext, Policy, Precomputed, Simulation
-from detector.sim.scenario import Scenario, parse_scenario
-from detector.sim.workload import build_requests
 from outlier_admin.demo.config import DemoConfig
+from sim.engine import GroupContext, Policy, Precomputed, Simulation
+from sim.scenario import Scenario, parse_scenario
+from sim.workload import build_requests
 
 LARGE, SMALL = "demo-llama3-70b-h100", "demo-qwen2-72b-a100"
 THERMAL_NODE, PCIE_NODE = 5, 2
@@ -136,7 +136,7 @@ class SimulatedFleet:
         return now
 
     def engine(self, gi: int, local: int) -> Any:
-        """The :class:`detector.sim.vllm.NodeEngine` of a node (of the current hour's simulation)."""
+        """The :class:`sim.vllm.NodeEngine` of a node (of the current hour's simulation)."""
         return self.sim.eng[self.sim.offset[gi] + local]
 
     def _pick(self, gi: int) -> int:

@@ -2,7 +2,7 @@
 
 What an SRE runs: ``manage.py scrape_metrics --shard I/N`` for I in 0..N-1 (the ``scraper`` service
 of docker-compose; a scrape of a 40 KB vLLM page costs about 0.5 ms of CPU, so a process given a
-whole core holds about 500 nodes at 4 Hz: ``python -m outlier_admin.ingest.scraper_bench``). A shard is the groups with ``crc32(name) % N == I``: all the
+whole core holds about 500 nodes at 4 Hz: ``python -m bench.scraper``). A shard is the groups with ``crc32(name) % N == I``: all the
 nodes of a group in one process, so a group's rows reach its stream from one writer.
 
 Inside a process every node has its own coroutine: GET ``metrics_url``, parse, sleep to the node's

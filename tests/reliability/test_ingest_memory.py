@@ -3,7 +3,7 @@ per reason, not per line.
 
 The probe's body (``{}`` then ``x`` N times, NDJSON) took 396 MiB of worker RSS for N = 100,000
 (0.19 MiB of body) and 1,465 MiB for N = 500,000, and stored one row per line. Each size runs in its
-own process (``ru_maxrss`` is a high-water mark) through :mod:`outlier_admin.ingest.memory_bench`,
+own process (``ru_maxrss`` is a high-water mark) through :mod:`bench.ingest_memory`,
 against this test's database, with ``INGEST_MAX_LINES`` above N so that the per-line path is taken.
 Asserted: the rows and refusals stored, and a generous bound on peak memory per body byte (the
 main before this change: ~1,400 bytes of RSS per body byte; now ~10). No wall time is asserted.
@@ -16,7 +16,7 @@ import os
 import pytest
 from django.db import connection
 
-from outlier_admin.ingest.memory_bench import run
+from bench.ingest_memory import run
 from outlier_admin.ingest.pipeline import SAMPLES_PER_REASON
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]

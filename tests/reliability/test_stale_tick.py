@@ -1,5 +1,5 @@
 """A tick that stalls past its lock lease and then resumes must not write its older detector state over
-its successor's (found by scripts/chaos_probe.py: SIGSTOP a worker mid-tick for 7 s, longer than the
+its successor's (found by bench/chaos_probe.py: SIGSTOP a worker mid-tick for 7 s, longer than the
 5 s lease; the successor applied and acknowledged the entries, the resumed tick stored its state from
 before them: 250 of 30,000 records un-applied)."""
 

@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from detector import Thresholds
-from detector.sim.scenario import ScenarioError, parse_scenario
 from detector.thresholds import ThresholdError
 from outlier_admin.ingest.logformats import FORMATS, ParseError
 from outlier_admin.ingest.records import RecordError, normalize
+from sim.scenario import ScenarioError, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from outlier_admin.agent.harness import FakeInferenceServer
+from tests.harness.gateways import FakeInferenceServer
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ from outlier_admin.agent.__main__ import main
 from outlier_admin.agent.base import ApplyError, ApplyResult
 from outlier_admin.agent.core import Agent
 from outlier_admin.agent.envoy import EnvoyApplier
-from outlier_admin.agent.harness import publish, weights_document
 from outlier_admin.agent.metrics import make_registry
 from outlier_admin.gateway_client import GatewayClient
+from tests.harness.gateways import publish, weights_document
 
 SERVERS = {"a": "127.0.0.1:8000", "b": "127.0.0.2:8000"}
 
@@ -123,7 +123,7 @@ spec = importlib.util.find_spec("outlier_admin")
 pkg = types.ModuleType("outlier_admin")
 pkg.__path__ = list(spec.submodule_search_locations)
 sys.modules["outlier_admin"] = pkg
-import outlier_admin.gateway_client, outlier_admin.agent.__main__, outlier_admin.agent.harness
+import outlier_admin.gateway_client, outlier_admin.agent.__main__, tests.harness.gateways
 import outlier_admin.agent.shipper
 print("ok")
 """

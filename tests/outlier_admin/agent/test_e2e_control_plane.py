@@ -18,7 +18,7 @@ Thresholds are lowered with ``do_update_thresholds`` (the operator path) so one 
 canary every 1 s, 2 passes, recovery steps 0.5 -> 1.0 of 1 s each, no slow start, and a canary
 tolerance of 3 spreads because the probe is timed by the worker's HTTP client while traffic is
 timed by the gateway (a few ms of client overhead on a shared 2-core machine), and a degrade
-materiality of 1.5 (see ``outlier_admin.agent.bench_e2e.FAST_LOOP``) because the healthy servers
+materiality of 1.5 (see ``bench.agent_e2e.FAST_LOOP``) because the healthy servers
 must stay untouched on that host.
 """
 
@@ -35,22 +35,22 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from outlier_admin.agent.bench import summarise
-from outlier_admin.agent.bench_e2e import FAST_LOOP  # the thresholds of the quick loop, one copy
+from bench.agent import summarise
+from bench.agent_e2e import FAST_LOOP  # the thresholds of the quick loop, one copy
 from outlier_admin.agent.core import Agent
 from outlier_admin.agent.haproxy import HAProxyApplier, RuntimeAPI
-from outlier_admin.agent.harness import (
+from outlier_admin.agent.nginx import NginxApplier, upstream_name_for
+from outlier_admin.agent.shipper import LogShipper, node_map_from_haproxy, serve_udp, tail_file
+from outlier_admin.control.actions import do_create_group, do_register_node, do_update_thresholds
+from outlier_admin.gateway_client import GatewayClient, effective_weights, parse_document
+from outlier_admin.ingest.logformats import nginx as nginx_format
+from tests.harness.gateways import (
     CeleryWorker,
     FakeServerFleet,
     HAProxyProcess,
     NginxProcess,
     TrafficLoop,
 )
-from outlier_admin.agent.nginx import NginxApplier, upstream_name_for
-from outlier_admin.agent.shipper import LogShipper, node_map_from_haproxy, serve_udp, tail_file
-from outlier_admin.control.actions import do_create_group, do_register_node, do_update_thresholds
-from outlier_admin.gateway_client import GatewayClient, effective_weights, parse_document
-from outlier_admin.ingest.logformats import nginx as nginx_format
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.slow,
               pytest.mark.timeout(90)]

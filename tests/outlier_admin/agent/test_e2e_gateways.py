@@ -13,7 +13,10 @@ import pytest
 
 from outlier_admin.agent.core import Agent
 from outlier_admin.agent.haproxy import HAProxyApplier, RuntimeAPI
-from outlier_admin.agent.harness import (
+from outlier_admin.agent.nginx import NginxApplier, upstream_name_for
+from outlier_admin.agent.shipper import LogShipper, node_map_from_haproxy
+from outlier_admin.gateway_client import GatewayClient, effective_weights, parse_document
+from tests.harness.gateways import (
     HAProxyProcess,
     NginxProcess,
     SyslogCollector,
@@ -21,9 +24,6 @@ from outlier_admin.agent.harness import (
     send_traffic,
     weights_document,
 )
-from outlier_admin.agent.nginx import NginxApplier, upstream_name_for
-from outlier_admin.agent.shipper import LogShipper, node_map_from_haproxy
-from outlier_admin.gateway_client import GatewayClient, effective_weights, parse_document
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(60)]
 N = 200  # requests per phase: 50 per server under round-robin

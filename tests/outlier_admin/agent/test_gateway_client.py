@@ -11,7 +11,6 @@ import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outlier_admin.agent.harness import publish, weights_document
 from outlier_admin.gateway_client import (
     MODE_FAIL_OPEN,
     MODE_LIVE,
@@ -22,6 +21,7 @@ from outlier_admin.gateway_client import (
     parse_document,
     split_address,
 )
+from tests.harness.gateways import publish, weights_document
 
 SERVERS = {"a": "127.0.0.1:8000", "b": "127.0.0.2:8000", "c": "[::1]:8001"}
 

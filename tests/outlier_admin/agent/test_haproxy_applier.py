@@ -16,8 +16,8 @@ from outlier_admin.agent.haproxy import (
     parse_servers_state,
     plan_changes,
 )
-from outlier_admin.agent.harness import HAProxyProcess, weights_document
 from outlier_admin.gateway_client import effective_weights, parse_document
+from tests.harness.gateways import HAProxyProcess, weights_document
 
 # Verbatim `show servers state be` output of HAProxy 2.6.12 (Debian 12), s1 drained, s2 in maint.
 SHOW_SERVERS_STATE = """1

@@ -12,9 +12,9 @@ import time
 import pytest
 
 from outlier_admin.agent.__main__ import main
-from outlier_admin.agent.harness import FakeInferenceServer, NginxProcess, publish, weights_document
 from outlier_admin.agent.nginx import NginxApplier, check_directive, render_upstream, upstream_name_for
 from outlier_admin.gateway_client import effective_weights, parse_document
+from tests.harness.gateways import FakeInferenceServer, NginxProcess, publish, weights_document
 
 pytestmark = pytest.mark.services
 

@@ -9,9 +9,9 @@ import pytest
 
 from outlier_admin.agent.base import ApplyError
 from outlier_admin.agent.envoy import CLA_TYPE, EnvoyApplier, render_cluster_load_assignment
-from outlier_admin.agent.harness import NGINX_BIN, weights_document
 from outlier_admin.agent.nginx import NginxApplier, render_upstream
 from outlier_admin.gateway_client import effective_weights, parse_document
+from tests.harness.gateways import NGINX_BIN, weights_document
 
 SERVERS = {"a": "127.0.0.1:8000", "b": "127.0.0.2:8000", "c": "127.0.0.3:8000"}
 

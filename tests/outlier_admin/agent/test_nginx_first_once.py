@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from outlier_admin.agent.harness import (
+from outlier_admin.agent.nginx import NginxApplier, nginx_not_running, upstream_name_for
+from outlier_admin.gateway_client import effective_weights, parse_document
+from tests.harness.gateways import (
     NGINX_BIN,
     NginxProcess,
     free_port,
@@ -22,8 +24,6 @@ from outlier_admin.agent.harness import (
     wait_for_port,
     weights_document,
 )
-from outlier_admin.agent.nginx import NginxApplier, nginx_not_running, upstream_name_for
-from outlier_admin.gateway_client import effective_weights, parse_document
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVERS = {"a": "127.0.0.1:18001", "b": "127.0.0.2:18001"}

@@ -11,10 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from outlier_admin.agent.harness import free_port
 from outlier_admin.agent.shipper import LogShipper, tail_file
 from outlier_admin.ingest.logformats import nginx as nginx_format
 from tests.conftest import FIXTURES
+from tests.harness.gateways import free_port
 
 LINE = ('127.0.0.1 - - [03/Dec/2026:07:35:32 +0000] "POST /v1/completions HTTP/1.1" 200 180 "-" "-" 120 0.071 '
         '[outlier_llm] [] 127.0.0.1:{port} 180 0.070 200 {rid} prompt_tokens=12 completion_tokens=30 ttft_ms=7.4')

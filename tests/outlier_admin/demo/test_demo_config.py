@@ -46,8 +46,8 @@ def _tpot(records, node, t0, t1, started):
 
 
 def test_the_fleet_runs_the_simulators_step_engine_and_its_faults():
-    from detector.sim.vllm import NodeEngine
     from outlier_admin.demo.fleet import SimulatedFleet
+    from sim.vllm import NodeEngine
 
     fleet = SimulatedFleet(DemoConfig.from_env({"DEMO_FAULT_AT_S": "20", "DEMO_PCIE_AT_S": "20", "DEMO_HEAL_AT_S": "60"}),
                            lambda gi: None)

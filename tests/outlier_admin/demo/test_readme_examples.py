@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from outlier_admin.agent.harness import publish, weights_document
 from outlier_admin.gateway_client import parse_document
+from tests.harness.gateways import publish, weights_document
 
 ROOT = Path(__file__).resolve().parents[3]
 README = (ROOT / "README.md").read_text()
@@ -75,7 +75,7 @@ def test_every_readme_command_takes_its_flags(argv):
     else:
         assert (ROOT / argv[0]).is_file(), argv[0]
         target, rest = [argv[0]], argv[1:]
-    sub = [rest[0]] if rest and re.fullmatch(r"[a-z]+", rest[0]) else []  # a subcommand (detector.sim run)
+    sub = [rest[0]] if rest and re.fullmatch(r"[a-z]+", rest[0]) else []  # a subcommand (sim run)
     proc = subprocess.run([sys.executable, *target, *sub, "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, env={"DJANGO_DEBUG": "1", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -99,7 +99,7 @@ def test_the_readme_says_how_its_python_commands_run_and_they_do():
     assert (ROOT / ".venv" / "bin" / "activate").is_file()  # what make test and make demo create
     clean = {"PATH": "/usr/bin:/bin", "HOME": str(ROOT)}  # a fresh shell: no venv on the PATH
     for command, expect in (("DJANGO_DEBUG=1 python manage.py help", "create_token"),
-                            ("python -m detector.sim run --help", "--plot")):
+                            ("python -m sim run --help", "--plot")):
         proc = subprocess.run(["bash", "-c", f"{activate} && {command}"], cwd=ROOT, env=clean, capture_output=True,
                               text=True, timeout=60)
         assert proc.returncode == 0 and expect in proc.stdout, (command, proc.stderr[-2000:])

@@ -12,12 +12,12 @@ import pytest
 from django.core.management import call_command
 
 from outlier_admin.agent.haproxy import RuntimeAPI
-from outlier_admin.agent.harness import FakeInferenceServer, SyslogCollector, send_traffic
 from outlier_admin.agent.shipper import node_map_from_haproxy
 from outlier_admin.control.tick import _batch
 from outlier_admin.fleet.models import Node
 from outlier_admin.ingest.models import RejectedInput
 from outlier_admin.ingest.pipeline import decode_entry
+from tests.harness.gateways import FakeInferenceServer, SyslogCollector, send_traffic
 from tests.outlier_admin.ingest.real_gateways import DefaultHAProxy, DefaultNginx, wait_lines
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.timeout(60)]

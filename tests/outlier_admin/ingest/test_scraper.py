@@ -11,6 +11,7 @@ import orjson
 import pytest
 from django.core.management import CommandError, call_command
 
+from bench.scraper import VARIANTS, _response, start_server_thread, vllm_page
 from detector.engine_metrics import ROW_FIELDS
 from outlier_admin.ingest.scraper import (
     ALIVE_KEY,
@@ -23,7 +24,6 @@ from outlier_admin.ingest.scraper import (
     scrape_round,
     shard_of,
 )
-from outlier_admin.ingest.scraper_bench import VARIANTS, _response, start_server_thread, vllm_page
 from outlier_admin.observability.metrics import EVENTS
 from tests.outlier_admin.helpers import http_server
 

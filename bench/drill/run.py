@@ -1,0 +1,271 @@
+"""One drill, and the matrix of drills: engines, gateway, control plane, load, fault, figures.
+
+A drill (:func:`run_drill`), in this order, everything on 127.0.0.1 and stopped by pid at the end:
+
+1. ``servers`` llama.cpp engines (:mod:`.engines`) and a group ``drill-<hex>`` with one node each
+   (``metrics_url`` set), created through the operator's actions;
+2. the gateway (:mod:`.gateways`), the control plane's processes (:mod:`.control_plane`) and, with
+   ``weights=True``, the agent applying the published weights to that gateway;
+3. the Poisson load (:mod:`.load`) for ``onset_s + after_s`` seconds; at ``onset_s`` the fault
+   (:mod:`.faults`) is put on the faulty engine's pid and stays until the end;
+4. the figures (:mod:`.report`) from the client's records, the group's transitions in PostgreSQL and
+   the published documents; the host's load average at the start, the onset and the end, since the
+   machine is shared and a drill on a busy host measures the host too.
+
+The matrix (:func:`run_matrix`) runs every gateway with and without the agent applying the weights
+(``off``: the control plane still runs, decides and publishes; nobody applies it), same seed, so the
+only difference between a pair is whether the gateway followed the weights.
+
+Any part that dies (an engine, the worker, the scraper, the tailer, the agent) ends the drill with an
+error naming it and its last log lines: figures from a half-running control plane mean nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.drill import engines as engines_mod
+from bench.drill import faults as faults_mod
+from bench.drill import gateways as gateways_mod
+from bench.drill.control_plane import ROOT, ControlPlane, WeightsWatcher, new_group_name
+from bench.drill.load import TIMEOUT_S, PoissonLoad
+from bench.drill.report import summarise
+from tests.harness.gateways import make_workdir
+
+#: Bounds of a drill's shape (a drill is minutes on a 2-core host, never hours).
+MAX_SERVERS = 16
+MAX_PHASE_S = 1800.0
+#: Seconds between liveness checks of the drill's processes.
+ALIVE_EVERY_S = 5.0
+
+
+class DrillUnavailable(RuntimeError):
+    """This host cannot run the drill (no llama.cpp package, no gateway binary, no cgroup)."""
+
+
+class DrillFailed(RuntimeError):
+    """A part of the drill died while it ran."""
+
+
+@dataclass
+class DrillConfig:
+    gateway: str = "nginx-rr"
+    weights: bool = True
+    fault: str = "quota:0.2"
+    servers: int = 5
+    rate: float = 1.2
+    onset_s: float = 60.0
+    after_s: float = 120.0
+    seed: int = 1
+    timeout_s: float = TIMEOUT_S
+    faulty: str | None = None  # engine name (s0..); default: the last one
+    thresholds: dict[str, Any] = field(default_factory=dict)
+    tick_ms: int | None = None
+    keep_workdir: bool = False
+
+    def check(self) -> faults_mod.FaultSpec:
+        if self.gateway not in gateways_mod.GATEWAYS:
+            raise ValueError(f"gateway is one of {gateways_mod.GATEWAYS}, got {self.gateway!r}")
+        if not 2 <= self.servers <= MAX_SERVERS:
+            raise ValueError(f"servers: 2 to {MAX_SERVERS} (a peer comparison needs peers), got {self.servers}")
+        for what, v in (("onset", self.onset_s), ("after", self.after_s)):
+            if not 1.0 <= v <= MAX_PHASE_S:
+                raise ValueError(f"{what}: 1 to {MAX_PHASE_S} s, got {v}")
+        if self.faulty is not None and self.faulty not in {f"s{i}" for i in range(self.servers)}:
+            raise ValueError(f"faulty is one of s0..s{self.servers - 1}, got {self.faulty!r}")
+        return faults_mod.parse_fault(self.fault)
+
+
+def unavailable_reason(cfg: DrillConfig) -> str | None:
+    """Why this host cannot run ``cfg`` (``None`` when it can)."""
+    spec = cfg.check()
+    reason = engines_mod.unavailable_reason() or gateways_mod.unavailable_reason(cfg.gateway)
+    if reason is None and spec.needs_cgroup:
+        reason = faults_mod.cgroup_unavailable_reason()
+    return reason
+
+
+def child_database_url() -> str:
+    """A URL for the children that points at the database this process's Django uses (in tests:
+    pytest-django's test database, not the one DATABASE_URL names)."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+def source_state() -> dict[str, Any]:
+    """The commit and the modified files of the work tree the drill ran: the figures belong to that
+    code (several people edit one tree; a drill between two of their saves measures a mix)."""
+    def git(*argv: str) -> str:
+        try:
+            return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True, timeout=10,
+                                  check=False).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    return {"commit": git("rev-parse", "HEAD"), "modified": git("status", "--short", "-uno").splitlines()[:100]}
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def run_drill(cfg: DrillConfig, *, log: Any = print) -> dict[str, Any]:
+    """One drill (module docstring); Django must be set up. Returns the JSON-able result."""
+    from django.conf import settings
+
+    from outlier_admin.control.redis_conn import client_for
+
+    spec = cfg.check()
+    reason = unavailable_reason(cfg)
+    if reason:
+        raise DrillUnavailable(reason)
+    faults_mod.cleanup_stale()
+    workdir = make_workdir("oa-drill-")
+    group = new_group_name()
+    faulty_name = cfg.faulty or f"s{cfg.servers - 1}"
+    r = client_for(settings.REDIS_URL)
+    fleet = gateway = cp = watcher = fault = None
+    host: dict[str, Any] = {"cpus": os.cpu_count(), "loadavg_start": _load()}
+    source = source_state()
+    t_wall = time.time()
+    try:
+        fleet = engines_mod.EngineFleet(cfg.servers, workdir / "engines")
+        addresses = fleet.addresses
+        faulty = fleet.by_name(faulty_name)
+        log(f"[drill] {cfg.servers} llama.cpp servers up: {addresses}; faulty {faulty_name} ({faulty.address})")
+        cp = ControlPlane(workdir / "control", group,
+                          {s.name: (s.address, s.metrics_url) for s in fleet.servers},
+                          database_url=child_database_url(), redis_url=settings.REDIS_URL,
+                          thresholds=cfg.thresholds, tick_ms=cfg.tick_ms)
+        cp.setup()
+        gateway = gateways_mod.start_gateway(cfg.gateway, workdir / "gateway", addresses, group)
+        cp.start(gateway)
+        if cfg.weights:
+            cp.start_agent(gateway)
+        watcher = WeightsWatcher(r, group)
+        load = PoissonLoad(gateway.url, rate=cfg.rate, duration_s=cfg.onset_s + cfg.after_s, seed=cfg.seed,
+                           timeout_s=cfg.timeout_s, served_by=gateway.served_by, header=gateways_mod.SERVED_BY)
+        log(f"[drill] group {group}, {cfg.gateway} at {gateway.url}, weights {'on' if cfg.weights else 'off'}, "
+            f"{len(load.offsets)} requests over {cfg.onset_s + cfg.after_s:.0f} s, fault {spec} at +{cfg.onset_s:.0f} s")
+        state: dict[str, Any] = {"next_check": ALIVE_EVERY_S, "dead": []}
+
+        def on_tick(elapsed: float) -> None:
+            nonlocal fault
+            if fault is None and elapsed >= cfg.onset_s:
+                host["loadavg_onset"] = _load()
+                fault = spec.make(faulty.pid).start()
+                log(f"[drill] +{elapsed:.1f} s: {spec} on {faulty_name} (pid {faulty.pid})")
+            if elapsed >= state["next_check"]:
+                state["next_check"] += ALIVE_EVERY_S
+                dead = cp.check_alive() + [f"engine {s.name} exited" for s in fleet.servers
+                                           if s.proc is None or s.proc.poll() is not None]
+                if dead:
+                    state["dead"] = dead
+                    load.stop()
+
+        requests = load.run(on_tick)
+        if state["dead"]:
+            raise DrillFailed("a part of the drill died: " + " | ".join(state["dead"]))
+        assert fault is not None and fault.onset is not None and load.started_at is not None
+        fault.stop()  # the load is over: the fault ends here, and its record says when
+        end = load.started_at + cfg.onset_s + cfg.after_s
+        time.sleep(2.0)  # the last tick's transitions reach PostgreSQL
+        host["loadavg_end"] = _load()
+        transitions = cp.transitions()
+        figures = summarise(requests=[q.to_dict() for q in requests], transitions=transitions,
+                            weights_changes=watcher.changes, onset=fault.onset, end=end, faulty=faulty.address,
+                            addresses=list(addresses.values()))
+        result = {
+            "config": asdict(cfg), "group": group, "host": host, "source": source, "faulty": {"name": faulty_name, "address": faulty.address},
+            "servers": addresses, "gateway": gateway.describe(), "fault": fault.describe(),
+            "load_started_at": load.started_at, "figures": figures, "ingest": cp.ingest_counts(),
+            "weights_documents_seen": watcher.documents, "transitions": transitions,
+            "weights_changes": watcher.changes, "requests": [q.to_dict() for q in requests],
+            "wall_s": round(time.time() - t_wall, 1),
+        }
+        return result
+    finally:
+        if fault is not None:
+            fault.stop()
+        if watcher is not None:
+            watcher.stop()
+        if cp is not None:
+            cp.stop()
+        if gateway is not None:
+            gateway.stop()
+        if fleet is not None:
+            fleet.stop()
+        faults_mod.cleanup_stale()
+        r.delete(f"outlier:weights:{group}", f"outlier:applied:{group}")
+        if not cfg.keep_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            log(f"[drill] workdir kept: {workdir}")
+
+
+def row(result: dict[str, Any]) -> dict[str, Any]:
+    """The table row of one run (what ``python -m bench.drill`` prints)."""
+    f, c = result["figures"], result["config"]
+    after = f["latency_after_onset"]
+    return {
+        "gateway": c["gateway"], "weights": "on" if c["weights"] else "off", "fault": c["fault"],
+        "cut_s": f["onset_to_first_cut_s"], "quarantine_s": f["onset_to_quarantine_s"],
+        "busy_s": f.get("faulty_busy_from_s"),
+        "false_cuts": f["false_cuts"], "false_q": f["false_quarantines"],
+        "p50_s": after["p50_s"], "p99_s": after["p99_s"], "timeouts": after["timeouts"], "n_after": after["n"],
+        "share_before": f["faulty_share_before"], "share_after": f["faulty_share_after"],
+        "share_after_cut": f["faulty_share_after_cut"],
+        "load_1m": [result["host"].get("loadavg_start", [None])[0], result["host"].get("loadavg_onset", [None])[0],
+                    result["host"].get("loadavg_end", [None])[0]],
+    }
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    cols = [("gateway", 9), ("weights", 7), ("busy_s", 6), ("cut_s", 7), ("quarantine_s", 12), ("false_cuts", 10), ("false_q", 7),
+            ("p50_s", 7), ("p99_s", 7), ("timeouts", 8), ("n_after", 7), ("share_before", 12), ("share_after", 11),
+            ("share_after_cut", 15), ("load_1m", 18)]
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, list):
+            return "/".join("-" if x is None else f"{x:g}" for x in v)
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    lines = ["  ".join(name.ljust(w) for name, w in cols)]
+    for rw in rows:
+        lines.append("  ".join(cell(rw.get(name)).ljust(w) for name, w in cols))
+    return "\n".join(lines)
+
+
+def run_matrix(base: DrillConfig, gateways: tuple[str, ...] = gateways_mod.GATEWAYS, *,
+               log: Any = print) -> list[dict[str, Any]]:
+    """Every gateway with the weights off, then on (same seed and fault); a run that fails is kept
+    as its error so the others still count."""
+    results = []
+    for gw in gateways:
+        for weights in (False, True):
+            cfg = DrillConfig(**{**asdict(base), "gateway": gw, "weights": weights})
+            try:
+                results.append(run_drill(cfg, log=log))
+            except (DrillFailed, TimeoutError, RuntimeError) as exc:
+                log(f"[drill] {gw} weights {'on' if weights else 'off'} failed: {exc}")
+                results.append({"config": asdict(cfg), "error": str(exc)[:4000]})
+    return results
+
+
+def write_report(report: dict[str, Any], out: str | os.PathLike[str]) -> Path:
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    return path

@@ -1,0 +1,90 @@
+"""CUSUM floor, workload generation, fast mode."""
+
+import numpy as np
+import pytest
+from sim_helpers import tiny
+
+from sim.cusum import (
+    cusum_min_delay,
+    oracle_cusum_alarm,
+    siegmund_arl0,
+    siegmund_arl1,
+    threshold_for_arl0,
+)
+from sim.fastmode import SeedZScoreVec, run_fast
+from sim.scenario import parse_scenario
+from sim.traces import load_cusum_table, load_trace, splitwise_decode_curve, vm_noise_spread
+from sim.workload import build_requests, warp_inverse, warp_times
+
+
+@pytest.mark.parametrize("row", load_cusum_table(), ids=lambda r: f"d{r['shift_delta_sigma']}-arl{r['ARL0_target']:.0e}")
+def test_siegmund_reproduces_the_shipped_cusum_table(row):
+    delta, k = row["shift_delta_sigma"], row["cusum_k_sigma"]
+    h = threshold_for_arl0(row["ARL0_target"], k)
+    # the table's h is from the exact Markov chain; Siegmund's h is within 3 % of it
+    assert h == pytest.approx(row["threshold_h_sigma"], rel=0.03)
+    assert siegmund_arl1(h, delta, k) == pytest.approx(row["ARL1_siegmund_approx_samples"], rel=5e-3)
+    assert cusum_min_delay(delta, row["ARL0_target"]) == pytest.approx(row["ARL1_siegmund_approx_samples"], rel=5e-3)
+
+
+def test_cusum_floor_monotone_in_shift_and_budget():
+    assert cusum_min_delay(0.5, 1e6) > cusum_min_delay(1.0, 1e6) > cusum_min_delay(2.0, 1e6)
+    assert cusum_min_delay(1.0, 1e8) > cusum_min_delay(1.0, 1e4)
+    assert cusum_min_delay(-1.0, 1e6) is None
+    assert cusum_min_delay(50.0, 1e6) == 1.0
+    assert siegmund_arl0(threshold_for_arl0(1e6, 0.5), 0.5) == pytest.approx(1e6, rel=1e-6)
+
+
+def test_oracle_cusum_alarms_on_accumulated_evidence():
+    # k = 1, h = 4: 0.5-sd samples never accumulate; three 3-sd samples do (2 + 2 + 2 > 4).
+    assert oracle_cusum_alarm(np.full(100, 0.5), 1.0, 4.0) is None
+    assert oracle_cusum_alarm(np.array([0.0, 3.0, 3.0, 3.0, 3.0]), 1.0, 4.0) == 3
+    # The statistic resets at 0: a dip between strong samples costs evidence, not the whole past.
+    assert oracle_cusum_alarm(np.array([3.0, 3.0, -1.0, 3.0, 3.0]), 1.0, 4.0) == 4
+    assert oracle_cusum_alarm(np.array([3.0, -5.0, 3.0, 3.0]), 1.0, 4.0) is None
+
+
+def test_rate_profile_time_warp():
+    prof = ((0.0, 1.0), (10.0, 2.0), (20.0, 0.5))
+    assert warp_inverse(10, prof) == 10 and warp_inverse(20, prof) == 30 and warp_inverse(30, prof) == 35
+    t = warp_times(np.array([5.0, 10.0, 20.0, 30.0, 35.0]), prof)
+    np.testing.assert_allclose(t, [5, 10, 15, 20, 30])
+
+
+def test_workload_rate_profile_and_trace_rescaling():
+    d = tiny(duration_s=600)
+    d["workload"][0].update(rate_rps=50, trace="azure_llm_2023_conv", rate_profile=[[0, 1.0], [300, 2.0]])
+    req = build_requests(parse_scenario(d))
+    first, second = (req.t < 300).sum() / 300, (req.t >= 300).sum() / 300
+    assert first == pytest.approx(50, rel=0.1)
+    assert second == pytest.approx(100, rel=0.1)
+    _, p, _c = load_trace("azure_llm_2023_conv")
+    assert req.prompt.max() <= 1000 and req.completion.max() <= 50  # the scenario's max caps
+    assert np.median(np.minimum(p, 1000)) == pytest.approx(np.median(req.prompt), rel=0.15)
+
+
+def test_calibration_data():
+    curve = dict(splitwise_decode_curve())
+    assert curve[1.0] == 1.0 and 1.2 < curve[32.0] < 1.35 and 1.5 < curve[64.0] < 1.8
+    spread = vm_noise_spread()
+    assert 0.03 < spread["across"] < 0.1 and 0.01 < spread["within"] < 0.05
+
+
+def test_seed_vector_ema_matches_one_at_a_time():
+    v = SeedZScoreVec(3)
+    node = np.array([0, 1, 0, 0, 2, 1])
+    p = np.full(6, 100.0)
+    c = np.full(6, 75.0)  # denominator 100 -> x = total / 100
+    total = np.array([100.0, 200.0, 300.0, 500.0, 50.0, 400.0])
+    v.ingest(node, p, c, total)
+    e0 = 1.0
+    e0 = 0.15 * 3.0 + 0.85 * e0
+    e0 = 0.15 * 5.0 + 0.85 * e0
+    np.testing.assert_allclose(v.ema, [e0, 0.15 * 4.0 + 0.85 * 2.0, 0.5])
+
+
+def test_fast_mode_counts_quarantines_of_healthy_nodes():
+    res = run_fast(nodes=16, hours=0.02, tick_s=1.0, policies=("seed_zscore",))
+    r = res["policies"]["seed_zscore"]
+    assert res["samples"] > 16 * 0.02 * 3600 * 3 * 0.5
+    assert r["per_1000_node_hours"] == pytest.approx(1000 * r["false_quarantines"] / res["node_hours"])
