@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.profile import HEALTHY, Resources, step_model
+from sim.profile import HEALTHY, Resources, step_model, throttle_factor
 from sim.scenario import Fault, Scenario
 from sim.traces import healthy_vm_offsets, splitwise_decode_curve, vm_noise_spread
 from sim.vllm import NodeEngine, NodeSettings, scrape_page
@@ -356,7 +356,12 @@ class Simulation:
             if not f.active(now):
                 continue
             k = f.kind
-            if k == "thermal_throttle":
+            if k == "thermal_throttle":  # output tokens/s at equal load / slowdown (profile.throttle_factor)
+                c = throttle_factor(eng.model, f.param("slowdown", 1.0)) if eng is not None else 1.0
+                sm *= c
+                hbm *= c
+                net *= c
+            elif k == "sm_throttle":  # the SM clock alone: memory-bound decode slows much less
                 sm *= f.param("slowdown", 1.0)
             elif k == "surge":
                 mult *= f.param("slowdown", 1.0)

@@ -186,6 +186,32 @@ class StepModel:
         return out
 
 
+#: The equal load at which :meth:`StepModel.throttle_factor` is solved: a decode step of this many
+#: sequences, each with this many tokens of context (the drill's nodes run ~20-40 sequences of a
+#: 1,000-token prompt plus their output). The fixed host part of a step is ~0.2 % of it, so the
+#: measured drop at any other decode load is within 0.1 point of the target.
+THROTTLE_REF_BATCH = 32
+THROTTLE_REF_CONTEXT = 1200
+
+
+@functools.lru_cache(maxsize=64)
+def throttle_factor(model: StepModel, slowdown: float) -> float:
+    """The clock multiplier ``s`` of a hard thermal throttle that makes a decode step at equal load
+    (:data:`THROTTLE_REF_BATCH` sequences) take ``slowdown`` times as long, i.e. output tokens/s fall
+    to ``1 / slowdown`` (seed 000: "throughput down 65 %": ``slowdown = 1 / 0.35``).
+
+    A card that throttles hard lowers its SM clock and its memory clock together (HW slowdown), so
+    ``s`` multiplies the SM-bound, the HBM-bound and the collective parts of the step (NCCL's
+    all-reduce kernels run on the throttled card's SMs and memory, and every tensor-parallel rank
+    waits for the slowest); the host-side ``fixed_ms`` does not slow. With ``sm = hbm = net = s`` the
+    roofline ratio is exactly ``s``, so ``step(s) = s * (step - fixed) + fixed`` and
+    ``s = (slowdown * step - fixed) / (step - fixed)`` at the reference load.
+    """
+    b = THROTTLE_REF_BATCH
+    healthy = model.step_ms(b, b, b * THROTTLE_REF_CONTEXT, 0.0)
+    return (slowdown * healthy - model.fixed_ms) / (healthy - model.fixed_ms)
+
+
 @functools.lru_cache(maxsize=4)
 def calibration(hardware: str = "h100") -> tuple[float, float]:
     """``(fixed_ms, seq_ms at tp=2)``: least squares of Splitwise's decode iteration times minus the

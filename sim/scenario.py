@@ -36,6 +36,7 @@ from typing import Any
 
 FAULT_KINDS = (
     "thermal_throttle",
+    "sm_throttle",
     "pcie_downgrade",
     "ecc_replay",
     "kv_swap",
@@ -189,6 +190,7 @@ class Scenario:
 # Known fault parameters: name -> (default or None when required, lower bound, strict lower bound).
 _FAULT_PARAMS: dict[str, dict[str, tuple[float | None, float, bool]]] = {
     "thermal_throttle": {"slowdown": (None, 0.0, True)},
+    "sm_throttle": {"slowdown": (None, 0.0, True)},
     "pcie_downgrade": {"decode_slowdown": (None, 0.0, True), "prefill_slowdown": (1.0, 0.0, True)},
     "ecc_replay": {"stall_prob": (None, 0.0, False), "stall_ms": (None, 0.0, False)},
     "kv_swap": {"swap_factor": (None, 0.0, False), "swap_threshold": (0.5, 0.0, False)},

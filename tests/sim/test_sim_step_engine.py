@@ -7,9 +7,12 @@ import numpy as np
 import pytest
 from sim_helpers import simulate, tiny_vllm
 
+from sim.engine import Precomputed, Simulation
+from sim.policies import policy_factory
 from sim.profile import HEALTHY, Resources, splitwise_points, step_model
-from sim.scenario import load_scenario
+from sim.scenario import load_scenario, parse_scenario
 from sim.vllm import NodeEngine, NodeSettings
+from sim.workload import build_requests
 
 
 class Harness:
@@ -306,3 +309,34 @@ def test_the_scraped_page_parses_to_the_counters_of_the_full_page_at_every_scrap
     Simulation(scn, Precomputed.build(scn, build_requests(scn)), Check).run()
     assert len(seen) > 150
     assert max(s[0] for s in seen) > 0 and max(s[1] for s in seen) > 0 and seen[-1][2] > 1000
+
+
+def _tokens_per_s(state, batch: int) -> float:
+    """Output tokens/s of one node decoding ``batch`` equal requests together (equal load)."""
+    h = Harness(state=state)
+    h.run(arrivals=[(0.0, i, 1000, 300) for i in range(batch)])
+    return h.eng.m.itl.total / (max(h.done.values()) - max(h.first.values()))
+
+
+@pytest.mark.parametrize("batch", [4, 32, 128])
+def test_thermal_throttle_cuts_output_tokens_per_s_at_equal_load_as_the_seed_reports(batch):
+    # Seed 000's drill: "inference throughput down 65 %" -> slowdown 1 / 0.35, at any decode load.
+    doc = tiny_vllm(faults=[{"group": "g", "node": 0, "kind": "thermal_throttle", "slowdown": 1 / 0.35,
+                             "start_s": 0}])
+    scn = parse_scenario(doc)
+    sim = Simulation(scn, Precomputed.build(scn, build_requests(scn)), policy_factory("round_robin"))
+    throttled = sim.node_state(0, 1.0)
+    assert throttled[0].sm == throttled[0].hbm == throttled[0].net > 1 / 0.35
+    assert sim.node_state(1, 1.0)[0] is HEALTHY
+    drop = 1 - _tokens_per_s(lambda now: throttled, batch) / _tokens_per_s(None, batch)
+    assert drop == pytest.approx(0.65, abs=0.005)
+
+
+def test_sm_throttle_slows_the_clock_only_so_decode_slows_far_less_than_the_clock():
+    doc = tiny_vllm(faults=[{"group": "g", "node": 0, "kind": "sm_throttle", "slowdown": 2.86, "start_s": 0}])
+    scn = parse_scenario(doc)
+    sim = Simulation(scn, Precomputed.build(scn, build_requests(scn)), policy_factory("round_robin"))
+    res = sim.node_state(0, 1.0)[0]
+    assert (res.sm, res.hbm, res.net) == (2.86, 1.0, 1.0)
+    ratio = _tokens_per_s(None, 32) / _tokens_per_s(lambda now: (res, 1.0, 1.0), 32)
+    assert 1.2 < ratio < 1.6  # the memory-bound decode step: the old "thermal" of the step engine
