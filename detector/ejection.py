@@ -20,7 +20,8 @@ module decides, in this order at every evaluation:
    P50 (:data:`~detector.thresholds.DETECTORS`); a detector in ``dry_run`` is recorded, not acted on.
    Latency causes wait out a node's post-warm-up grace.
 4. **The safeguard cap.** At most ``floor(max_quarantine_fraction * nodes)`` nodes out of service or
-   pending approval; candidates are ranked errors first, then by the deciding signal's Z, and the
+   pending approval (:data:`~detector.states.SAFEGUARD_COUNTED`, the one statement of that rule);
+   candidates are ranked errors first, then by the deciding signal's Z, and the
    rest are held degraded at the floor weight while the group raises ``safeguard`` (a group-wide
    slowdown is not a node fault).
 5. **Soft degrade.** A weight cut needs the deciding signal over the degrade line *and* the node's
@@ -46,7 +47,6 @@ module decides, in this order at every evaluation:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -59,12 +59,12 @@ from detector.detectors.verdict import Verdict
 from detector.detectors.zscore import Decision, Lines
 from detector.moves import Moves, lookup
 from detector.nodes import NodeArrays
-from detector.states import OUT_OF_SERVICE, NodeState, Reason
+from detector.states import SAFEGUARD_COUNTED, NodeState, Reason, safeguard_cap
 from detector.thresholds import Thresholds
 
 S = NodeState
 MAX_FLAP_DOUBLINGS = 5  # flap damping: at most 32x degrade_evidence
-_HELD_OUT = lookup((*OUT_OF_SERVICE, S.PENDING_APPROVAL))  # counted against the safeguard
+_HELD_OUT = lookup(SAFEGUARD_COUNTED)
 _ACTIVE = lookup((S.HEALTHY, S.DEGRADED))
 _PROBED = lookup((S.QUARANTINED, S.PROBING))
 _ERRORS = (Reason.CONSECUTIVE_ERRORS, Reason.SUCCESS_RATE)
@@ -72,7 +72,7 @@ _ERRORS = (Reason.CONSECUTIVE_ERRORS, Reason.SUCCESS_RATE)
 
 def cap(t: Thresholds, n: int) -> int:
     """The safeguard: how many of ``n`` nodes may be out of service or pending at once."""
-    return math.floor(t.max_quarantine_fraction * n + 1e-9)
+    return safeguard_cap(t.max_quarantine_fraction, n)
 
 
 def evidence_line(t: Thresholds, flaps: np.ndarray | np.integer) -> np.ndarray:

@@ -22,12 +22,19 @@ detector's weights, the publisher, the gateway client and agents, the threshold 
   out, a human has not decided: it keeps a trickle so the evidence stays current, and gateways must
   not take it out before anyone approved);
 - ``DRAIN``: no new traffic, weight 0 — QUARANTINED, PROBING (the canary, not the gateway, sends its
-  requests), FORCED_QUARANTINE. These are the states counted against the safeguard.
+  requests), FORCED_QUARANTINE.
+
+The safeguard cap counts :data:`SAFEGUARD_COUNTED`: the ``DRAIN`` states **and** PENDING_APPROVAL. A
+proposal is a quarantine the detector has decided on and a person may approve at any moment; if it did
+not count, a group could hold more proposals than the cap allows out, and approving them would take
+more nodes out than a group-wide slowdown may cost. At most :func:`safeguard_cap` nodes are counted at
+once; :class:`Safeguard` is what a tick reports of it.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -90,10 +97,41 @@ def traffic_of(state: NodeState | str) -> Traffic | None:
         return None
 
 
-#: States in which a node receives no traffic (counted against the safeguard).
+#: States in which a node receives no traffic.
 OUT_OF_SERVICE = frozenset(s for s, rule in TRAFFIC.items() if rule is Traffic.DRAIN)
 #: Their labels, for consumers of the weights document and the API.
 OUT_OF_SERVICE_LABELS = frozenset(s.label for s in OUT_OF_SERVICE)
+#: States counted against the safeguard cap: out of service, or proposed for quarantine (see the
+#: module docstring).
+SAFEGUARD_COUNTED = OUT_OF_SERVICE | {S.PENDING_APPROVAL}
+
+
+def safeguard_cap(fraction: float, nodes: int) -> int:
+    """How many of ``nodes`` may be in :data:`SAFEGUARD_COUNTED` states at once:
+    ``floor(fraction * nodes)`` (``max_quarantine_fraction``; the epsilon keeps 0.3 * 10 at 3)."""
+    return math.floor(fraction * nodes + 1e-9)
+
+
+@dataclass(frozen=True)
+class Safeguard:
+    """The safeguard as one evaluation left it: ``cap`` (:func:`safeguard_cap` of the group's nodes),
+    ``counted`` nodes in :data:`SAFEGUARD_COUNTED` states after the evaluation, ``held`` nodes the
+    detector wanted out this evaluation but kept in service at the floor weight because the cap was
+    full (a group-wide slowdown is not a node fault)."""
+
+    cap: int
+    counted: int
+    held: int = 0
+
+    @property
+    def full(self) -> bool:
+        """No room for another quarantine or proposal."""
+        return self.counted >= self.cap
+
+    @property
+    def engaged(self) -> bool:
+        """The cap is acting: it held a node back, or it is full with nodes counted against it."""
+        return self.held > 0 or (self.counted > 0 and self.full)
 #: States whose nodes form the peer baseline (when warmed up and fresh).
 BASELINE_STATES = frozenset({S.HEALTHY, S.DEGRADED})
 

@@ -39,26 +39,32 @@ from typing import Any
 
 import numpy as np
 
+from detector.states import safeguard_cap
+from detector.thresholds import Thresholds
 from sim.cusum import cusum_min_delay, oracle_cusum_alarm, threshold_for_arl0
 from sim.engine import KIND_CLIENT, STATUS_OK, STATUS_TIMEOUT, Simulation
 from sim.scenario import Scenario
 
 TIMELINE_BIN_S = 5.0
-SAFEGUARD_FRACTION = 0.30  # detector.Thresholds.max_quarantine_fraction's default
+SAFEGUARD_FRACTION = Thresholds().max_quarantine_fraction  # the default every scenario group runs with
 #: The fixed budget of the scenario-level floor (``cusum_bound``): one false alarm per this many node-hours.
 REFERENCE_NODE_HOURS = 10_000.0
 #: Confidence of the upper bound on a policy's false-alarm rate that sets its floor's budget.
 BUDGET_CONFIDENCE = 0.95
 
 
-def healthy_out_fraction(scn: Scenario, sim: Simulation, gi: int, t: float) -> float:
-    """Fraction of group ``gi``'s nodes that are healthy (not in ``expect.faulty``) and out of
-    service at ``t``."""
+def healthy_out(scn: Scenario, sim: Simulation, gi: int, t: float) -> int:
+    """How many of group ``gi``'s healthy nodes (not in ``expect.faulty``) are out of service at ``t``."""
     faulty = {n for g, n in scn.faulty if _group_index(scn, g) == gi}
-    n = scn.groups[gi].nodes
-    out = sum(1 for node in range(n) if node not in faulty
-              and node_state_at(sim.log.changes.get((gi, node), []), t)[1])
-    return out / n
+    return sum(1 for node in range(scn.groups[gi].nodes) if node not in faulty
+               and node_state_at(sim.log.changes.get((gi, node), []), t)[1])
+
+
+def over_safeguard(scn: Scenario, sim: Simulation, gi: int, t: float) -> bool:
+    """More healthy nodes of group ``gi`` out at ``t`` than the detector's safeguard cap allows out
+    (:func:`detector.states.safeguard_cap`): a sweep that removes that many also "detects" the faulty
+    node."""
+    return healthy_out(scn, sim, gi, t) > safeguard_cap(SAFEGUARD_FRACTION, scn.groups[gi].nodes)
 
 
 def _pct(x: np.ndarray, q: float) -> float | None:
@@ -176,7 +182,7 @@ def policy_report(scn: Scenario, sim: Simulation) -> dict[str, Any]:
             # No credit for a detection made while more than the safeguard's fraction of healthy
             # nodes is out: a sweep that removes everyone also "detects" the faulty node.
             for name, when in (("first_degrade_s", deg), ("quarantine_s", q)):
-                if when is not None and healthy_out_fraction(scn, sim, gi, when) > SAFEGUARD_FRACTION:
+                if when is not None and over_safeguard(scn, sim, gi, when):
                     entry.setdefault("uncredited", []).append(name)
             if "first_degrade_s" in entry.get("uncredited", ()):
                 deg = None
