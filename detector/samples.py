@@ -47,6 +47,7 @@ from typing import Any, Self
 import numpy as np
 
 from detector.engine_metrics import ROW_FIELDS
+from detector.records import FIELDS, STATUS, UNLIMITED, Limits
 
 
 class RejectReason(enum.StrEnum):
@@ -58,6 +59,8 @@ class RejectReason(enum.StrEnum):
     NO_TOKENS = "no_tokens"
     BAD_STATUS = "bad_status"
     UNKNOWN_NODE = "unknown_node"
+    #: Finite and not negative, but outside the records contract's bounds (:mod:`detector.records`).
+    OUT_OF_BOUNDS = "out_of_bounds"
 
 
 TIMEOUT_STATUSES = (0, 408, 504)
@@ -202,16 +205,19 @@ class SampleBatch(_Columns):
         return cls.from_columns(node=[], ts=[], prompt_tokens=[], completion_tokens=[], total_ms=[])
 
 
-def validate(batch: SampleBatch) -> tuple[np.ndarray, list[tuple[int, RejectReason]]]:
+def validate(batch: SampleBatch, limits: Limits = UNLIMITED) -> tuple[np.ndarray, list[tuple[int, RejectReason]]]:
     """Check every sample; return the boolean mask of valid ones and ``(index, reason)`` for the rest.
 
-    Rules: timestamps and total latency must be finite, token counts too unless both are missing (a
+    The rules are the records contract's (:mod:`detector.records`, the table ingest checks too), with
+    the operator-set bounds of ``limits`` (none by default: every record from ingest passed them):
+    timestamps and total latency must be finite, token counts too unless both are missing (a
     latency-only record: a log format without token counts); optional columns (TTFT, cached tokens,
     queue time) finite when present; no value may be negative; when TTFT is known, ``total >= ttft``;
     a request with 0 prompt and 0 completion tokens carries no signal; the status must be 0 or a
-    valid HTTP code (100..599). The first failing rule is reported.
+    valid HTTP code; every other bound of the table (:attr:`RejectReason.OUT_OF_BOUNDS`). The first
+    failing rule is reported.
     """
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"):
         tokens_finite = np.isfinite(batch.prompt_tokens) & np.isfinite(batch.completion_tokens)
         finite = (
             np.isfinite(batch.ts)
@@ -229,14 +235,29 @@ def validate(batch: SampleBatch) -> tuple[np.ndarray, list[tuple[int, RejectReas
             | (batch.cached_tokens < 0)
             | (batch.queue_ms < 0)
         )
-        bad_status = (batch.status != 0) & ((batch.status < 100) | (batch.status > 599))
         return _first_failing(len(batch), [
             (~finite, RejectReason.NOT_FINITE),
             (negative, RejectReason.NEGATIVE),
             (batch.total_ms < batch.ttft_ms, RejectReason.TOTAL_BELOW_TTFT),
             ((batch.prompt_tokens == 0) & (batch.completion_tokens == 0), RejectReason.NO_TOKENS),
-            (bad_status, RejectReason.BAD_STATUS),
+            (~STATUS.within(batch.status, STATUS.high), RejectReason.BAD_STATUS),
+            (_out_of_bounds(batch, limits), RejectReason.OUT_OF_BOUNDS),
         ])
+
+
+def _out_of_bounds(batch: SampleBatch, limits: Limits) -> np.ndarray:
+    """Where a given number is outside its bounds in the records contract (a value not given, NaN,
+    is not read; ``needs``: cached tokens only with both counts, queue time only with TTFT)."""
+    values = {name: getattr(batch, name) for name in FIELDS}
+    given = {name: ~np.isnan(x) if x.dtype.kind == "f" else np.ones(len(x), bool) for name, x in values.items()}
+    given["tokens"] = given["prompt_tokens"] & given["completion_tokens"]
+    out = np.zeros(len(batch), bool)
+    for name, f in FIELDS.items():
+        if f is STATUS:
+            continue  # its own reason, above
+        where = given[name] & given[f.needs] if f.needs else given[name]
+        out |= where & ~f.within(values[name], f.high_of(limits, values))
+    return out
 
 
 def _first_failing(n: int, rules: list[tuple[np.ndarray, RejectReason]]

@@ -11,6 +11,7 @@ import dj_database_url
 from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
+from detector.records import Limits as _RecordLimits
 from outlier_admin.env import envbool, envint, envlist, envstr
 from outlier_admin.fleet.names import NameError_, validate_allow_entry
 
@@ -234,10 +235,12 @@ except NameError_ as exc:
 MAX_NODES_PER_GROUP = envint("MAX_NODES_PER_GROUP", 1000, minimum=1)
 AUTO_CREATE_GROUPS = envlist("AUTO_CREATE_GROUPS", [])
 MAX_GROUPS = envint("MAX_GROUPS", 500, minimum=1)
-# Bounds of a record's numbers (a record outside them is rejected, never clipped into range).
-INGEST_MAX_LATENCY_MS = envint("INGEST_MAX_LATENCY_MS", 3_600_000, minimum=1000)
-INGEST_MAX_PROMPT_TOKENS = envint("INGEST_MAX_PROMPT_TOKENS", 10_000_000, minimum=1)
-INGEST_MAX_COMPLETION_TOKENS = envint("INGEST_MAX_COMPLETION_TOKENS", 1_000_000, minimum=1)
+# Bounds of a record's numbers (a record outside them is rejected, never clipped into range); the
+# defaults are the records contract's (detector.records.Limits).
+_RECORDS = _RecordLimits()
+INGEST_MAX_LATENCY_MS = envint("INGEST_MAX_LATENCY_MS", _RECORDS.max_latency_ms, minimum=1000)
+INGEST_MAX_PROMPT_TOKENS = envint("INGEST_MAX_PROMPT_TOKENS", _RECORDS.max_prompt_tokens, minimum=1)
+INGEST_MAX_COMPLETION_TOKENS = envint("INGEST_MAX_COMPLETION_TOKENS", _RECORDS.max_completion_tokens, minimum=1)
 INGEST_MAX_BODY_BYTES = envint("INGEST_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
 # Records per pushed body (array elements, NDJSON lines): 413 past it. 100,000 of the smallest useful
 # records (~100 bytes) fill the body limit; 2-byte lines would be 5 M Python objects per request.
@@ -247,8 +250,8 @@ INGEST_MAX_LINES = envint("INGEST_MAX_LINES", 100_000, minimum=1)
 INGEST_REJECTED_ROWS_PER_HOUR = envint("INGEST_REJECTED_ROWS_PER_HOUR", 1000, minimum=1)
 INGEST_REJECTED_KEEP_DAYS = envint("INGEST_REJECTED_KEEP_DAYS", 30, minimum=1)
 # Records with a timestamp further in the future / older than this are rejected records.
-INGEST_MAX_FUTURE_S = envint("INGEST_MAX_FUTURE_S", 300, minimum=0)
-INGEST_RETENTION_S = envint("INGEST_RETENTION_S", 3600, minimum=60)
+INGEST_MAX_FUTURE_S = envint("INGEST_MAX_FUTURE_S", _RECORDS.max_future_s, minimum=0)
+INGEST_RETENTION_S = envint("INGEST_RETENTION_S", _RECORDS.retention_s, minimum=60)
 # request_id de-duplication window (seconds).
 INGEST_DEDUP_WINDOW_S = envint("INGEST_DEDUP_WINDOW_S", 900, minimum=60)
 # Detector tick period (ms) and the per-group lock lease (ms). A tick takes ~100 ms and its lease is

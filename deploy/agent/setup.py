@@ -3,8 +3,9 @@
 The modules are listed below: the agent, the gateway client
 and what it imports (``detector.states``, ``outlier_admin.fleet.names``), and the log-format parsers
 the shipper uses (with ``outlier_admin.ingest.records``, which the Envoy and OpenAI-style parsers
-read timestamps with). None of them imports Django, Celery or numpy; tests/deploy/test_packaging.py
-installs the wheel in a venv that has only redis-py and runs them.
+read timestamps with, and the records contract it checks, ``detector.records``). None of them
+imports Django, Celery or numpy; tests/deploy/test_packaging.py installs the wheel in a venv that
+has only redis-py and runs them.
 
 The version and the dependencies' ranges are read from the main pyproject.toml (their one place).
 Build from a checkout: ``pip install ./deploy/agent``, or ``pip wheel --no-deps -w dist ./deploy/agent``.
@@ -27,7 +28,8 @@ ROOT = HERE.parents[1]
 
 # package -> its modules; "*" is every module of the package but those in EXCLUDED.
 MODULES: dict[str, list[str]] = {
-    "detector": ["__init__", "states"],  # the traffic table; detector/__init__ imports lazily
+    # The traffic table and the records contract (plain Python); detector/__init__ imports lazily.
+    "detector": ["__init__", "records", "states"],
     "outlier_admin": ["__init__", "gateway_client"],  # __init__ loads Celery only when it is there
     "outlier_admin.agent": ["*"],
     "outlier_admin.fleet": ["__init__", "names"],

@@ -15,16 +15,23 @@ from typing import Any
 
 import numpy as np
 
-from detector.samples import REQUEST_ROW_FIELDS
-from outlier_admin.fleet.names import NameError_, validate_group_name, validate_node_id
-from outlier_admin.ingest.records import (
-    HTTP_STATUS,
-    MIN_LATENCY_MS,
-    RecordError,
-    normalize,
+from detector.records import (
+    CACHED,
+    COMPLETION,
+    DEFAULT_STATUS,
+    PROMPT,
+    QUEUE,
+    STATUS,
+    TOTAL,
+    TTFT,
+    Limits,
     request_id_ok,
     status_ok,
+    ts_window,
 )
+from detector.samples import REQUEST_ROW_FIELDS
+from outlier_admin.fleet.names import NameError_, validate_group_name, validate_node_id
+from outlier_admin.ingest.records import RecordError, normalize
 
 #: A record as :func:`normalize_many` returns it: the fields of a stream row
 #: (:data:`detector.samples.REQUEST_ROW_FIELDS`, so ``canonical[:9]`` is the row), then the group
@@ -166,30 +173,34 @@ def normalize_many(
     total, total_given, total_odd = _floats(column("total_ms"))
     ttft, t_given, t_odd = _floats(column("ttft_ms"))
     queue, q_given, q_odd = _floats(column("queue_ms"))
-    status = list(map(dict.get, dicts, repeat("status"), repeat(200)))
+    status = list(map(dict.get, dicts, repeat("status"), repeat(DEFAULT_STATUS)))
     request_ids = column("request_id")
 
+    limits = Limits(**bounds)
+    tokens = p_given & c_given
+    with_cached = tokens & k_given
+    with_queue = t_given & q_given
+    # Each number where the record gives it (where the contract reads it): the values, and where they
+    # are odd (left to normalize).
+    numbers = {PROMPT: (prompt, p_given, p_odd), COMPLETION: (completion, c_given, c_odd),
+               CACHED: (cached, with_cached, k_odd), TOTAL: (total, total_given, total_odd),
+               TTFT: (ttft, t_given, t_odd), QUEUE: (queue, with_queue, q_odd)}
+    values = {f.name: x for f, (x, _, _) in numbers.items()}
     with np.errstate(invalid="ignore"):  # NaN compares False: an absent or non-finite value fails its rule
-        ok = ts_given & ~ts_odd & (ts <= now + max_future_s) & (ts >= now - retention_s)
-        ok &= total_given & ~total_odd & (total >= MIN_LATENCY_MS) & (total <= max_latency_ms)
-        # A count that is given is checked even when its partner is missing (normalize's rule).
-        ok &= ~p_given | (~p_odd & (prompt >= 0) & (prompt <= max_prompt_tokens) & (np.floor(prompt) == prompt))
-        ok &= ~c_given | (~c_odd & (completion >= 0) & (completion <= max_completion_tokens)
-                          & (np.floor(completion) == completion))
-        tokens = p_given & c_given
+        earliest, latest = ts_window(now, limits)
+        ok = ts_given & ~ts_odd & (ts <= latest) & (ts >= earliest)
+        for f, (x, given, odd) in numbers.items():
+            # A count that is given is checked even when its partner is missing (normalize's rule).
+            good = ~odd & f.within(x, f.high_of(limits, values))
+            ok &= (given & good) if f.required else (~given | good)
         ok &= ~(tokens & (prompt == 0) & (completion == 0))
-        with_cached = tokens & k_given
-        ok &= ~with_cached | (~k_odd & (cached >= 0) & (cached <= prompt) & (np.floor(cached) == cached))
-        ok &= ~t_given | (~t_odd & ((ttft == 0) | (ttft >= MIN_LATENCY_MS)) & (ttft <= max_latency_ms) & (total >= ttft))
-        with_queue = t_given & q_given
-        ok &= ~with_queue | (~q_odd & ((queue == 0) | (queue >= MIN_LATENCY_MS)) & (queue <= ttft))
     if set(map(type, status)) == {int}:
         try:
             code = np.array(status, dtype=np.int64)
         except OverflowError:
             code = np.zeros(n, np.int64)
             ok[:] = False
-        ok &= (code == 0) | ((code >= HTTP_STATUS[0]) & (code <= HTTP_STATUS[1]))
+        ok &= STATUS.within(code, STATUS.high)
     else:
         ok &= np.fromiter(map(status_ok, status), bool, n)
     if set(map(type, request_ids)) != {type(None)}:

@@ -23,13 +23,12 @@ from the prefix cache) is kept on the record when given, bounded by ``prompt_tok
 (the model server's wait for a batch slot, where a gateway logs it) bounded by ``ttft_ms``: with it
 the detector has a queue-free prefill time, ``ttft - queue`` (:mod:`detector.signals`).
 
-Every number is bounded, because one record must not be able to push a node's statistics anywhere:
-``total_ms`` in [:data:`MIN_LATENCY_MS`, ``INGEST_MAX_LATENCY_MS``] (1 µs to 1 h: no gateway holds a
-request longer, and none measures finer), ``ttft_ms`` 0 or in [:data:`MIN_LATENCY_MS`, ``total_ms``]
-and ``queue_ms`` 0 or in [:data:`MIN_LATENCY_MS`, ``ttft_ms``], ``prompt_tokens`` up to ``INGEST_MAX_PROMPT_TOKENS`` (10 M, the largest context
-windows served today) and ``completion_tokens`` up to ``INGEST_MAX_COMPLETION_TOKENS`` (1 M). A value
-outside is refused (``bad_<field>``), never clipped into range. The node and group are names
-(:mod:`outlier_admin.fleet.names`): a node id is an id, never a URL.
+Every number is bounded, because one record must not be able to push a node's statistics anywhere.
+The fields and their bounds are the records contract, :mod:`detector.records` (its table is the one
+owner: ``ingest.columns`` and ``detector.samples.validate`` read it too); the ``max_*`` bounds are
+the ``INGEST_*`` settings (:func:`limits`). A value outside is refused (``bad_<field>``), never
+clipped into range. The node and group are names (:mod:`outlier_admin.fleet.names`): a node id is
+an id, never a URL.
 """
 
 from __future__ import annotations
@@ -38,21 +37,28 @@ import math
 from datetime import datetime
 from typing import Any
 
+from detector.records import (
+    CACHED,
+    COMPLETION,
+    DEFAULT_STATUS,
+    HTTP_STATUS,
+    MIN_LATENCY_MS,
+    PROMPT,
+    QUEUE,
+    REQUEST_ID_MAX,
+    REQUIRED,
+    TOTAL,
+    TTFT,
+    Field,
+    request_id_ok,
+    status_ok,
+)
 from outlier_admin.fleet.names import NameError_, validate_group_name, validate_node_id
 from outlier_admin.ingest.logformats import ParseError
 
-REQUIRED = ("ts", "node", "total_ms")
-
-#: The smallest latency a record may carry (ms): 1 µs. No gateway's clock is finer (nginx, HAProxy
-#: and Envoy log whole milliseconds; JSON loggers microseconds), so a smaller positive value is not a
-#: measurement. The detector averages latencies as logarithms (a pooled geometric mean per node and
-#: tick): ``total_ms: 1e-300`` weighed ln(1e-300) = -691 against a healthy request's ln(900) = 6.8,
-#: dragging its node's mean a hundred-fold with one record. The floor keeps ln(latency) within
-#: [-6.9, 15.1] (up to ``INGEST_MAX_LATENCY_MS``, 1 h), both bounds about as far from a normal
-#: request. ``ttft_ms`` and ``queue_ms`` may also be exactly 0 (below the gateway's resolution: a
-#: header sent within the millisecond, no wait for a batch slot); the detector skips a zero.
-#: ``ingest.columns`` screens batches with this same bound.
-MIN_LATENCY_MS = 0.001
+# Re-exported: the log parsers and the tests name them here.
+__all__ = ["HTTP_STATUS", "MIN_LATENCY_MS", "REQUEST_ID_MAX", "REQUIRED", "RecordError", "limits", "normalize",
+           "parse_ts", "request_id_ok", "status_ok"]
 
 
 class RecordError(ParseError):
@@ -92,7 +98,9 @@ def parse_ts(value: Any) -> float:
     return ts
 
 
-def _number(rec: dict[str, Any], key: str, *, integer: bool, high: float) -> float:
+def _number(rec: dict[str, Any], field: Field, high: float) -> float:
+    """``rec[field.name]`` as a number within the contract's bounds for ``field`` (up to ``high``)."""
+    key = field.name
     value = rec.get(key)
     kind = type(value)
     if kind is not int and kind is not float:  # bool is its own type: refused below
@@ -104,26 +112,20 @@ def _number(rec: dict[str, Any], key: str, *, integer: bool, high: float) -> flo
             kind = float
         else:
             raise RecordError(f"bad_{key}", f"{key} must be a number, got {str(value)[:40]!r}")
-    # The hot path (ingest runs this four times per record): one chained comparison is False for
-    # NaN, infinities, negatives and values over the bound alike; the exact reason is worked out
-    # only for bad values.
-    if not 0 <= value <= high:
+    # The hot path (ingest runs this for every number of every record): one expression is False for
+    # NaN, infinities and values out of bounds alike; the exact reason is worked out only for bad values.
+    if not field.within(value, high):
         if kind is float and not math.isfinite(value):
             raise RecordError(f"bad_{key}", f"{key} must be finite")
         if value < 0:
             raise RecordError(f"bad_{key}", f"{key} must be >= 0, got {str(value)[:40]}")
         # str(), not :g: an integer past a double (JSON allows any) cannot be formatted as a float.
-        raise RecordError(f"bad_{key}", f"{key} must be <= {high:g}, got {str(value)[:40]}")
-    if integer and kind is float and not value.is_integer():
+        if value > high:
+            raise RecordError(f"bad_{key}", f"{key} must be <= {high:g}, got {str(value)[:40]}")
+        if value < field.low:
+            zero = "0 or " if field.zero_ok else ""
+            raise RecordError(f"bad_{key}", f"{key} must be {zero}>= {field.low:g}, got {str(value)[:40]}")
         raise RecordError(f"bad_{key}", f"{key} must be an integer, got {value}")
-    return value
-
-
-def _latency_or_zero(rec: dict[str, Any], key: str, high: float) -> float:
-    """An optional latency: 0 or in [:data:`MIN_LATENCY_MS`, ``high``]."""
-    value = _number(rec, key, integer=False, high=high)
-    if 0 < value < MIN_LATENCY_MS:
-        raise RecordError(f"bad_{key}", f"{key} must be 0 or >= {MIN_LATENCY_MS} (1 µs), got {str(value)[:40]}")
     return value
 
 
@@ -136,23 +138,6 @@ def limits() -> dict[str, float]:
         "max_latency_ms": settings.INGEST_MAX_LATENCY_MS, "max_prompt_tokens": settings.INGEST_MAX_PROMPT_TOKENS,
         "max_completion_tokens": settings.INGEST_MAX_COMPLETION_TOKENS,
     }
-
-
-#: A record's status: 0 (the client gave up, or no answer) or an HTTP status in this range.
-HTTP_STATUS = (100, 599)
-REQUEST_ID_MAX = 200
-
-
-def status_ok(value: Any) -> bool:
-    """A status :func:`normalize` accepts (``ingest.columns`` screens batches with the same bounds)."""
-    return (not isinstance(value, bool) and isinstance(value, int)
-            and (value == 0 or HTTP_STATUS[0] <= value <= HTTP_STATUS[1]))
-
-
-def request_id_ok(value: Any) -> bool:
-    """A request id :func:`normalize` accepts: none, or a printable string of at most
-    :data:`REQUEST_ID_MAX` characters."""
-    return value is None or (isinstance(value, str) and len(value) <= REQUEST_ID_MAX and value.isprintable())
 
 
 def normalize(
@@ -192,33 +177,30 @@ def normalize(
         raise RecordError(exc.reason, exc.detail) from None
     # A count that is given is checked even when its partner is missing: a bad value is refused,
     # never hidden by the record becoming latency-only.
-    prompt = None if rec.get("prompt_tokens") is None else _number(
-        rec, "prompt_tokens", integer=True, high=max_prompt_tokens)
-    completion = None if rec.get("completion_tokens") is None else _number(
-        rec, "completion_tokens", integer=True, high=max_completion_tokens)
+    prompt = None if rec.get("prompt_tokens") is None else _number(rec, PROMPT, max_prompt_tokens)
+    completion = None if rec.get("completion_tokens") is None else _number(rec, COMPLETION, max_completion_tokens)
     if prompt is None or completion is None:
         prompt = completion = None
     cached = None
     if prompt is not None and rec.get("cached_tokens") is not None:
         # Cached prompt tokens are a part of the prompt: never more than it.
-        cached = _number(rec, "cached_tokens", integer=True, high=prompt)
-    total = _number(rec, "total_ms", integer=False, high=max_latency_ms)
-    if total < MIN_LATENCY_MS:
-        raise RecordError("bad_total_ms", f"total_ms must be >= {MIN_LATENCY_MS} (1 µs), got {str(total)[:40]}")
+        cached = _number(rec, CACHED, prompt)
+    total = _number(rec, TOTAL, max_latency_ms)
     ttft = None
     if rec.get("ttft_ms") is not None:
-        ttft = _latency_or_zero(rec, "ttft_ms", max_latency_ms)
+        # TTFT is bounded by the total (the contract's bound) under a reason of its own.
+        ttft = _number(rec, TTFT, max_latency_ms)
         if total < ttft:
             raise RecordError("total_below_ttft", f"total_ms {total} < ttft_ms {ttft}")
     queue = None
     if ttft is not None and rec.get("queue_ms") is not None:
         # The wait for a batch slot is a part of TTFT: never more than it.
-        queue = _latency_or_zero(rec, "queue_ms", ttft)
+        queue = _number(rec, QUEUE, ttft)
     if prompt == 0 and completion == 0:  # both None (latency-only) is not this case
         raise RecordError("no_tokens", "a request with no prompt and no completion tokens carries no signal")
-    status = rec.get("status", 200)
+    status = rec.get("status", DEFAULT_STATUS)
     if not status_ok(status):
-        raise RecordError("bad_status", f"status must be 0 (timeout/connection failure) or 100..599, got {str(status)[:40]!r}")
+        raise RecordError("bad_status", f"status must be 0 (timeout/connection failure) or {HTTP_STATUS[0]}..{HTTP_STATUS[1]}, got {str(status)[:40]!r}")
     request_id = rec.get("request_id")
     if not request_id_ok(request_id):
         raise RecordError("bad_request_id",
