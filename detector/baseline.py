@@ -50,6 +50,13 @@ class PeerBaseline:
     peers: int
 
 
+def robust_sd(x: np.ndarray) -> float:
+    """The robust spread of ``x``: ``1.4826 * median(|x - median(x)|)`` (the median absolute deviation,
+    scaled to equal the standard deviation of normally distributed values; breakdown point 50%: a
+    minority of outliers does not inflate it). ``x`` must not be empty."""
+    return MAD_TO_SD * float(np.median(np.abs(x - np.median(x))))
+
+
 def _nan_result(n: int, peers: int) -> PeerBaseline:
     return PeerBaseline(z=np.full(n, np.nan), baseline=float("nan"), spread=float("nan"), peers=peers)
 
@@ -79,7 +86,6 @@ def robust_zscores(
         return _nan_result(len(ema), peers)
     values = ema[eligible]
     baseline = float(np.median(values))
-    mad = float(np.median(np.abs(values - baseline)))
-    spread = max(MAD_TO_SD * mad, spread_floor * abs(baseline), 1e-12)
+    spread = max(robust_sd(values), spread_floor * abs(baseline), 1e-12)
     z = np.where(judged, (ema - baseline) / spread, np.nan)
     return PeerBaseline(z=z, baseline=baseline, spread=spread, peers=peers)

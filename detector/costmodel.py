@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from detector.baseline import robust_sd
+
 HUBER_K = 1.345
-_MAD_TO_SD = 1.4826
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,7 @@ def fit_cost_model(
     for _ in range(iterations):
         pred = np.maximum(x @ coef, 1e-9)
         rel = (y - pred) / pred
-        scale = _MAD_TO_SD * np.median(np.abs(rel - np.median(rel)))
-        scale = max(scale, 1e-6)
+        scale = max(robust_sd(rel), 1e-6)
         huber = np.minimum(1.0, HUBER_K * scale / np.maximum(np.abs(rel), 1e-12))
         new = _nonneg_wls(x, y, huber / pred**2)
         if np.allclose(new, coef, rtol=1e-4, atol=1e-9):
@@ -137,5 +137,5 @@ def fit_cost_model(
         return None
     pred = np.maximum(x @ coef, 1e-9)
     rel = np.log(y / pred)
-    resid_sd = float(_MAD_TO_SD * np.median(np.abs(rel - np.median(rel))))
+    resid_sd = robust_sd(rel)
     return CostModel(coef=coef, residual_sd=resid_sd, n_samples=len(y))

@@ -33,6 +33,7 @@ import numpy as np
 
 from detector import ejection, explain, inflight, snapshot
 from detector import weights as weighing
+from detector.baseline import robust_sd
 from detector.costmodel import CostModel
 from detector.detectors import cross_p50, zscore
 from detector.detectors.errors import ErrorDetector
@@ -330,7 +331,7 @@ class GroupDetector(NodeActions):
         a.pool_at[pooled_now] = now
 
     def _row_spread(self, s: str, node: np.ndarray, x: np.ndarray, base: float, key: str | None = None) -> None:
-        """The group's relative spread of progress rows of signal ``s``: robust (1.4826 x MAD of
+        """The group's relative spread of progress rows of signal ``s``: robust (:func:`~detector.baseline.robust_sd` of
         ``log(row / baseline)``) over the rows of healthy nodes in this batch, EW-averaged across
         batches and floored at ``spread_floor``. It holds everything that makes one healthy node's
         row differ from another's: the shared step time's noise, batch sizes, hardware spread.
@@ -343,7 +344,7 @@ class GroupDetector(NodeActions):
         r = r[np.isfinite(r)]
         if len(r) < t.min_peers:
             return
-        sd = max(1.4826 * float(np.median(np.abs(r - np.median(r)))), t.spread_floor)
+        sd = max(robust_sd(r), t.spread_floor)
         key = key or f"row_rel_sd:{s}"
         old = self._last.get(key, sd)
         self._last[key] = old + t.ema_alpha * (sd - old)

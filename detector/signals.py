@@ -70,6 +70,7 @@ import math
 
 import numpy as np
 
+from detector.baseline import robust_sd
 from detector.costmodel import CostModel, Reservoir, fit_cost_model
 from detector.ewma import EwmaArrays
 from detector.samples import (
@@ -313,7 +314,7 @@ class SignalModel:
         if len(total) < self.thresholds.min_samples * 10:
             return
         r = np.log(np.clip(total / self.typical_ms, 1.0 / LATENCY_ONLY_CLIP, LATENCY_ONLY_CLIP))
-        sd = 1.4826 * float(np.median(np.abs(r - np.median(r))))
+        sd = robust_sd(r)
         ref = self.fit_norm.residual_sd if self.fit_norm is not None else REFERENCE_SD
         self.latency_weight = float(np.clip((ref / max(sd, 1e-6)) ** 2, 0.01, 1.0))
 

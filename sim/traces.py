@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from detector.baseline import robust_sd
+
 TRACE_FILES = {
     "azure_llm_2023_code": "azure_llm_2023_code.csv",
     "azure_llm_2023_conv": "azure_llm_2023_conv.csv",
@@ -143,7 +145,7 @@ def vm_noise_spread() -> dict[str, float]:
     """
     out = {}
     for k, v in vm_noise_offsets().items():
-        out[k] = float(1.4826 * np.median(np.abs(v - np.median(v))))
+        out[k] = robust_sd(v)
     return out
 
 
