@@ -50,7 +50,7 @@ def incident(fleet, redis_client):
 
 def attention_rows(html: str) -> list[str]:
     table = html.split('id="attention"')[1].split("</table>")[0]
-    return re.findall(r'<tr class="row-([a-z_]+)">\s*<th scope="row"><a href="/nodes/\d+/">([^<]+)</a>', table)
+    return re.findall(r'<tr class="row-([a-z_]+)">\s*<th scope="row"><a [^>]*href="/nodes/\d+/">([^<]+)</a>', table)
 
 
 def test_the_first_screen_lists_every_unhealthy_node_first_with_its_evidence(incident, users):
@@ -96,7 +96,9 @@ def test_the_group_heatmap_shows_z_and_state_bands(incident, users):
     rows = re.findall(r'<g class="heat-row" data-node="(\d+)">', svg)
     assert len(rows) == 8 and rows[:4] == [str(nodes[i].pk) for i in (1, 0, 2, 3)]
     q_row = svg.split(f'data-node="{nodes[0].pk}">')[1].split("</g>")[0]
-    assert 'fill="#c62828"' in q_row and "Z 4.20, quarantined" in q_row  # Z 4.2 >= quarantine_z: red
+    # Z 4.2 >= quarantine_z at 1.9x its peers' EMA (no stored baseline: their median): red.
+    assert 'class="cell z-quarantine"' in q_row and 'fill="#c62828"' in q_row
+    assert "Z 4.20 σ on norm, 1.9" in q_row and "at quarantine strength" in q_row and ", quarantined</title>" in q_row
     assert 'class="band band-quarantined"' in q_row and 'class="band band-healthy"' in q_row
     probing_row = svg.split(f'data-node="{nodes[3].pk}">')[1].split("</g>")[0]
     assert 'class="cell"' not in probing_row  # no history: no cells, nothing invented
@@ -150,11 +152,12 @@ def test_404_and_500_pages_are_styled_with_the_navigation(users):
 
 
 def test_a_thresholds_object_is_what_the_heatmap_colours_by():
-    from outlier_admin.dashboard.heatmap import z_color
+    from outlier_admin.dashboard.heatmap import AT_OR_UNDER, OVER_DEGRADE, OVER_QUARANTINE, SLOWER, cell_color
 
     t = Thresholds()
-    assert z_color(-1.0, t) == "#ffffff" and z_color(t.quarantine_z, t) == "#c62828"
-    assert z_color(t.degrade_z, t) == "#ffe066"
+    assert cell_color(AT_OR_UNDER, -1.0, t) == "#ffffff" and cell_color(OVER_QUARANTINE, t.quarantine_z, t) == "#c62828"
+    assert cell_color(SLOWER, t.degrade_z, t) == "#fff0a8" and cell_color(OVER_DEGRADE, t.degrade_z, t) == "#ef8f00"
+    assert cell_color(OVER_DEGRADE, t.quarantine_z, t) == "#bf360c"
 
 
 def overrides_table(html: str) -> list[list[str]]:
@@ -199,7 +202,7 @@ def test_the_first_screen_lists_every_override_in_force_with_who_why_and_until(f
     assert pin.startswith(nodes[2].name) and "weight pinned at 50/100" in pin and "alice" in pin
     assert "suspect fan, halve its share" in pin and "in 4 minutes" in pin
     # The forced node's row in "needs attention" says who, why and until when.
-    row = html.split(f'<a href="/nodes/{nodes[6].pk}/">{nodes[6].name}</a></th>')[1].split("</tr>")[0]
+    row = html.split(f'href="/nodes/{nodes[6].pk}/">{nodes[6].name}</a></th>')[1].split("</tr>")[0]
     assert "forced out of service by carol" in row and "fan replacement, ticket 4711 (until 20" in row
 
 
