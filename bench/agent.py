@@ -23,6 +23,7 @@ import time
 import uuid
 from pathlib import Path
 
+from outlier_admin import keys
 from outlier_admin.agent.core import Agent
 from outlier_admin.agent.haproxy import HAProxyApplier
 from outlier_admin.agent.nginx import NginxApplier, upstream_name_for
@@ -102,7 +103,7 @@ def run(redis_url: str, n: int, gap_ms: float, nginx_n: int) -> dict:
         for srv in servers.values():
             srv.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-        r.delete(f"outlier:weights:{group}")
+        r.delete(keys.weights(group), keys.legacy_weights(group))
     result = {}
     for name, agent in agents.items():
         lat = [v for _, v in agent.apply_latencies]

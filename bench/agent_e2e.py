@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.agent import summarise, write_report
+from outlier_admin import keys
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST_LOOP: dict[str, Any] = {
@@ -200,7 +201,7 @@ def run(cycles: int, tick_ms: int, clients: int) -> dict[str, Any]:
             gunicorn.wait(timeout=10)
         fleet.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-        r.delete(f"outlier:weights:{group}")
+        r.delete(keys.weights(group), keys.legacy_weights(group))
     results: dict[str, Any] = {"group": group, "cycles": per_cycle,
                                "requests": len(traffic.served) if traffic else 0,
                                "traffic_errors": traffic.errors if traffic else 0,

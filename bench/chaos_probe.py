@@ -49,7 +49,7 @@ answers only is reported apart, as a contract violation, not as a loss; so are d
 answer to a body's first POST, which only a retry inside the server can produce). Hence:
 
 - *landed* = sum over the batches that got a 200 of ``accepted + duplicates``: each of those records
-  is in its group's stream exactly once (the dedup sets ``outlier:dedup:<group>:<slot>`` are written in
+  is in its group's stream exactly once (the dedup sets, :func:`outlier_admin.keys.dedup`, are written in
   the same MULTI as the rows; the probe checks that every landed id is in them and no other id is);
 - *applied* = sum over groups of the detector's ``accepted_total`` (detector state in Redis): every
   row the ticks handed to the detector and it accepted. Rows carry no request id, so the detector
@@ -102,6 +102,9 @@ import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from outlier_admin import keys  # noqa: E402  (after the path: runs as a script too)
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 LOOPBACK = "127.0.0.1"
 # Environment of the outer shell that could point a child at the shared services (or relax the
@@ -541,7 +544,7 @@ class Monitor(threading.Thread):
             now = time.time()
             for g in self.groups:
                 try:
-                    raw = r.get(f"outlier:weights:{g}")
+                    raw = r.get(keys.weights(g))
                 except redis.RedisError:
                     raw = None  # a gateway keeps its last document while Redis is down
                 if raw:
@@ -630,7 +633,7 @@ class Faults(threading.Thread):
 
         # The hardest moment for the tick: kill while a group's tick holds its lock (wait up to 2 s).
         r = self.cluster.client()
-        locks = [f"outlier:lock:tick:{g}" for g in self.groups]
+        locks = [keys.tick_lock(g) for g in self.groups]
         held: list[str] = []
         t0 = time.monotonic()
         while time.monotonic() < t0 + 2.0 and not held:
@@ -726,7 +729,7 @@ class Faults(threading.Thread):
         import redis
 
         r = self.cluster.client()
-        locks = [f"outlier:lock:tick:{g}" for g in self.groups]
+        locks = [keys.tick_lock(g) for g in self.groups]
         names = ["worker-1", "worker-2"]
         with self.cluster.lock:
             pids = {n: self.cluster.procs[n].popen.pid for n in names if self.cluster.procs[n].popen is not None}
@@ -773,7 +776,7 @@ class Faults(threading.Thread):
         died_holding = []
         with contextlib.suppress(redis.RedisError):
             r = self.cluster.client()
-            later = dict(zip(self.groups, r.mget([f"outlier:lock:tick:{g}" for g in self.groups]), strict=True))
+            later = dict(zip(self.groups, r.mget([keys.tick_lock(g) for g in self.groups]), strict=True))
             died_holding = [g for g, tok in held.items() if later.get(g) == tok]
         time.sleep(max(0.0, self.args.worker_restart_s - 1.5))
         self.cluster.spawn(victim)
@@ -799,7 +802,7 @@ class Faults(threading.Thread):
             out: dict[str, tuple[int, int]] = {}
             for g in self.groups:
                 with contextlib.suppress(redis.RedisError, ValueError, KeyError, TypeError):
-                    version = orjson.loads(r.get(f"outlier:weights:{g}"))["version"]
+                    version = orjson.loads(r.get(keys.weights(g)))["version"]
                     out[g] = (version, applied_by_detector(r, [g])[0][g])
             return out
 
@@ -812,7 +815,7 @@ class Faults(threading.Thread):
             time.sleep(min(1.5, self.args.worker_pause_s))
             mine: list[str] = []
             with contextlib.suppress(redis.RedisError):
-                later = dict(zip(self.groups, r.mget([f"outlier:lock:tick:{g}" for g in self.groups]),
+                later = dict(zip(self.groups, r.mget([keys.tick_lock(g) for g in self.groups]),
                                  strict=True))
                 mine = [g for g, tok in held.items() if later.get(g) == tok]
             time.sleep(max(0.0, self.args.worker_pause_s - 1.5))
@@ -880,11 +883,11 @@ def drained(r: Any, groups: list[str]) -> dict[str, dict[str, Any]]:
     """Per group: is everything in its stream delivered, acknowledged and applied?"""
     out = {}
     for g in groups:
-        key = f"outlier:stream:{g}"
+        key = keys.stream(g)
         info = r.xinfo_stream(key)
         last = info["last-generated-id"]
         grp = next((x for x in r.xinfo_groups(key) if x["name"] in (b"ticks", "ticks")), None)
-        state_last = r.hget(f"outlier:state:{g}", "last_id")
+        state_last = r.hget(keys.state(g), "last_id")
         pending = grp["pending"] if grp else None
         delivered = grp["last-delivered-id"] if grp else None
         out[g] = {
@@ -892,7 +895,7 @@ def drained(r: Any, groups: list[str]) -> dict[str, dict[str, Any]]:
             "undelivered": grp is None or _id_tuple(delivered) < _id_tuple(last),
             "state_behind": _id_tuple(state_last) < _id_tuple(last),
             "xlen": info["length"], "entries_added": info.get("entries-added"),
-            "outbox": r.llen(f"outlier:outbox:{g}"),
+            "outbox": r.llen(keys.outbox(g)),
         }
         out[g]["done"] = pending == 0 and not out[g]["undelivered"] and not out[g]["state_behind"]
     return out
@@ -904,7 +907,7 @@ def applied_by_detector(r: Any, groups: list[str]) -> tuple[dict[str, int], dict
 
     totals, per_node = {}, {}
     for g in groups:
-        raw = r.hget(f"outlier:state:{g}", "detector")
+        raw = r.hget(keys.state(g), "detector")
         if not raw:
             totals[g] = 0
             continue
@@ -917,7 +920,7 @@ def applied_by_detector(r: Any, groups: list[str]) -> tuple[dict[str, int], dict
 
 def dedup_ids(r: Any, group: str) -> set[str]:
     ids: set[str] = set()
-    for key in r.scan_iter(match=f"outlier:dedup:{group}:*", count=1000):
+    for key in r.scan_iter(match=keys.dedup(group, "*"), count=1000):
         ids.update(m.decode() for m in r.sscan_iter(key, count=5000))
     return ids
 
@@ -1084,7 +1087,7 @@ async def _probe(cluster: Cluster, args: argparse.Namespace, groups: list[str], 
     warm_deadline = time.monotonic() + 90
     while time.monotonic() < warm_deadline:
         with contextlib.suppress(Exception):  # the streams exist once a warm-up batch landed
-            if all(r.exists(f"outlier:weights:{g}") for g in groups) and all(
+            if all(r.exists(keys.weights(g)) for g in groups) and all(
                     d["done"] for d in drained(r, groups).values()):
                 break
         await asyncio.sleep(0.2)

@@ -20,7 +20,7 @@ Sections (``--only tick,scale,ingest,drill,scrape`` picks some):
 - ``scrape``: nodes scraped at 4 Hz per process, from the model-server scraper's hook
   (:data:`SCRAPE_BENCH_HOOK`).
 
-- ``drill``: fault onset -> weight cut / quarantine in ``outlier:weights:<group>``, end to end at the
+- ``drill``: fault onset -> weight cut / quarantine in the weights document (:func:`outlier_admin.keys.weights`), end to end at the
   production defaults (HTTP scrapes by ``scrape_metrics``, event-driven ``run_ticker``), 10 onsets
   (:func:`bench_drill`).
 
@@ -368,7 +368,7 @@ def bench_drill(onsets: int = 10, nodes: int = 8, warmup_s: float = 25.0, gap_s:
     scraped over HTTP by ``manage.py scrape_metrics`` and ticked by ``manage.py run_ticker`` (two
     processes); after ``warmup_s`` one node of each group in turn decodes ``slow`` x slower. ``cut_s``
     and ``quarantine_s``: fault onset -> its weight below base / its state ``quarantined`` in
-    ``outlier:weights:<group>`` (polled every 20 ms). A false cut: any other node below its base
+    the weights document (polled every 20 ms). A false cut: any other node below its base
     weight at any poll (healthy nodes of every group, faulted ones excluded once their fault began).
     The pages carry only the families the detector reads (not real-size)."""
     import subprocess

@@ -39,6 +39,8 @@ import timeit
 from pathlib import Path
 from typing import Any
 
+from outlier_admin import keys
+
 VARIANTS = 64  # pages per node cycle through these (counters grow; a wrap reads as a restart)
 GROUP_SIZE = 100  # nodes per benchmark group (bench-scrape-<k>)
 _PATH = re.compile(rb"^GET /(n|dead)/(\d{1,6})/metrics HTTP/1\.[01]\r\n", re.ASCII)
@@ -242,19 +244,19 @@ async def _hold(urls: list[str], seconds: float, warmup_s: float, interval_s: fl
 
 
 def _cleanup(nodes: int) -> None:
-    from outlier_admin.control.redis_conn import get_redis, itl_key, stream_key
+    from outlier_admin.control.redis_conn import get_redis
 
     r = get_redis()
     groups = [f"bench-scrape-{k}" for k in range((nodes + GROUP_SIZE - 1) // GROUP_SIZE)]
     if groups:
-        r.delete(*[stream_key(g) for g in groups], *[itl_key(g) for g in groups])
+        r.delete(*[keys.stream(g) for g in groups], *[keys.itl(g) for g in groups])
 
 
 def run(nodes: tuple[int, ...] = (50, 100, 250, 500, 750, 1000), *, seconds: float = 10.0, warmup_s: float = 3.0,
         engines: int = 1, interval_s: float = 0.25, timeout_s: float = 0.8, ports: int = 8) -> dict[str, Any]:
     """Nodes held at ``1/interval_s`` Hz by one scraper process (see module docstring); returns
     ``{"scrape_nodes_per_process_4hz": n, "steps": [...], "parse": {...}, ...}``. Needs Django set up
-    and ``REDIS_URL`` (writes ``outlier:stream:bench-scrape-*`` and deletes them after)."""
+    and ``REDIS_URL`` (writes the streams of groups ``bench-scrape-*`` and deletes them after)."""
     proc, server_ports = start_server(engines, ports)
     steps: list[dict[str, Any]] = []
     try:

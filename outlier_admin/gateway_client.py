@@ -5,7 +5,9 @@ anything this module imports (``detector.states`` is plain Python).
 
 Contract (written by the control plane)
 ---------------------------------------
-* Redis key ``outlier:weights:<group>`` holds JSON::
+* Redis key :func:`outlier_admin.keys.weights` (``outlier:{<group>}:weights:v2``; on a Redis of the
+  previous release, :func:`~outlier_admin.keys.legacy_weights`, which this client reads when the
+  versioned key is absent: see ``outlier_admin/agent/README.md``, "Key migration") holds JSON::
 
       {"group": "llama-70b", "version": 42, "generated_at": 1733212345.2, "stale_after_s": 60,
        "safeguard": false,
@@ -16,7 +18,10 @@ Contract (written by the control plane)
   and a state the traffic table (:data:`detector.states.TRAFFIC`) drains: ``quarantined``,
   ``probing``, ``forced_quarantine``. A ``pending_approval`` node is kept at the floor weight until a
   human decides; a state label this client does not know follows its weight.
-* Every publish also sends ``{"group": ..., "version": ...}`` on pub/sub channel ``outlier:weights``.
+* Every publish also sends ``{"group": ..., "version": ...}``: on a single Redis (or Sentinel) with
+  ``PUBLISH`` on channel :data:`outlier_admin.keys.LEGACY_WEIGHTS_CHANNEL`; on a Redis Cluster with
+  ``SPUBLISH`` on the group's sharded channel :func:`outlier_admin.keys.weights_channel` (a plain
+  ``PUBLISH`` would be copied to every node of the cluster).
 
 What the client does with it (fail static, then fail open)
 ----------------------------------------------------------
@@ -54,16 +59,14 @@ from typing import Any
 import redis
 
 from detector.states import OUT_OF_SERVICE_LABELS, Traffic, traffic_of
+from outlier_admin import keys
 from outlier_admin.fleet.names import NameError_, parse_address  # plain Python, like detector.states
 
 log = logging.getLogger("outlier_admin.gateway_client")
 
-KEY_PREFIX = "outlier:weights:"
-CHANNEL = "outlier:weights"
-#: Hash ``outlier:applied:<group>``: field = a gateway's id, value = JSON ``{"version", "applied_at",
-#: "mode"}`` of the last document it applied (written by the agents, read by the dashboard's first
-#: screen: a published version no gateway applied is a control loop that is not closed).
-APPLIED_KEY_PREFIX = "outlier:applied:"
+#: The agent's ``--key-prefix`` / ``--channel`` defaults: the legacy (single-Redis) key and channel.
+KEY_PREFIX = keys.legacy_weights_prefix()
+CHANNEL = keys.LEGACY_WEIGHTS_CHANNEL
 #: The hash expires a day after its last report, so gateways that went away do not stay listed for ever.
 APPLIED_TTL_S = 86400
 DEFAULT_STALE_AFTER_S = 60.0
@@ -345,9 +348,9 @@ def _host_port(item: str) -> tuple[str, int]:
     else:
         host, sep, port = item.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise RedisURLError(f"sentinel address {item!r} is not host:port (port 1-65535)")
+        raise RedisURLError(f"address {item!r} is not host:port (port 1-65535)")
     if any(c.isspace() or c in "/@?#" for c in host):
-        raise RedisURLError(f"sentinel address {item!r} has a bad host name")
+        raise RedisURLError(f"address {item!r} has a bad host name")
     return host, int(port)
 
 
@@ -409,7 +412,8 @@ def _sentinel(spec: SentinelURL, kwargs: dict[str, Any]) -> Any:
 
 
 def redis_from_url(url: str, **kwargs: Any) -> redis.Redis:
-    """A redis-py client for ``url``. ``redis://``, ``rediss://`` and ``unix://`` go to
+    """A redis-py client for ``url``. ``redis+cluster://host:port,...`` is a Redis Cluster
+    (:func:`cluster_from_url`); ``redis://``, ``rediss://`` and ``unix://`` go to
     ``redis.Redis.from_url``; ``redis+sentinel://host:port,.../<master>/<db>`` to redis-py's
     ``redis.sentinel.Sentinel(...).master_for(master)``: every new connection asks the Sentinels
     where the primary is, and a connection that finds a demoted primary (``READONLY``) or loses its
@@ -418,6 +422,8 @@ def redis_from_url(url: str, **kwargs: Any) -> redis.Redis:
     socket timeouts, to the Sentinels. Raises :class:`RedisURLError` for a sentinel URL that cannot
     be used (nothing is connected here: an unreachable Sentinel or an unknown master name is
     ``redis.sentinel.MasterNotFoundError`` at the first command, or see :func:`sentinel_problem`)."""
+    if is_cluster_url(url):
+        return cluster_from_url(url, **kwargs)
     if not is_sentinel_url(url):
         return redis.Redis.from_url(url, **kwargs)
     spec = parse_sentinel_url(url)
@@ -472,6 +478,158 @@ def sentinel_problem(url: str, timeout_s: float = 1.0) -> str | None:
     return f"{spec.describe()}: the Sentinels monitor no master named {spec.master!r} (they monitor none)"
 
 
+# --- Redis Cluster ------------------------------------------------------------------------------------------
+
+CLUSTER_SCHEME = "redis+cluster"
+
+
+@dataclass(frozen=True)
+class ClusterURL:
+    """``redis+cluster://[[user]:password@]host:port[,host:port...][/0]``: start-up nodes of one Redis
+    Cluster (any of its nodes; redis-py learns the rest from ``CLUSTER SLOTS``). A cluster has only
+    database 0."""
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None = None
+    password: str | None = None
+
+    def describe(self) -> str:
+        """The URL without secrets, for messages."""
+        return f"{CLUSTER_SCHEME}://{','.join(f'{h}:{p}' for h, p in self.nodes)}"
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.startswith(f"{CLUSTER_SCHEME}://")
+
+
+def parse_cluster_url(url: str) -> ClusterURL:
+    """Parse a ``redis+cluster://`` URL (see :class:`ClusterURL`); raises :class:`RedisURLError`."""
+    from urllib.parse import unquote
+
+    prefix = f"{CLUSTER_SCHEME}://"
+    if not url.startswith(prefix):
+        raise RedisURLError(f"not a {prefix} URL")
+    rest, _, query = url[len(prefix):].partition("?")
+    if query:
+        raise RedisURLError(f"{prefix} URL takes no options (got ?{query.split('=')[0]}=...)")
+    netloc, _, path = rest.partition("/")
+    if path.strip("/") not in ("", "0"):
+        raise RedisURLError(f"a Redis Cluster has only database 0, not /{path.strip('/')}")
+    userinfo, at, hosts = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, pw = userinfo.partition(":")
+        username, password = (unquote(user) or None), (unquote(pw) if colon else None)
+    items = [h.strip() for h in hosts.split(",") if h.strip()]
+    if not items:
+        raise RedisURLError(f"{prefix} URL names no node ({prefix}host:port,host:port,...)")
+    if len(items) > MAX_SENTINELS:
+        raise RedisURLError(f"{len(items)} cluster nodes listed; at most {MAX_SENTINELS} (a few are enough)")
+    nodes = tuple(dict.fromkeys(_host_port(h) for h in items))
+    return ClusterURL(nodes, username, password)
+
+
+#: MOVED and ASK redirections the Redis Cluster clients of this process received (each one retried by
+#: redis-py): ``{"moved": n, "ask": n}``. Listeners (the control plane's Prometheus counter) are called
+#: with the kind at every one.
+REDIRECTIONS: dict[str, int] = {"moved": 0, "ask": 0}
+_redirection_listeners: list[Callable[[str], None]] = []
+
+
+def on_redirection(listener: Callable[[str], None]) -> None:
+    """Call ``listener("moved" | "ask")`` at every cluster redirection this process receives."""
+    if listener not in _redirection_listeners:
+        _redirection_listeners.append(listener)
+
+
+def _count_redirections() -> None:
+    """Count every ``-MOVED``/``-ASK`` reply, where redis-py turns it into an exception (its one place,
+    for plain commands, pipelines and transactions alike); redis-py retries them itself, and exposes
+    no hook of its own. The exception returned is redis-py's own, unchanged (its cluster code checks
+    the exact type)."""
+    from redis._parsers.base import BaseParser
+
+    if getattr(BaseParser.parse_error, "_outlier_counted", False):
+        return
+    original = BaseParser.parse_error.__func__
+
+    def parse_error(cls: type, response: str) -> Exception:
+        exc = original(cls, response)
+        if isinstance(exc, redis.exceptions.AskError):  # MovedError is an AskError
+            kind = "moved" if isinstance(exc, redis.exceptions.MovedError) else "ask"
+            REDIRECTIONS[kind] += 1
+            for listener in list(_redirection_listeners):
+                try:
+                    listener(kind)
+                except Exception:  # a metric must not break a Redis command
+                    log.debug("redirection listener failed", exc_info=True)
+        return exc
+
+    parse_error._outlier_counted = True  # type: ignore[attr-defined]
+    BaseParser.parse_error = classmethod(parse_error)  # type: ignore[method-assign,assignment]
+
+
+def cluster_from_url(url: str, **kwargs: Any) -> Any:
+    """A ``redis.cluster.RedisCluster`` for a ``redis+cluster://`` URL. redis-py follows ``MOVED`` and
+    ``ASK`` itself (counted in :data:`REDIRECTIONS`); ``kwargs`` (socket timeouts,
+    ``health_check_interval``) apply to every node's connections. The constructor asks the listed
+    nodes for the slot map: with none reachable it raises ``redis.RedisClusterException`` after the
+    connect timeout (see :func:`cluster_problem` for a start-up check that names each node)."""
+    from redis.cluster import ClusterNode, RedisCluster
+
+    spec = parse_cluster_url(url)
+    _count_redirections()
+    node_kwargs = dict(kwargs)
+    if spec.username:
+        node_kwargs["username"] = spec.username
+    if spec.password:
+        node_kwargs["password"] = spec.password
+    return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in spec.nodes], **node_kwargs)
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` is a Redis Cluster client (sharded pub/sub, one slot per transaction)."""
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster)
+
+
+def cluster_problem(url: str, timeout_s: float = 1.0) -> str | None:
+    """What is wrong with the Redis Cluster of ``url``, in words naming the nodes (None when every listed
+    node answers as a member of one cluster whose 16384 slots are all served; for a URL that is not a
+    cluster one, None without any connection). Each node gets ``timeout_s`` to connect and to answer:
+    a start-up check that fails fast instead of hanging."""
+    if not is_cluster_url(url):
+        return None
+    try:
+        spec = parse_cluster_url(url)
+    except RedisURLError as exc:
+        return str(exc)
+    problems: list[str] = []
+    for host, port in spec.nodes:
+        where = f"{host}:{port}"
+        client = redis.Redis(host=host, port=port, username=spec.username, password=spec.password,
+                             socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        try:
+            info = client.execute_command("CLUSTER", "INFO")
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            problems.append(f"node {where} unreachable ({type(exc).__name__}: {exc})")
+            continue
+        except redis.ResponseError as exc:  # cluster support is disabled: not a cluster node
+            problems.append(f"node {where} is not a cluster node ({exc})")
+            continue
+        finally:
+            client.close()
+        text = info.decode() if isinstance(info, bytes) else str(info)
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        if fields.get("cluster_state") != "ok" or fields.get("cluster_slots_ok") != "16384":
+            problems.append(f"node {where}: cluster_state {fields.get('cluster_state')}, "
+                            f"{fields.get('cluster_slots_ok')} of 16384 slots served")
+    if problems:
+        return f"{spec.describe()}: {'; '.join(problems)}"
+    return None
+
+
 @dataclass
 class GatewayClient:
     """Pull/subscribe the weights document of one group and keep the last good one.
@@ -504,7 +662,15 @@ class GatewayClient:
 
     @property
     def key(self) -> str:
+        """The versioned document key (:func:`outlier_admin.keys.weights`), read first."""
+        return keys.weights(self.group)
+
+    @property
+    def legacy_key(self) -> str:
+        """``<key_prefix><group>``, read when :attr:`key` is absent (a control plane of the previous
+        release; see the agent README's "Key migration")."""
         return f"{self.key_prefix}{self.group}"
+
 
     def offer(self, raw: bytes | str) -> bool:
         """Validate ``raw`` and keep it if newer than the last good document. True if accepted."""
@@ -537,6 +703,8 @@ class GatewayClient:
         self.stats.fetches += 1
         try:
             raw = self.redis_client.get(self.key)
+            if raw is None:
+                raw = self.redis_client.get(self.legacy_key)
         except redis.RedisError as exc:
             self.stats.redis_errors += 1
             self.stats.last_error = f"{type(exc).__name__}: {exc}"
@@ -559,11 +727,11 @@ class GatewayClient:
         return self.document is None or version >= self.document.version
 
     def report_applied(self, gateway: str, version: int, applied_at: float, mode: str) -> bool:
-        """Tell the control plane which version this gateway applied (:data:`APPLIED_KEY_PREFIX`).
+        """Tell the control plane which version this gateway applied (:func:`outlier_admin.keys.applied`).
         Best effort: a Redis error is counted and logged, never raised (applying matters, reporting
         does not). True when written."""
         body = json.dumps({"version": int(version), "applied_at": round(float(applied_at), 3), "mode": mode})
-        key = f"{APPLIED_KEY_PREFIX}{self.group}"
+        key = keys.applied(self.group)
         try:
             pipe = self.redis_client.pipeline(transaction=False)
             pipe.hset(key, gateway[:200], body)
@@ -634,13 +802,11 @@ class GatewayClient:
         while not stop.is_set():
             if pubsub is None:
                 try:
-                    pubsub = self.redis_client.pubsub(ignore_subscribe_messages=True)
-                    pubsub.subscribe(self.channel)
+                    pubsub = _Notifications(self.redis_client, self.group, self.channel)
                 except redis.RedisError as exc:
                     self.stats.redis_errors += 1
                     self.stats.last_error = f"{type(exc).__name__}: {exc}"
                     log.warning("cannot subscribe to %s: %s (polling only)", self.channel, exc)
-                    _close(pubsub)
                     pubsub = None
             now = self.clock()
             if now >= next_poll:
@@ -653,8 +819,8 @@ class GatewayClient:
                 deliver()  # the fail-open transition happens on the clock, not on a message
                 continue
             try:
-                msg = pubsub.get_message(timeout=min(wait, 1.0) if wait > 0 else 0.0)
-            except (redis.RedisError, OSError, ValueError) as exc:
+                payload = pubsub.get(timeout=min(wait, 1.0) if wait > 0 else 0.0)
+            except (redis.RedisError, OSError, ValueError, KeyError) as exc:
                 self.stats.redis_errors += 1
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("pub/sub connection lost: %s (reconnecting)", exc)
@@ -662,7 +828,7 @@ class GatewayClient:
                 pubsub = None
                 stop.wait(reconnect_backoff_s)
                 continue
-            if msg is not None and msg.get("type") == "message" and self.notification_is_news(msg["data"]):
+            if payload is not None and self.notification_is_news(payload):
                 self.refresh()
             deliver()
         _close(pubsub)
@@ -673,6 +839,46 @@ class GatewayClient:
         remaining = self.document.generated_at + self.document.stale_after_s - self.clock()
         # Wake just after the deadline so the fail-open transition is applied promptly.
         return max(0.0, remaining) + 0.01 if remaining > 0 else math.inf
+
+
+class _Notifications:
+    """The group's change notifications: ``SSUBSCRIBE`` to its sharded channel on a Redis Cluster
+    (:func:`outlier_admin.keys.weights_channel`), ``SUBSCRIBE`` to ``channel`` otherwise."""
+
+    def __init__(self, client: Any, group: str, channel: str) -> None:
+        self.sharded = is_cluster(client)
+        self.channel = keys.weights_channel(group) if self.sharded else channel
+        self.pubsub = client.pubsub(ignore_subscribe_messages=not self.sharded)
+        try:
+            if self.sharded:
+                self.pubsub.ssubscribe(self.channel)
+                self.node = client.get_node_from_key(self.channel)
+            else:
+                self.pubsub.subscribe(self.channel)
+        except BaseException:
+            _close(self.pubsub)
+            raise
+
+    def get(self, timeout: float) -> bytes | None:
+        """The next notification's payload, or None after ``timeout`` s. Raises ``redis.ConnectionError``
+        when the subscription ended: Redis ends a shard channel's subscriptions when its slot moves to
+        another primary (resharding, failover), and the caller subscribes again."""
+        if not self.sharded:
+            msg = self.pubsub.get_message(timeout=timeout)
+            return msg["data"] if msg is not None and msg.get("type") == "message" else None
+        msg = self.pubsub.get_sharded_message(timeout=timeout, target_node=self.node)
+        if msg is None:
+            return None
+        kind = msg.get("type")
+        kind = kind.decode() if isinstance(kind, bytes) else kind
+        if kind == "smessage":
+            return msg["data"]
+        if kind == "sunsubscribe":
+            raise redis.ConnectionError(f"{self.channel}: unsubscribed by the server (its slot moved)")
+        return None
+
+    def close(self) -> None:
+        _close(self.pubsub)
 
 
 def _close(pubsub: Any) -> None:

@@ -184,6 +184,25 @@ if REDIS_URL.startswith("redis+sentinel://"):
         raise ImproperlyConfigured(f"REDIS_URL / REDIS_SENTINELS: {exc}") from None
 else:
     _SENTINEL = None
+# A Redis Cluster (docs/scale.md): REDIS_CLUSTER_NODES=host:port,host:port,... (any of its nodes) stands for
+# REDIS_URL=redis+cluster://host:port,..., which may also be given as it is. Each group's keys share one hash
+# slot, so a group's tick and ingest stay single-shard transactions.
+REDIS_CLUSTER_NODES = envlist("REDIS_CLUSTER_NODES", [])
+if REDIS_CLUSTER_NODES:
+    if REDIS_SENTINELS:
+        raise ImproperlyConfigured("REDIS_CLUSTER_NODES and REDIS_SENTINELS are both set: a cluster fails over by itself")
+    REDIS_URL = f"redis+cluster://{','.join(REDIS_CLUSTER_NODES)}"
+if REDIS_URL.startswith("redis+cluster://"):
+    from outlier_admin.gateway_client import RedisURLError, parse_cluster_url
+
+    try:
+        parse_cluster_url(REDIS_URL)
+    except RedisURLError as exc:
+        raise ImproperlyConfigured(f"REDIS_URL / REDIS_CLUSTER_NODES: {exc}") from None
+    if not envstr("CELERY_BROKER_URL"):
+        # kombu has no Redis Cluster transport: the broker is a plain Redis (or Sentinel) of its own.
+        raise ImproperlyConfigured("REDIS_URL is a Redis Cluster: set CELERY_BROKER_URL to a plain Redis or "
+                                   "Sentinel for Celery (kombu cannot use a cluster as its broker)")
 # An ingest answered 200 (and a tick's SQL write) waits until this many replicas hold it (Redis WAIT, at
 # most REDIS_REPLICA_ACK_TIMEOUT_MS; else 503): replication is asynchronous, and without it a failover
 # can lose records the primary had accepted. 0 (default): no wait, a single Redis's behaviour.
@@ -191,6 +210,9 @@ REDIS_MIN_REPLICAS_ACK = envint("REDIS_MIN_REPLICAS_ACK", 0, minimum=0)
 # Long enough for a replica's acknowledgement over a LAN (well under a millisecond when it is up),
 # short enough that an ingest request with no replica to answer it is refused within a second.
 REDIS_REPLICA_ACK_TIMEOUT_MS = envint("REDIS_REPLICA_ACK_TIMEOUT_MS", 500, minimum=1)
+if REDIS_MIN_REPLICAS_ACK and REDIS_URL.startswith("redis+cluster://"):
+    # WAIT counts the replicas of the primary it is sent to; a request spans groups on several primaries.
+    raise ImproperlyConfigured("REDIS_MIN_REPLICAS_ACK is not supported with a Redis Cluster REDIS_URL (set it to 0)")
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -41,6 +41,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from outlier_admin import keys  # noqa: E402  (after the path: run as a script from anywhere)
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
@@ -205,8 +208,8 @@ async def _load(args, base, token, session_key, groups, r, server_pid, worker_pi
             resp.raise_for_status()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (
-            all(r.exists(f"outlier:weights:{g}") for g in groups)
-            and all(r.xlen(f"outlier:stream:{g}") == 0 for g in groups)
+            all(r.exists(keys.weights(g)) for g in groups)
+            and all(r.xlen(keys.stream(g)) == 0 for g in groups)
         ):
             await asyncio.sleep(0.2)
         await asyncio.sleep(1.5)
@@ -258,7 +261,7 @@ async def _load(args, base, token, session_key, groups, r, server_pid, worker_pi
     async def monitor() -> None:
         while time.monotonic() < stop_at:
             for g in groups:
-                raw = r.get(f"outlier:weights:{g}")
+                raw = r.get(keys.weights(g))
                 if raw:
                     doc = orjson.loads(raw)
                     if not cadence[g] or cadence[g][-1][0] != doc["version"]:
@@ -283,7 +286,7 @@ async def _load(args, base, token, session_key, groups, r, server_pid, worker_pi
     # Drain: wait until every stream is consumed, then read how many samples the detectors applied.
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if all(r.xlen(f"outlier:stream:{g}") == 0 for g in groups):
+        if all(r.xlen(keys.stream(g)) == 0 for g in groups):
             break
         await asyncio.sleep(0.5)
     await asyncio.sleep(2.5)  # the tick that acked the last entries has stored its state
@@ -339,7 +342,7 @@ def _applied(r, groups: list[str]) -> int:
 
     total = 0
     for g in groups:
-        raw = r.hget(f"outlier:state:{g}", "detector")
+        raw = r.hget(keys.state(g), "detector")
         if raw:
             total += int(GroupDetector.from_bytes(raw).evaluate(time.time()).counts.sum())
     return total

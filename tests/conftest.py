@@ -33,11 +33,13 @@ def _fresh_preview_buckets(settings):
     repeat between runs of the suite, and a bucket outlives its test by up to a minute."""
     import redis
 
+    from outlier_admin import keys
+
     try:
         client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
-        keys = list(client.scan_iter(match="outlier:ratelimit:preview:*", count=1000))
-        if keys:
-            client.delete(*keys)
+        buckets = list(client.scan_iter(match=keys.preview_ratelimit("*"), count=1000))
+        if buckets:
+            client.delete(*buckets)
     except redis.RedisError:
         pass  # a test without the machine's Redis
     yield

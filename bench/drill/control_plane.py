@@ -19,7 +19,7 @@ The group and its nodes are created through the operator's actions (``do_create_
 ``drill-<hex>``; :func:`retire_stale` retires the ones earlier runs left behind (and disables their
 log sources), since ticks, scrapes and tails run over every live group and source.
 
-:class:`WeightsWatcher` polls the published document (``outlier:weights:<group>``) and keeps every
+:class:`WeightsWatcher` polls the published document (:func:`outlier_admin.keys.weights`) and keeps every
 change of a node's weight or state with the time it was seen: what a gateway was told, and when.
 """
 
@@ -38,7 +38,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from outlier_admin.gateway_client import KEY_PREFIX
+from outlier_admin import keys
 from tests.harness.gateways import CeleryWorker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,11 +104,11 @@ class _Child:
 
 
 class WeightsWatcher:
-    """Polls ``outlier:weights:<group>`` every ``every_s`` and keeps each change (module docstring)."""
+    """Polls the group's weights document (:func:`outlier_admin.keys.weights`) every ``every_s`` and keeps each change (module docstring)."""
 
     def __init__(self, redis_client: Any, group: str, *, every_s: float = 0.2) -> None:
         self.r = redis_client
-        self.key = f"{KEY_PREFIX}{group}"
+        self.key = keys.weights(group)
         self.every_s = every_s
         self.changes: list[dict[str, Any]] = []  # {"seen_at", "version", "nodes": {addr: [weight, state]}}
         self.documents = 0

@@ -37,6 +37,7 @@ from bench.drill import gateways as gateways_mod
 from bench.drill.control_plane import ROOT, ControlPlane, WeightsWatcher, new_group_name
 from bench.drill.load import TIMEOUT_S, PoissonLoad
 from bench.drill.report import summarise
+from outlier_admin import keys
 from tests.harness.gateways import make_workdir
 
 #: Bounds of a drill's shape (a drill is minutes on a 2-core host, never hours).
@@ -206,7 +207,7 @@ def run_drill(cfg: DrillConfig, *, log: Any = print) -> dict[str, Any]:
         if fleet is not None:
             fleet.stop()
         faults_mod.cleanup_stale()
-        r.delete(f"outlier:weights:{group}", f"outlier:applied:{group}")
+        r.delete(keys.weights(group), keys.legacy_weights(group), keys.applied(group))
         if not cfg.keep_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
         else:

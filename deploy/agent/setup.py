@@ -1,7 +1,7 @@
 """outlier-admin-agent, built from the repository's own source files (nothing is copied here).
 
 The modules are listed below: the agent, the gateway client
-and what it imports (``detector.states``, ``outlier_admin.fleet.names``), and the log-format parsers
+and what it imports (``detector.states``, ``outlier_admin.fleet.names``, ``outlier_admin.keys``), and the log-format parsers
 the shipper uses (with ``outlier_admin.ingest.records``, which the Envoy and OpenAI-style parsers
 read timestamps with, and the records contract it checks, ``detector.records``). None of them
 imports Django, Celery or numpy; tests/deploy/test_packaging.py installs the wheel in a venv that
@@ -30,7 +30,7 @@ ROOT = HERE.parents[1]
 MODULES: dict[str, list[str]] = {
     # The traffic table and the records contract (plain Python); detector/__init__ imports lazily.
     "detector": ["__init__", "records", "states"],
-    "outlier_admin": ["__init__", "gateway_client"],  # __init__ loads Celery only when it is there
+    "outlier_admin": ["__init__", "gateway_client", "keys"],  # __init__ loads Celery only when it is there
     "outlier_admin.agent": ["*"],
     "outlier_admin.fleet": ["__init__", "names"],
     "outlier_admin.ingest": ["__init__", "records"],

@@ -6,13 +6,14 @@ against two :class:`detector.Thresholds` — the current ones and the proposed o
 simulated transitions of each, so an operator sees what a change *would have done* before saving it.
 
 Rules replayed: the detector's own, not a copy. Each history step (``HISTORY_EVERY_S``) becomes a peer
-view of the recorded figures, and :func:`replay` hands it to the functions a tick decides with —
-:func:`detector.detectors.zscore.decide` (the deciding signal, the queue-drain rule for groups
-without TTFT), :mod:`detector.ejection` (persistence in seconds held between history steps, over
-evaluations; the recorded evidence stands in for the unrecorded strength over the quarantine line;
-the evidence gate with flap damping, cause priority and ``dry_run``, the safeguard cap and its ``safeguard_blocked``
-hold, soft degrade with hysteresis, approval) and the tail and cross-P50 formulas of
-:mod:`detector.detectors`. A change of a rule in the detector is a change of the preview.
+view of the recorded figures, and :func:`replay` hands it to :func:`detector.evaluation.evaluate`,
+the evaluation a tick runs: the deciding signal and the queue-drain rule for groups without TTFT,
+persistence in seconds held between history steps, over evaluations (the recorded evidence stands in
+for the unrecorded strength over the quarantine line), the evidence gate with flap damping, cause
+priority and ``dry_run``, the safeguard cap and its hold (``safeguard_blocked``: a move the cap held,
+:attr:`detector.moves.Move.safeguard_hold`), soft degrade with hysteresis, approval, and the tail and
+cross-P50 detectors over the recorded percentiles (:class:`detector.detectors.tail.RecordedTail`). A
+change of a rule in the detector is a change of the preview.
 
 ``baseline`` at a timestamp is the detector's own, stored by the tick with the history rows
 (:class:`~outlier_admin.control.models.GroupBaseline`, same ``at``); for rows written without one
@@ -69,9 +70,8 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from detector import ejection
-from detector.detectors.cross_p50 import cross_p50_slow
 from detector.thresholds import Thresholds
+from outlier_admin import keys
 from outlier_admin.api.permissions import CAPABILITIES, user_can
 from outlier_admin.api.queries import decision_signal
 from outlier_admin.control.models import GroupBaseline, NodeHistory, Transition
@@ -125,7 +125,7 @@ class PreviewThrottled(Exception):
 
 def rate_key(user_id: int) -> str:
     """The token bucket of a user's previews: hash ``tokens``, ``at`` (Redis time, seconds)."""
-    return f"outlier:ratelimit:preview:{user_id}"
+    return keys.preview_ratelimit(user_id)
 
 
 # Refill by the time elapsed since the last take (Redis' own clock: every web process agrees), take one
@@ -303,20 +303,23 @@ def replay(
     signal and the queue-drain rule (:func:`detector.detectors.zscore.decide`), persistence (in
     seconds, ``quarantine_persistence_s``, measured between history steps; or, set to 0 and in seed
     mode, the leaky count), the evidence gate with flap damping, tail and cross-P50 verdicts, cause priority and
-    ``dry_run``, the safeguard cap, soft degrade and hysteresis, approval. Pure function.
+    ``dry_run``, the safeguard cap, soft degrade and hysteresis, approval: :func:`detector.evaluation.evaluate`,
+    without restores and probes (not recorded). Pure function.
 
     ``node_count`` sizes the safeguard (the group's nodes, not only those with history);
     ``baselines``: the detector's stored baseline per timestamp (missing: median-EMA estimate);
     ``queue_laden``: the rows are of ``norm`` in a group without TTFT; ``also``: the other queue-free
     signals' rows and stored baselines (``prefill_time`` next to ``decode``): the replay judges each
     node on the larger Z, as the detector does."""
-    from detector.detectors import cross_p50, zscore
-    from detector.detectors.tail import TailDetector, tail_step
-    from detector.detectors.verdict import Verdict
+    from detector.detectors import zscore
+    from detector.detectors.cross_p50 import CrossP50Detector
+    from detector.detectors.tail import RecordedTail
+    from detector.detectors.zscore import ZScoreDetector
+    from detector.evaluation import evaluate
     from detector.moves import Moves
     from detector.nodes import NodeArrays
     from detector.signals import SIGNALS
-    from detector.states import NodeState, Reason
+    from detector.states import NodeState
 
     baselines = baselines or {}
     by_at: dict[datetime, list[Row]] = defaultdict(list)
@@ -329,7 +332,6 @@ def replay(
     a.state[:] = NodeState.HEALTHY
     seen: set[str] = set()
     k = SIGNALS.index("norm" if queue_laden else "decode")
-    none = np.zeros(len(a), dtype=bool)
     out: list[SimTransition] = []
     for at in sorted(by_at):
         now = at.timestamp()
@@ -375,23 +377,13 @@ def replay(
         a.new_samples = judged.astype(np.int64)  # one sample per history step
         with np.errstate(invalid="ignore"):
             a.new_drained = (judged & (now >= a.cut_at + t.queue_drain_s)).astype(np.int64)
-        d = zscore.decide(view, a, t, now)
-        lines = zscore.lines(d, t)
-        z_verdict = ejection.persistent_z(a, t, d, lines.over_q, now)
-        degrade_now = ejection.degrade_wanted(a, t, lines)
-        enough = np.where(judged & np.isfinite(p50), t.tail_min_samples, 0)
-        a.tail, a.tail_windows = tail_step(a.tail, a.tail_windows, p50, p99, enough, min_samples=t.tail_min_samples,
-                                           ratio=t.tail_ratio, windows=t.tail_windows)
-        a.cross_slow = cross_p50_slow(p50, peers, enough > 0, factor=t.cross_p50_ratio).astype(np.int8)
-        verdicts = [Verdict(Reason.CONSECUTIVE_ERRORS, none), Verdict(Reason.SUCCESS_RATE, none), z_verdict,
-                    d.gate(TailDetector.verdict(a), t), d.gate(cross_p50.verdict(a), t)]
         moves = Moves(a.state)
-        ej = ejection.eject(a, t, now, verdicts, d, moves, lambda _reason, _i: "")
-        ejection.soft_degrade(a, now, degrade_now, lines, ej, moves)
-        ejection.end_of_tick(a, now)
+        # Errors are not recorded in the history: the replay's detectors are the latency ones.
+        evaluate(a, t, now, view, (ZScoreDetector(), RecordedTail(p50, p99, judged & np.isfinite(p50)),
+                                   CrossP50Detector()), moves)
         for m in moves.taken:
             if not a.ids[m.i].startswith(_PAD):
-                rule = "safeguard_blocked" if m.detail.startswith("safeguard") else m.reason.value
+                rule = "safeguard_blocked" if m.safeguard_hold else m.reason.value
                 out.append(SimTransition(a.ids[m.i], at, m.src.label, m.dst.label, rule))
     return out
 

@@ -20,7 +20,7 @@ the request took (plus :data:`TIMING_SLACK_MS` for the two clocks' rounding); ot
 time stands.
 
 Which probes are due is decided by the tick (``Evaluation.probes_due``, written to
-``outlier:probes:<group>``); an ``NX`` guard per node keeps one probe in flight per node.
+the hash :func:`outlier_admin.keys.probes`); an ``NX`` guard per node keeps one probe in flight per node.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from typing import Any
 import httpx
 from django.conf import settings
 
+from outlier_admin import keys
 from outlier_admin.control.models import CanaryProbe
-from outlier_admin.control.redis_conn import get_redis, mark_inputs_pending, probes_key
+from outlier_admin.control.redis_conn import get_redis, mark_inputs_pending
 from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.fleet.names import NameError_
 from outlier_admin.fleet.netguard import guarded_transport
@@ -167,17 +168,17 @@ def run_due_probes() -> int:
     r = get_redis()
     sent = 0
     for group in ModelGroup.objects.filter(retired=False):
-        due = r.hkeys(probes_key(group.name))
+        due = r.hkeys(keys.probes(group.name))
         if not due:
             continue
         names = [d.decode() for d in due]
         interval = group.thresholds().canary_interval_s
         for node in Node.objects.filter(group=group, name__in=names, retired=False).select_related("group"):
-            guard = f"outlier:probe-inflight:{group.name}:{node.name}"
+            guard = keys.probe_inflight(group.name, node.name)
             # One probe in flight per node, whichever worker gets here first.
             if not r.set(guard, b"1", nx=True, px=int((settings.CANARY_TIMEOUT_S + 1) * 1000)):
                 continue
-            r.hdel(probes_key(group.name), node.name)  # taken (the tick lists a probe once, when due)
+            r.hdel(keys.probes(group.name), node.name)  # taken (the tick lists a probe once, when due)
             started = time.monotonic()
             try:
                 probe_node(node)

@@ -78,16 +78,19 @@ def refuse_bad_tick_timing() -> None:
 # A misconfigured Sentinel (an unknown master name, no Sentinel reachable) must stop a process at start
 # with what is wrong, not leave it retrying or waiting on its first command. Asked only for a
 # ``redis+sentinel://`` REDIS_URL (a plain Redis is left to the first command, as before), each Sentinel
-# with a 1 s timeout: at most a second per listed Sentinel when none answers.
+# with a 1 s timeout: at most a second per listed Sentinel when none answers. The same for a Redis Cluster
+# (``redis+cluster://``): every listed node must answer as a member of a cluster serving all 16384 slots.
 
 SENTINEL_CHECK_ID = "control.E002"
 SENTINEL_TIMEOUT_S = 1.0
 
 
 def _sentinel_problem() -> str | None:
-    from outlier_admin.gateway_client import sentinel_problem
+    """The sentinel URL's problem, or a cluster URL's (a node unreachable or not serving every slot)."""
+    from outlier_admin.gateway_client import cluster_problem, sentinel_problem
 
-    return sentinel_problem(settings.REDIS_URL, timeout_s=SENTINEL_TIMEOUT_S)
+    return (sentinel_problem(settings.REDIS_URL, timeout_s=SENTINEL_TIMEOUT_S)
+            or cluster_problem(settings.REDIS_URL, timeout_s=SENTINEL_TIMEOUT_S))
 
 
 @checks.register("redis")
@@ -99,7 +102,8 @@ def check_redis_sentinel(app_configs: Any = None, **kwargs: Any) -> list[checks.
     return [checks.Error(
         problem,
         hint="REDIS_SENTINELS lists the Sentinels (host:port,...), REDIS_SENTINEL_MASTER the name in their "
-             "'sentinel monitor <name> ...' line; or REDIS_URL=redis+sentinel://host:port,.../<name>/<db>.",
+             "'sentinel monitor <name> ...' line; or REDIS_URL=redis+sentinel://host:port,.../<name>/<db>. "
+             "A cluster: REDIS_CLUSTER_NODES (host:port,...) lists nodes of one cluster whose slots are all served.",
         id=SENTINEL_CHECK_ID,
     )]
 

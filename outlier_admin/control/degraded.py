@@ -5,13 +5,13 @@ configuration and what happened (transitions, history, baselines, proposals). Wh
 unreachable, the tick (:mod:`outlier_admin.control.tick`, the same pipeline) runs over
 :class:`OutageStore` instead of the SQL store:
 
-- the group and its nodes come from a snapshot (``outlier:config:<group>``, JSON) that every normal
+- the group and its nodes come from a snapshot (:func:`outlier_admin.keys.config_snapshot`, JSON) that every normal
   tick refreshes; threshold changes, overrides and proposal decisions wait for PostgreSQL (they are
   stored there) and are applied by the first normal tick after it returns;
 - the weights ``version`` continues from the detector state's (the group lock makes ticks of a group
   sequential), and :func:`drain` lifts ``ModelGroup.weights_version`` to it so the version stays
   monotonic once PostgreSQL is back;
-- the rows a normal tick would write go to a Redis list ``outlier:outbox:<group>`` (one JSON item per
+- the rows a normal tick would write go to a Redis list (:func:`outlier_admin.keys.outbox`) (one JSON item per
   tick) **in the same MULTI/EXEC as the weights document and the detector state**: the samples are
   applied and their rows kept together or not at all; only then are the stream entries acknowledged.
 
@@ -44,9 +44,9 @@ from django.db import connection, transaction
 from django.db.models import Model
 
 from detector import GroupDetector
+from outlier_admin import keys
 from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.control.models import Transition as TransitionRow
-from outlier_admin.control.redis_conn import degraded_key, outbox_key, snapshot_key
 from outlier_admin.control.rows import rows_of_tick
 from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.observability.outage import DB_OUTAGE_ERRORS
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 # What "PostgreSQL is unreachable" looks like (connection refused, reset, server gone): one owner.
 DB_ERRORS = DB_OUTAGE_ERRORS
-GROUPS_KEY = "outlier:groups"
+GROUPS_KEY = keys.GROUPS
 _MODELS: dict[str, type[Model]] = {"transition": TransitionRow, "history": NodeHistory, "baseline": GroupBaseline}
 _LABELS = {v: k for k, v in _MODELS.items()}
 # Natural key of each outboxed row: how a re-drained row is recognised as already written.
@@ -99,14 +99,14 @@ def store_snapshot(pipe: Any, group: ModelGroup, nodes: list[Node], *, force: bo
     _written_key[group.name] = key
     if not force and _written.get(group.name) == snap:
         return
-    pipe.set(snapshot_key(group.name), snap)
+    pipe.set(keys.config_snapshot(group.name), snap)
     pipe.sadd(GROUPS_KEY, group.name)
     _written[group.name] = snap
 
 
 def load_snapshot(r: redis.Redis, name: str) -> tuple[ModelGroup, list[Node]] | None:
     """Unsaved model instances (with their real primary keys) rebuilt from the snapshot."""
-    raw = r.get(snapshot_key(name))
+    raw = r.get(keys.config_snapshot(name))
     if raw is None:
         return None
     snap = orjson.loads(raw)
@@ -160,7 +160,7 @@ def applied_inputs(overrides: list[Any], decided: list[Any], probes: list[Any]) 
 
 
 def outbox_length(r: redis.Redis, group: str) -> int:
-    return int(r.llen(outbox_key(group)))
+    return int(r.llen(keys.outbox(group)))
 
 
 def drain(r: redis.Redis, group: ModelGroup, *, max_items: int = 200) -> int:
@@ -169,8 +169,8 @@ def drain(r: redis.Redis, group: ModelGroup, *, max_items: int = 200) -> int:
     Call under the group's tick lock. Also lifts ``weights_version`` to what degraded ticks published.
     """
     pipe = r.pipeline(transaction=False)
-    pipe.get(degraded_key(group.name))
-    pipe.lrange(outbox_key(group.name), 0, max_items - 1)
+    pipe.get(keys.degraded(group.name))
+    pipe.lrange(keys.outbox(group.name), 0, max_items - 1)
     flag, items = pipe.execute()
     if flag is None and not items:
         return 0
@@ -207,9 +207,9 @@ def drain(r: redis.Redis, group: ModelGroup, *, max_items: int = 200) -> int:
                                           reason=p["reason"], evidence=p["evidence"])
     # After the commit: a crash here re-drains these items, and _not_yet_written skips them.
     pipe = r.pipeline(transaction=True)
-    pipe.ltrim(outbox_key(group.name), len(items), -1)
+    pipe.ltrim(keys.outbox(group.name), len(items), -1)
     if flag is not None:
-        pipe.delete(degraded_key(group.name))
+        pipe.delete(keys.degraded(group.name))
     pipe.execute()
     if items:
         log.info("outbox of %s drained: %d items, %d rows written", group.name, len(items), inserted)
@@ -297,9 +297,9 @@ class sql_or_outbox:  # lower case: used like transaction.atomic
                     self.group, exc)
         rows, proposals = self.rows_if_failed()
         pipe = self.r.pipeline(transaction=True)
-        pipe.rpush(outbox_key(self.group), outbox_item(rows, proposals, self.applied()))
+        pipe.rpush(keys.outbox(self.group), outbox_item(rows, proposals, self.applied()))
         if self.version is not None:
-            pipe.set(degraded_key(self.group), self.version)
+            pipe.set(keys.degraded(self.group), self.version)
         pipe.execute()
         return True
 
@@ -332,8 +332,8 @@ class OutageStore:
         rows, proposals = rows_of_tick(out.ev, out.group, out.by_name, out.transitions,
                                        shadow=out.shadow, now=out.now, write_all=out.write_all)
         if rows or proposals:
-            pipe.rpush(outbox_key(self.name), outbox_item(rows, proposals, {}))
-        pipe.set(degraded_key(self.name), out.version)
+            pipe.rpush(keys.outbox(self.name), outbox_item(rows, proposals, {}))
+        pipe.set(keys.degraded(self.name), out.version)
 
     def write(self, r: redis.Redis, out: Any) -> None:
         """Nothing: the rows went to the outbox with the state."""

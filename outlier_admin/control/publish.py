@@ -1,7 +1,8 @@
 """The gateway contract: one weights document per group in Redis, and a change notification.
 
-Key ``outlier:weights:<group>`` holds (JSON, written with one ``SET``, so a reader sees either the
-old or the new document, never half of one)::
+Key :func:`outlier_admin.keys.weights` (``outlier:{<group>}:weights:v2``, in the group's cluster
+slot) holds (JSON, written with one ``SET``, so a reader sees either the old or the new document,
+never half of one)::
 
     {"group": "llama-70b-h100", "version": 42, "generated_at": 1767225600.25, "stale_after_s": 30,
      "safeguard": false,
@@ -19,8 +20,13 @@ old or the new document, never half of one)::
 - A gateway must ignore a document older than ``stale_after_s`` (by ``generated_at``) and use base
   weights: the control plane is down or cut off.
 
-After the SET, ``{"group": ..., "version": ...}`` is published on channel ``outlier:weights``
-(in the same MULTI/EXEC, so the notification never precedes the document).
+After the SET, ``{"group": ..., "version": ...}`` is published (in the same MULTI/EXEC, so the
+notification never precedes the document): with ``SPUBLISH`` on the group's sharded channel
+(:func:`outlier_admin.keys.weights_channel`) on a Redis Cluster, with ``PUBLISH`` on
+:data:`outlier_admin.keys.LEGACY_WEIGHTS_CHANNEL` otherwise. On a single Redis or Sentinel the same
+MULTI also writes the document at its previous name (:func:`outlier_admin.keys.legacy_weights`), for
+the agents of the previous release, for one release (the agent README's "Key migration"); a cluster
+is new with this release, and an agent of the previous one cannot follow a cluster's redirections.
 """
 
 from __future__ import annotations
@@ -32,10 +38,11 @@ from typing import Any
 import orjson
 from django.conf import settings
 
-from outlier_admin.control.redis_conn import WEIGHTS_CHANNEL, get_redis, weights_key
+from outlier_admin import keys
+from outlier_admin.control.redis_conn import get_redis
 from outlier_admin.fleet.models import ModelGroup
 from outlier_admin.fleet.names import NameError_, parse_address
-from outlier_admin.gateway_client import check_document
+from outlier_admin.gateway_client import check_document, is_cluster
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +112,14 @@ def _hostport(address: str) -> str:
 def queue_document(pipe: Any, doc: dict[str, Any]) -> None:
     """Queue the document's ``SET`` and then its notification on ``pipe`` (a MULTI: the tick adds
     them to its fenced state write, so a gateway never hears of a version before it can read it)."""
-    pipe.set(weights_key(doc["group"]), orjson.dumps(doc))
-    pipe.publish(WEIGHTS_CHANNEL, orjson.dumps({"group": doc["group"], "version": doc["version"]}))
+    group, body = doc["group"], orjson.dumps(doc)
+    note = orjson.dumps({"group": group, "version": doc["version"]})
+    pipe.set(keys.weights(group), body)
+    if is_cluster(pipe):  # every key and channel here in the group's slot: one shard's MULTI
+        pipe.spublish(keys.weights_channel(group), note)
+    else:
+        pipe.set(keys.legacy_weights(group), body)
+        pipe.publish(keys.LEGACY_WEIGHTS_CHANNEL, note)
 
 
 def publish_weights(group: ModelGroup, nodes: list[dict[str, Any]], *, safeguard: bool, now: float) -> int:
@@ -126,5 +139,5 @@ def publish_weights(group: ModelGroup, nodes: list[dict[str, Any]], *, safeguard
 
 def read_weights(group: str) -> dict[str, Any] | None:
     """The current document of ``group`` (for the dashboard and tests), or None."""
-    raw = get_redis().get(weights_key(group))
+    raw = get_redis().get(keys.weights(group))
     return None if raw is None else orjson.loads(raw)

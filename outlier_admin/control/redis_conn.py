@@ -1,33 +1,10 @@
 """The one place that opens Redis connections (so the demo can swap in fakeredis): a single Redis
-(``redis://``) or one run with Sentinel (``redis+sentinel://``; see docs/redis-ha.md).
+(``redis://``), one run with Sentinel (``redis+sentinel://``; see docs/redis-ha.md) or a Redis Cluster
+(``redis+cluster://``; see docs/scale.md), and the locks and fences of the tick over them.
 
-Key layout (all prefixed ``outlier:``; the gateway contract keys are fixed by the issue):
-
-- ``outlier:weights:<group>``      published weights document (JSON string)  [gateway contract]
-- ``outlier:weights``              pub/sub channel, ``{"group", "version"}``  [gateway contract]
-- ``outlier:stream:<group>``       Redis Stream of ingest batches (consumer group ``ticks``)
-- ``outlier:state:<group>``        hash: ``detector`` (checkpoint, ``GroupDetector.to_bytes()``),
-                                   ``last_id`` (last stream id in the checkpoint), ``rev`` (token of
-                                   the last tick's write: the fence and the in-process cache key),
-                                   ``version`` (last weights version), ``thresholds_version``,
-                                   ``history_slot``, ``checkpoint_at``
-- ``outlier:inputs:<group>``       counter: operator inputs written and not yet applied by a tick
-- ``outlier:lock:tick:<group>``    per-group tick lock (token, PX lease renewed while the tick runs)
-- ``outlier:tick:queued:<group>``  a tick of the group is queued (``control.scheduling``; PX lease)
-- ``outlier:tick:last``            sorted set group -> Redis time its last completed tick started
-- ``outlier:tickers``              sorted set ticker id -> lease expiry (event-driven tick loops,
-                                   ``control.scheduling.Ticker``); ``outlier:tickers:groups`` their shares
-- ``outlier:dedup:<group>:<n>``    request_id sets per de-duplication window
-- ``outlier:probes:<group>``       hash node -> JSON of a canary probe due (written by the tick)
-- ``outlier:probe-inflight:<group>:<node>``  NX guard: one probe at a time per node
-- ``outlier:config:<group>``       the group's snapshot for ticks while PostgreSQL is down (degraded)
-- ``outlier:outbox:<group>``       list of a degraded tick's SQL rows, written when PostgreSQL returns
-- ``outlier:degraded:<group>``     the version a degraded tick published (cleared by the drain)
-- ``outlier:itl:<group>``          hash node -> the last model-server scrape's counters (``ingest.modelserver``)
-- ``outlier:scraper:lease:<i>/<n>``  the scrape_metrics process holding shard i of n (token, PX lease)
-- ``outlier:scraper:alive``        some scrape_metrics process holds a shard (the beat's round steps aside)
-- ``outlier:scrape:rejected:<group>:<node>:<kind>``  NX guard: one rejected-input row a minute
-- ``outlier:replica-ack``           written before each ``WAIT`` (:func:`replicas_acked`); read by nobody
+Every key and channel is named in :mod:`outlier_admin.keys`. On a Redis Cluster every transaction here
+(a lock's release and extension, the tick's fence) touches the keys of one group only, which share one
+hash slot (``outlier:{<group>}:...``): a cluster refuses a MULTI/EXEC or a WATCH across slots.
 """
 
 from __future__ import annotations
@@ -41,7 +18,12 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from outlier_admin.gateway_client import redis_from_url  # Django-free: the agents use it too
+from outlier_admin import keys
+from outlier_admin.gateway_client import (  # Django-free: the agents use it too
+    is_cluster,
+    on_redirection,
+    redis_from_url,
+)
 
 log = logging.getLogger(__name__)
 _local = threading.local()
@@ -49,11 +31,22 @@ _override: Any = None
 
 
 def client_for(url: str) -> redis.Redis:
-    """A client for ``url`` with the control plane's socket timeouts: a plain ``redis://`` URL or a
-    ``redis+sentinel://host:port,.../<master>/<db>`` one (the one URL-to-client function,
-    :func:`outlier_admin.gateway_client.redis_from_url`, which the agents use too). Tools and
-    benchmarks that take a URL build their client here, never with ``redis.Redis.from_url``."""
-    return redis_from_url(url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=30)
+    """A client for ``url`` with the control plane's socket timeouts: a plain ``redis://`` URL, a
+    ``redis+sentinel://host:port,.../<master>/<db>`` one or a ``redis+cluster://host:port,...`` one
+    (the one URL-to-client function, :func:`outlier_admin.gateway_client.redis_from_url`, which the
+    agents use too). Tools and benchmarks that take a URL build their client here, never with
+    ``redis.Redis.from_url``. A cluster client's ``MOVED``/``ASK`` redirections are counted in
+    ``outlier_redis_cluster_redirections_total``."""
+    client = redis_from_url(url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=30)
+    if is_cluster(client):
+        on_redirection(_count_redirection)
+    return client
+
+
+def _count_redirection(kind: str) -> None:
+    from outlier_admin.observability.metrics import REDIS_REDIRECTIONS
+
+    REDIS_REDIRECTIONS.labels(kind).inc()
 
 
 def get_redis() -> redis.Redis:
@@ -69,10 +62,18 @@ def get_redis() -> redis.Redis:
     return client
 
 
+def mget(client: Any, names: list[str]) -> list[bytes | None]:
+    """``MGET`` of keys that may sit in several cluster slots (one group's each): on a Redis Cluster
+    redis-py's ``mget_nonatomic`` (one ``MGET`` per slot, pipelined); a single ``MGET`` otherwise."""
+    if not names:
+        return []
+    return client.mget_nonatomic(names) if is_cluster(client) else client.mget(names)
+
+
 # --- replica acknowledgement ------------------------------------------------------------------------------
 
 #: Written just before every ``WAIT`` (see :func:`replicas_acked`); holds nothing anyone reads.
-REPLICA_ACK_KEY = "outlier:replica-ack"
+REPLICA_ACK_KEY = keys.REPLICA_ACK
 
 
 class NotReplicated(redis.RedisError):
@@ -125,68 +126,14 @@ def set_redis(client: Any) -> None:
     _override = client
 
 
-def weights_key(group: str) -> str:
-    return f"outlier:weights:{group}"
-
-
-WEIGHTS_CHANNEL = "outlier:weights"
-
-
-def stream_key(group: str) -> str:
-    return f"outlier:stream:{group}"
-
-
-def itl_key(group: str) -> str:
-    """Hash node -> the last model-server scrape's counters ``[ts, *EngineCounters]``."""
-    return f"outlier:itl:{group}"
-
-
-def state_key(group: str) -> str:
-    return f"outlier:state:{group}"
-
-
-def inputs_key(group: str) -> str:
-    """Counter of operator inputs (overrides, decisions, probe results) waiting for the group's tick."""
-    return f"outlier:inputs:{group}"
-
-
 def mark_inputs_pending(group: str) -> None:
     """Tell ``group``'s tick that an operator input waits in SQL (call after the row is committed:
     ``transaction.on_commit``). A tick queries the inputs only when this counter is set (or some node
     waits for approval, or on a new history slot, which bounds the delay if this mark was lost)."""
     try:
-        get_redis().incr(inputs_key(group))
+        get_redis().incr(keys.inputs(group))
     except redis.RedisError as exc:  # the row is committed; the next history slot's tick applies it
         log.warning("operator input of %s not signalled to its tick: %s", group, exc)
-
-
-def lock_key(group: str) -> str:
-    return f"outlier:lock:tick:{group}"
-
-
-def tick_queued_key(group: str) -> str:
-    """Set while a tick of ``group`` is queued (see :mod:`outlier_admin.control.scheduling`)."""
-    return f"outlier:tick:queued:{group}"
-
-
-TICK_LAST_KEY = "outlier:tick:last"
-
-
-def probes_key(group: str) -> str:
-    return f"outlier:probes:{group}"
-
-
-def snapshot_key(group: str) -> str:
-    return f"outlier:config:{group}"
-
-
-def outbox_key(group: str) -> str:
-    return f"outlier:outbox:{group}"
-
-
-def degraded_key(group: str) -> str:
-    """Set by a degraded tick to the version it published; cleared by ``degraded.drain``."""
-    return f"outlier:degraded:{group}"
 
 
 class GroupLock:
@@ -229,7 +176,7 @@ class GroupLock:
 
     def extend(self, ttl_ms: int | None = None) -> bool:
         """Reset the lease to ``ttl_ms`` (default: the lock's ttl) if we still hold it."""
-        with self.client.pipeline() as pipe:
+        with self.client.pipeline(transaction=True) as pipe:
             try:
                 pipe.watch(self.key)
                 current = pipe.get(self.key)
@@ -268,7 +215,7 @@ class GroupLock:
         self._stop_renewing()
         if not self.held:
             return
-        with self.client.pipeline() as pipe:
+        with self.client.pipeline(transaction=True) as pipe:
             try:
                 pipe.watch(self.key)
                 current = pipe.get(self.key)
@@ -304,10 +251,10 @@ def fenced(client: redis.Redis, lock: GroupLock | None, state: str, expected_rev
     acknowledges them, must not resume and store its older state over its successor's: that
     un-applies the successor's entries, which are gone from the stream (measured by the chaos probe:
     250 of 30,000 records lost at one 7 s pause, 16,000 of 40,016 at four)."""
-    keys = [state] + ([lock.key] if lock is not None else [])
-    with client.pipeline() as pipe:
+    watched = [state] + ([lock.key] if lock is not None else [])
+    with client.pipeline(transaction=True) as pipe:
         try:
-            pipe.watch(*keys)
+            pipe.watch(*watched)
             if lock is not None and not lock.is_current(pipe.get(lock.key)):
                 raise LeaseLost(f"{lock.key}: held by another tick now")
             if pipe.hget(state, "rev") != expected_rev:
@@ -330,7 +277,7 @@ class Fence:
 
     def __init__(self, client: redis.Redis, lock: GroupLock | None, state: str) -> None:
         self.client, self.lock, self.state = client, lock, state
-        self._pipe = client.pipeline()
+        self._pipe = client.pipeline(transaction=True)
         self._pipe.watch(state, *([lock.key] if lock is not None else []))
 
     def commit(self, lock_value: bytes | None, expected_rev: bytes | None, queue: Callable[[Any], None]) -> None:
@@ -358,5 +305,5 @@ def tick_lock(client: redis.Redis, group: str) -> GroupLock:
     """The lease of ``group``'s tick: ``TICK_LOCK_TTL_MS``, renewed while the tick runs, for at most
     half of ``WEIGHTS_STALE_AFTER_S`` (past that, a hung holder's group must go to another worker
     while the gateways still trust its last document; see :mod:`outlier_admin.control.checks`)."""
-    return GroupLock(client, lock_key(group), settings.TICK_LOCK_TTL_MS,
+    return GroupLock(client, keys.tick_lock(group), settings.TICK_LOCK_TTL_MS,
                      max_hold_ms=settings.WEIGHTS_STALE_AFTER_S * 500)

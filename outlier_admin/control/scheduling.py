@@ -9,7 +9,7 @@ untouched group fell from 1.0 to 0.18 ticks/s; its document reached 35 s).
 
 Now the beat, for the groups it lists:
 
-1. skips a group whose tick is queued (marker ``outlier:tick:queued:<group>``, ``SET NX`` with a
+1. skips a group whose tick is queued (marker :func:`outlier_admin.keys.tick_queued`, ``SET NX`` with a
    lease of ``TICK_LOCK_TTL_MS``) or running (its tick lock is held). The queue holds at most one
    tick per group, so neither many groups nor a slow one can fill it, and a waiting tick keeps its
    place instead of expiring and going to the back;
@@ -38,7 +38,9 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from outlier_admin.control.redis_conn import TICK_LAST_KEY, get_redis, lock_key, stream_key, tick_queued_key
+from outlier_admin import keys
+from outlier_admin.control.redis_conn import get_redis
+from outlier_admin.gateway_client import is_cluster
 
 log = logging.getLogger(__name__)
 
@@ -67,19 +69,19 @@ def claim_due(r: redis.Redis, names: Sequence[str], *, prune: bool = False) -> t
     names = list(dict.fromkeys(names))
     if prune:
         listed = set(names)
-        gone = [m for m in (x.decode() for x in r.zrange(TICK_LAST_KEY, 0, -1)) if m not in listed]
+        gone = [m for m in (x.decode() for x in r.zrange(keys.TICK_LAST, 0, -1)) if m not in listed]
         if gone:
-            r.zrem(TICK_LAST_KEY, *gone)
+            r.zrem(keys.TICK_LAST, *gone)
     if not names:
         return [], now
-    ordered = oldest_first(names, r.zmscore(TICK_LAST_KEY, names))
+    ordered = oldest_first(names, r.zmscore(keys.TICK_LAST, names))
     pipe = r.pipeline(transaction=False)
     for name in ordered:
-        pipe.exists(lock_key(name))
+        pipe.exists(keys.tick_lock(name))
     idle = [name for name, running in zip(ordered, pipe.execute(), strict=True) if not running]
     pipe = r.pipeline(transaction=False)
     for name in idle:
-        pipe.set(tick_queued_key(name), _token(now), nx=True, px=settings.TICK_LOCK_TTL_MS)
+        pipe.set(keys.tick_queued(name), _token(now), nx=True, px=settings.TICK_LOCK_TTL_MS)
     return [name for name, claimed in zip(idle, pipe.execute(), strict=True) if claimed], now
 
 
@@ -90,11 +92,11 @@ def start(r: redis.Redis, group: str, queued_at: float | None) -> float | None:
     now = redis_now(r)
     if queued_at is None:
         return now
-    last = r.zscore(TICK_LAST_KEY, group)
+    last = r.zscore(keys.TICK_LAST, group)
     if last is None or last < queued_at:
         return now
     # Free the group for the next beat if the marker is still this task's (its lease not yet lapsed).
-    key = tick_queued_key(group)
+    key = keys.tick_queued(group)
     current = r.get(key)
     if current is not None and current.decode() == _token(queued_at):
         r.delete(key)
@@ -104,11 +106,12 @@ def start(r: redis.Redis, group: str, queued_at: float | None) -> float | None:
 def finish(r: redis.Redis, group: str, started: float, *, ticked: bool) -> None:
     """After a tick task ran (``ticked``: it completed a tick): record its start, let the beat queue
     the group again. The marker is cleared whoever set it: a newer marker stands for a duplicate,
-    which this tick has made redundant."""
-    pipe = r.pipeline(transaction=True)
+    which this tick has made redundant. (On a Redis Cluster the two keys are in two slots: sent in this
+    order without MULTI; a marker left by a crash in between lapses with its lease.)"""
+    pipe = r.pipeline(transaction=not is_cluster(r))
     if ticked:
-        pipe.zadd(TICK_LAST_KEY, {group: started}, gt=True)
-    pipe.delete(tick_queued_key(group))
+        pipe.zadd(keys.TICK_LAST, {group: started}, gt=True)
+    pipe.delete(keys.tick_queued(group))
     pipe.execute()
 
 
@@ -128,8 +131,10 @@ def finish(r: redis.Redis, group: str, started: float, *, ticked: bool) -> None:
 # others at their next renewal — only its groups move. While at least one ticker lives the beat
 # enqueues nothing (:func:`tickers_alive`): the Celery path stays the fallback.
 
-TICKERS_KEY = "outlier:tickers"
-TICKER_GROUPS_KEY = "outlier:tickers:groups"  # hash ticker id -> groups it owns (for operators, tests)
+#: How often a ticker on a Redis Cluster looks for new rows (it cannot block on many groups' streams).
+CLUSTER_POLL_S = 0.05
+TICKERS_KEY = keys.TICKERS
+TICKER_GROUPS_KEY = keys.TICKER_GROUPS  # hash ticker id -> groups it owns (for operators, tests)
 EVENT_MIN_GAP_S = 0.05
 
 
@@ -205,18 +210,38 @@ class Ticker:
 
     def _wait(self, timeout_s: float) -> None:
         """Block until one of this ticker's streams has a row after the last seen, or ``timeout_s``."""
-        streams = {stream_key(g): self._stream_ids.get(g, b"0-0") for g in self.mine}
+        streams = {keys.stream(g): self._stream_ids.get(g, b"0-0") for g in self.mine}
         if not streams:
             time.sleep(timeout_s)
             return
-        got = self.r.xread(streams, count=1, block=max(int(timeout_s * 1000), 1))
+        if is_cluster(self.r):
+            got = self._poll_cluster(streams, timeout_s)
+        else:
+            got = self.r.xread(streams, count=1, block=max(int(timeout_s * 1000), 1))
         now = time.monotonic()
         for key, items in got or []:
-            group = (key.decode() if isinstance(key, bytes) else key).removeprefix(stream_key(""))
+            group = keys.group_of(key)
+            if group is None:
+                continue
             if items:
                 self._stream_ids[group] = items[-1][0]
             self._woken.setdefault(group, self._last_tick.get(group, 0.0) + EVENT_MIN_GAP_S)
             self._woken[group] = max(self._woken[group], now)
+
+    def _poll_cluster(self, streams: dict[str, bytes], timeout_s: float) -> list[Any]:
+        """:meth:`_wait`'s ``XREAD`` on a Redis Cluster, which serves a multi-key command only within one
+        slot (one group): one non-blocking ``XREAD`` per stream, pipelined (one round trip per primary),
+        every ``CLUSTER_POLL_S`` until a row or ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pipe = self.r.pipeline(transaction=False)
+            for key, last in streams.items():
+                pipe.xread({key: last}, count=1)
+            got = [item for reply in pipe.execute() for item in (reply or [])]
+            left = deadline - time.monotonic()
+            if got or left <= 0:
+                return got
+            time.sleep(min(CLUSTER_POLL_S, left))
 
     def step(self) -> int:
         """One round: renew if due, tick the groups due (events first, then heartbeats, most overdue
@@ -234,7 +259,7 @@ class Ticker:
         # The newest row of each group before its tick: rows after it wake this ticker again.
         pipe = self.r.pipeline(transaction=False)
         for g in due:
-            pipe.xrevrange(stream_key(g), count=1)
+            pipe.xrevrange(keys.stream(g), count=1)
         for g, newest in zip(due, pipe.execute(), strict=True):
             if newest:
                 self._stream_ids[g] = newest[0][0]

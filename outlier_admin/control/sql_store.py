@@ -34,10 +34,10 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from detector import GroupDetector, NodeState
+from outlier_admin import keys
 from outlier_admin.control import degraded, operator_inputs
 from outlier_admin.control.models import CanaryProbe, GroupBaseline, NodeHistory
 from outlier_admin.control.models import Transition as TransitionRow
-from outlier_admin.control.redis_conn import inputs_key
 from outlier_admin.control.rows import (
     BASELINE_COLUMNS,
     HISTORY_COLUMNS,
@@ -353,8 +353,8 @@ class SqlStore:
 def clear_marks(r: redis.Redis, name: str, seen: int) -> None:
     """Subtract the operator-input marks a tick saw (their rows are stamped applied now); marks set
     meanwhile stay, so the next tick looks again. Never below zero (a Redis restart resets it)."""
-    key = inputs_key(name)
-    with r.pipeline() as pipe:
+    key = keys.inputs(name)
+    with r.pipeline(transaction=True) as pipe:
         try:
             pipe.watch(key)
             left = max(int(pipe.get(key) or 0) - seen, 0)

@@ -5,7 +5,7 @@ One pipeline (:func:`_tick_locked`) over a store: :class:`~outlier_admin.control
 group from its Redis snapshot, the SQL rows to a Redis outbox). Order of a tick (any worker can run
 any group's tick; the per-group lock makes them sequential):
 
-1. take ``outlier:lock:tick:<group>`` (``SET NX PX``, renewed while the tick runs); if held, skip;
+1. take the group's lock (:func:`outlier_admin.keys.tick_lock`) (``SET NX PX``, renewed while the tick runs); if held, skip;
 2. the store loads the group and its nodes (the SQL store: one query; see its module);
 3. WATCH the lock and the state (:class:`~outlier_admin.control.redis_conn.Fence`), then read in one
    round trip: the lock's value, the state's fields, the operator-input marks, whether an outbox
@@ -14,10 +14,10 @@ any group's tick; the per-group lock makes them sequential):
    consumer's own with ``XREADGROUP 0``); entries at or below the last applied id are only
    acknowledged (no sample is applied twice). The detector is this process's own copy when the
    state's ``rev`` is the one this process wrote last (no deserialisation), else the checkpoint in
-   ``outlier:state:<group>`` plus the stream entries applied since it (replayed from the stream,
+   the state hash (:func:`outlier_admin.keys.state`) plus the stream entries applied since it (replayed from the stream,
    where they stay until the next checkpoint);
 4. apply operator inputs (overrides, decided proposals, canary probe results) — queried only when
-   some are pending (the ``outlier:inputs:<group>`` counter the actions set), some node waits for
+   some are pending (the :func:`outlier_admin.keys.inputs` counter the actions set), some node waits for
    approval, or on a new history slot — then ``evaluate(now)``;
 5. **Redis first**, in one MULTI/EXEC fenced on the lock and the state's ``rev``: the weights document
    and its notification (:mod:`outlier_admin.control.publish`), the state fields, the canary probes
@@ -84,22 +84,16 @@ from django.conf import settings
 
 from detector import GroupDetector, NodeState, ProgressBatch, SampleBatch, Thresholds, Transition
 from detector.states import TRAFFIC, Traffic
+from outlier_admin import keys
 from outlier_admin.control import degraded, publish
 from outlier_admin.control.redis_conn import (
     Fence,
     GroupLock,
     LeaseLost,
     NotReplicated,
-    degraded_key,
     get_redis,
-    inputs_key,
-    outbox_key,
-    probes_key,
     require_replicas,
-    state_key,
-    stream_key,
     tick_lock,
-    weights_key,
 )
 from outlier_admin.control.rows import baseline_rows, history_rows
 from outlier_admin.control.sql_store import SqlStore
@@ -245,10 +239,10 @@ def _restore(r: redis.Redis, group: ModelGroup, now: float,
     if held is not None and rev is not None and held.rev == rev:
         gd, applied = held.gd, held.applied
     else:
-        raw = r.hget(state_key(group.name), "detector")
+        raw = r.hget(keys.state(group.name), "detector")
         if raw:
             gd, applied = GroupDetector.from_bytes(raw), last_id
-            replay = _replay(r, stream_key(group.name), last_id)
+            replay = _replay(r, keys.stream(group.name), last_id)
         else:
             # A control plane starting against a running fleet must not slow-start every node.
             gd, applied, tv = GroupDetector(thresholds=group.thresholds(), now=now), b"0-0", group.thresholds_version
@@ -260,7 +254,7 @@ def _restore(r: redis.Redis, group: ModelGroup, now: float,
 def _load_detector(r: redis.Redis, group: ModelGroup, now: float) -> tuple[GroupDetector, bytes, bytes | None]:
     """The group's detector with every entry applied so far, the last such entry's id (``0-0``:
     none) and the state's ``rev`` (for tests and tools: takes this process's copy, if any)."""
-    state = r.hmget(state_key(group.name), _STATE_FIELDS)
+    state = r.hmget(keys.state(group.name), _STATE_FIELDS)
     gd, applied, replay = _restore(r, group, now, state)
     if replay:
         _apply_entries(gd, replay)
@@ -445,7 +439,7 @@ def _tick_locked(r: redis.Redis, store: TickStore, name: str, now: float | None,
         log.warning("tick of %s skipped: PostgreSQL is down and Redis has no snapshot yet", name)
         return None
     group, nodes = loaded
-    skey, hkey = stream_key(name), state_key(name)
+    skey, hkey = keys.stream(name), keys.state(name)
     fence = Fence(r, lock, hkey)
     try:
         return _tick_fenced(r, store, fence, group, nodes, name, now, consumer, started, skey, hkey)
@@ -459,8 +453,8 @@ def _tick_fenced(r: redis.Redis, store: TickStore, fence: Fence, group: ModelGro
     pipe = r.pipeline(transaction=False)
     pipe.get(fence.lock.key if fence.lock is not None else hkey)
     pipe.hmget(hkey, _STATE_FIELDS)
-    pipe.get(inputs_key(name))
-    pipe.exists(degraded_key(name), outbox_key(name))
+    pipe.get(keys.inputs(name))
+    pipe.exists(keys.degraded(name), keys.outbox(name))
     _queue_entry_reads(pipe, skey, consumer)
     lock_value, state, marks_raw, outbox_waits, claimed, own, got = pipe.execute(raise_on_error=False)
     for reply in (lock_value, state, marks_raw, outbox_waits):
@@ -525,7 +519,7 @@ def _tick_fenced(r: redis.Redis, store: TickStore, fence: Fence, group: ModelGro
 
     view = published_view(ev, group, by_name)
     if stored_version is None:  # state written before the version field: continue from the document
-        current = r.get(weights_key(name))
+        current = r.get(keys.weights(name))
         stored_version = orjson.loads(current)["version"] if current else None
     version = publish.next_version(int(stored_version) if stored_version is not None else None,
                                    group.weights_version)
@@ -555,8 +549,8 @@ def _tick_fenced(r: redis.Redis, store: TickStore, fence: Fence, group: ModelGro
         # due in one tick only, and a tick that replaced the list could drop it before the canary's
         # next round (a second apart, like the ticks). Left over, an entry is one more probe, no harm.
         if ev.probes_due:
-            p.hset(probes_key(name), mapping={n: by_name[n].address for n in ev.probes_due if n in by_name})
-            p.expire(probes_key(name), PROBES_KEEP_S)
+            p.hset(keys.probes(name), mapping={n: by_name[n].address for n in ev.probes_due if n in by_name})
+            p.expire(keys.probes(name), PROBES_KEEP_S)
         store.queue(p, out)
 
     # Only while this tick still holds the group (a stalled tick must not overwrite its successor's).

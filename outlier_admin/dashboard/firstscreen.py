@@ -25,6 +25,7 @@ import redis
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
+from outlier_admin import keys
 from outlier_admin.api.queries import attention_rank
 from outlier_admin.control.models import (
     Outcome,
@@ -37,7 +38,6 @@ from outlier_admin.control.models import (
 from outlier_admin.control.redis_conn import get_redis
 from outlier_admin.dashboard.tables import STATE_ICONS
 from outlier_admin.fleet.models import ModelGroup, Node
-from outlier_admin.gateway_client import APPLIED_KEY_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def applied_versions(groups: list[ModelGroup], now: float | None = None) -> dict
     try:
         pipe = get_redis().pipeline(transaction=False)
         for g in groups:
-            pipe.hgetall(f"{APPLIED_KEY_PREFIX}{g.name}")
+            pipe.hgetall(keys.applied(g.name))
         raw = pipe.execute()
     except (redis.RedisError, OSError) as exc:
         log.warning("cannot read the applied versions: %s", exc)

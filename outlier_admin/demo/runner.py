@@ -44,11 +44,13 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from outlier_admin import keys
+
 BASE_DIR = Path(__file__).resolve().parents[2]
 DEMO_DB = BASE_DIR / "demo.sqlite3"
 ACTOR = "system:demo"
 #: One demo per Redis database (see the module docstring); the value names the holder's pid and port.
-LEASE_KEY = "outlier:demo:lease"
+LEASE_KEY = keys.DEMO_LEASE
 #: How long a crashed demo's lease outlives it; a live demo renews it every third of that.
 LEASE_TTL_MS = 15_000
 
@@ -148,9 +150,10 @@ def lease_holder(client: Any) -> str:
 
 def own_key(key: bytes | str, groups: tuple[str, ...]) -> bool:
     """Whether ``key`` belongs to one of ``groups``: one of its ``:``-separated parts is exactly a
-    group's name (names cannot contain ``:``), so ``outlier:weights:demo-x-2`` is not ``demo-x``'s."""
+    group's name, or its hash tag ``{<group>}`` (names cannot contain ``:``, ``{`` or ``}``), so
+    ``outlier:{demo-x-2}:stream`` is not ``demo-x``'s."""
     text = key.decode() if isinstance(key, bytes) else key
-    return any(part in groups for part in text.split(":"))
+    return any(part.removeprefix("{").removesuffix("}") in groups for part in text.split(":"))
 
 
 def clear_demo_keys(r: Any) -> int:
@@ -159,10 +162,10 @@ def clear_demo_keys(r: Any) -> int:
     from outlier_admin.demo.fleet import LARGE, SMALL
 
     groups = (LARGE, SMALL)
-    keys = {k for g in groups for k in r.scan_iter(match=f"outlier:*{g}*", count=1000) if own_key(k, groups)}
-    if keys:
-        r.delete(*keys)
-    return len(keys)
+    found = {k for g in groups for k in r.scan_iter(match=f"{keys.PREFIX}*{g}*", count=1000) if own_key(k, groups)}
+    if found:
+        r.delete(*found)
+    return len(found)
 
 
 def other_groups(r: Any) -> list[str]:
@@ -170,9 +173,8 @@ def other_groups(r: Any) -> list[str]:
     shares it (the demo leaves its keys alone, but shares the event-scan cursors with it)."""
     from outlier_admin.demo.fleet import LARGE, SMALL
 
-    prefix = "outlier:weights:"
-    names = {k.decode()[len(prefix):] for k in r.scan_iter(match=prefix + "*", count=1000)}
-    return sorted(names - {LARGE, SMALL})
+    names = {keys.group_of(k) for k in r.scan_iter(match=keys.weights("*"), count=1000)}
+    return sorted(n for n in names - {LARGE, SMALL} if n)
 
 
 def seed(cfg: Any, addresses: dict[tuple[int, int], str], password: str) -> list[Any]:
@@ -321,7 +323,7 @@ def main() -> int:
         if others:
             say(f"             also holds {len(others)} other group(s) ({', '.join(others[:3])}"
                 f"{', ...' if len(others) > 3 else ''}): their keys are left alone, but the event-scan cursors "
-                "(outlier:obs:*) are shared with them; REDIS_URL=redis://HOST:PORT/N gives the demo its own database")
+                f"({keys.OBS_PREFIX}*) are shared with them; REDIS_URL=redis://HOST:PORT/N gives the demo its own database")
         say("  celery   : tasks run in this process (CELERY_TASK_ALWAYS_EAGER)")
         call_command("migrate", verbosity=0, interactive=False)
         return run(cfg, client, httpd)

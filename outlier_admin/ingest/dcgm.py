@@ -48,6 +48,7 @@ from django.db import DatabaseError, DataError, IntegrityError, transaction
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from outlier_admin import keys
 from outlier_admin.fleet.models import Node
 from outlier_admin.fleet.names import NameError_, validate_scrape_url
 from outlier_admin.fleet.netguard import forbidden_cause, guarded_connector
@@ -295,7 +296,7 @@ def _failed(node: Node, exc: ScrapeError, r: redis.Redis | None) -> None:
     DCGM_SCRAPE_FAILURES.labels(group=group, node=node.name, kind=exc.kind).inc()
     log.warning("dcgm scrape of %s/%s failed (%s): %s", group, node.name, exc.kind, exc)
     try:
-        keep = r is None or r.set(f"outlier:dcgm:rejected:{group}:{node.name}:{exc.kind}", 1, nx=True,
+        keep = r is None or r.set(keys.dcgm_rejected(group, node.name, exc.kind), 1, nx=True,
                                   ex=REJECT_EVERY_S)
     except redis.RedisError:
         keep = True  # Redis away: keep it rather than lose it

@@ -12,7 +12,7 @@ A page no engine wrote is refused as :class:`UnrecognisedEngine` (a scrape failu
 never an empty row).
 
 This module owns how a scrape is **kept**: the previous cumulative values of each node live in Redis
-(``outlier:itl:<group>``, hash node -> ``[ts, *EngineCounters]``, a llama.cpp node's last ``/slots``
+(:func:`outlier_admin.keys.itl`, hash node -> ``[ts, *EngineCounters]``, a llama.cpp node's last ``/slots``
 snapshot included), written in the same MULTI/EXEC as the rows they produced, so whichever process scrapes a node next continues from the last row written
 (a counter that went down, a server restart, re-bases without a row). Rows go into the group's
 ingest stream next to the access-log records (one entry per group per write, field ``progress``), and
@@ -32,8 +32,9 @@ import orjson
 import redis
 
 from detector.engine_metrics import ENGINES, EngineCounters, advance, parse
-from outlier_admin.control.redis_conn import itl_key, stream_key
+from outlier_admin import keys
 from outlier_admin.fleet.models import Node
+from outlier_admin.gateway_client import is_cluster
 from outlier_admin.ingest.pipeline import STREAM_MAXLEN
 
 NOT_AN_ENGINE = (f"not a model server page this parser knows ({', '.join(ENGINES)}): no vLLM/SGLang "
@@ -79,12 +80,18 @@ def write_scrapes(r: redis.Redis, scrapes: Iterable[Scrape]) -> int:
         counters.setdefault(group, {})[node] = orjson.dumps([ts, *cur.to_list()])
         if queued(row):
             rows_by_group.setdefault(group, []).append(row)  # type: ignore[arg-type]
-    pipe = r.pipeline(transaction=True)
-    for group, by_node in counters.items():  # one command per group, not per node
-        pipe.hset(itl_key(group), mapping=by_node)  # type: ignore[arg-type]
-    for group, rows in rows_by_group.items():
-        pipe.xadd(stream_key(group), {"progress": orjson.dumps(rows)}, maxlen=STREAM_MAXLEN, approximate=True)
-    pipe.execute()
+    # One MULTI: a group's counters and the rows computed from them land together. A Redis Cluster runs
+    # a transaction within one slot only, so there it is one MULTI per group (a group is one slot).
+    groups = sorted(counters.keys() | rows_by_group.keys())
+    for batch in ([[g] for g in groups] if is_cluster(r) else [groups]):
+        pipe = r.pipeline(transaction=True)
+        for group in batch:  # one command per group, not per node
+            if group in counters:
+                pipe.hset(keys.itl(group), mapping=counters[group])  # type: ignore[arg-type]
+            if group in rows_by_group:
+                pipe.xadd(keys.stream(group), {"progress": orjson.dumps(rows_by_group[group])},
+                          maxlen=STREAM_MAXLEN, approximate=True)
+        pipe.execute()
     return sum(len(rows) for rows in rows_by_group.values())
 
 
@@ -92,7 +99,7 @@ def record_scrape(r: redis.Redis, node: Node, text: str, now: float) -> list[Any
     """Turn one scrape of ``node`` into a progress row in its group's stream (previous values read
     from Redis); returns the row. Raises ``ValueError`` as :func:`read_counters`."""
     cur = read_counters(text)
-    prev = decode_prev(r.hget(itl_key(node.group.name), node.name))
+    prev = decode_prev(r.hget(keys.itl(node.group.name), node.name))
     row, cur = advance(node.name, prev, now, cur)
     write_scrapes(r, [(node.group.name, node.name, now, cur, row)])
     return row

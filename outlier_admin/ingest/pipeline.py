@@ -1,7 +1,7 @@
 """From parsed records to the per-group Redis Streams (shared by HTTP push and log tailing).
 
 :func:`submit` validates each record (:func:`records.normalize`), resolves its group and node, drops
-duplicate ``request_id`` s, appends the valid records to ``outlier:stream:<group>`` and counts every
+duplicate ``request_id`` s, appends the valid records to the group's stream (:func:`outlier_admin.keys.stream`) and counts every
 refused record by reason, storing a few samples of each reason as :class:`RejectedInput` rows that
 carry the count (rate-limited per source: :func:`_store`). Its cost follows the accepted records:
 records are taken a chunk at a time and a refused one is dropped with its chunk.
@@ -48,9 +48,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from detector.samples import REQUEST_ROW_FIELDS
-from outlier_admin.control.redis_conn import get_redis, stream_key
+from outlier_admin import keys
+from outlier_admin.control.redis_conn import get_redis
 from outlier_admin.fleet.models import ModelGroup, Node, RegisteredVia
 from outlier_admin.fleet.names import NameError_, address_key, parse_address
+from outlier_admin.gateway_client import is_cluster
 from outlier_admin.ingest.columns import CANONICAL_FIELDS, normalize_many
 from outlier_admin.ingest.logformats import FORMATS, ParseError
 from outlier_admin.ingest.models import IngestSource, RejectedInput
@@ -171,8 +173,8 @@ class _Directory:
 
     def group_of_node(self, node: str) -> str | None:
         """The group of the node with this name/address when it is unambiguous."""
-        for gname, (_, _, keys) in list(self._groups.items()):
-            if node in keys:
+        for gname, (_, _, addresses) in list(self._groups.items()):
+            if node in addresses:
                 return gname
         live = Node.objects.filter(retired=False)
         rows = list(live.filter(name=node).values_list("group__name", flat=True)[:2])
@@ -254,7 +256,7 @@ def _resolve_nodes(group_name: str, group_id: int, keys: set[str]) -> dict[str, 
 def _dedup_keys(group: str) -> tuple[str, str]:
     """The request-id sets of the current and the previous de-duplication window."""
     slot = int(time.time() // settings.INGEST_DEDUP_WINDOW_S)
-    return f"outlier:dedup:{group}:{slot}", f"outlier:dedup:{group}:{slot - 1}"
+    return keys.dedup(group, slot), keys.dedup(group, slot - 1)
 
 
 def _append(r: Any, per_group: dict[str, list[tuple[Any, ...]]]) -> dict[str, tuple[int, int, int]]:
@@ -266,7 +268,8 @@ def _append(r: Any, per_group: dict[str, list[tuple[Any, ...]]]) -> dict[str, tu
     optimistic transaction (WATCH the id sets, read, MULTI, write, EXEC; retried if another request
     changed the sets meanwhile): two concurrent requests carrying the same id cannot both get
     through, and a client retrying after a Redis failure is neither lost (ids are marked only with
-    their rows) nor counted twice. Every group's rows land together or none do.
+    their rows) nor counted twice. Every group's rows land together or none do (on a Redis Cluster: each
+    group's).
     """
     per_group = {g: recs for g, recs in per_group.items() if recs}
     result: dict[str, tuple[int, int, int]] = {}
@@ -298,13 +301,20 @@ def _append(r: Any, per_group: dict[str, list[tuple[Any, ...]]]) -> dict[str, tu
         for group, rows, batch_ids, n in plan:
             for start in range(0, len(rows), ROWS_PER_ENTRY):
                 chunk = rows[start : start + ROWS_PER_ENTRY]
-                pipe.xadd(stream_key(group), {"rows": orjson.dumps(chunk)}, maxlen=STREAM_MAXLEN, approximate=True)
+                pipe.xadd(keys.stream(group), {"rows": orjson.dumps(chunk)}, maxlen=STREAM_MAXLEN, approximate=True)
             if batch_ids:
                 cur = dedup[group][0]
                 pipe.sadd(cur, *batch_ids)
                 pipe.expire(cur, 2 * settings.INGEST_DEDUP_WINDOW_S)
             result[group] = (len(rows), n - len(rows), list(map(itemgetter(2), rows)).count(None))
 
+    if is_cluster(r) and len(per_group) > 1:
+        # A Redis Cluster runs a transaction within one slot (one group) only: one per group. A failure
+        # part-way answers an error after some groups landed; the client's retry is safe for records
+        # with a request_id (de-duplicated), as after any failed request.
+        for group, recs in per_group.items():
+            result.update(_append(r, {group: recs}))
+        return result
     if any(any(map(itemgetter(_REQUEST_ID), recs)) for recs in per_group.values()):
         r.transaction(attempt, *(k for pair in dedup.values() for k in pair))
     else:  # no ids to check: a plain MULTI, nothing to watch
@@ -401,7 +411,7 @@ def _store(r: Any, refusals: _Refusals, *, source: str, source_ref: IngestSource
         return
     budget = settings.INGEST_REJECTED_ROWS_PER_HOUR
     slot = int(time.time() // 3600)
-    key = f"outlier:rejected-rows:{source[:100]}:{slot}"
+    key = keys.rejected_rows(source[:100], slot)
     pipe = r.pipeline(transaction=False)
     pipe.incrby(key, len(rows))
     pipe.expire(key, 7200)

@@ -34,10 +34,10 @@ Failures are counted by kind and node, ``outlier_scrape_failures_total{group,nod
 per node, kind and :data:`REJECT_EVERY_S` (a dead node scraped at 4 Hz would otherwise write 240
 rows a minute): a process-local check first, then ``SET NX EX`` in Redis across processes.
 
-**One scraper per shard.** A process holds its shard with a Redis lease (``outlier:scraper:lease:I/N``,
+**One scraper per shard.** A process holds its shard with a Redis lease (:func:`outlier_admin.keys.scraper_lease`,
 renewed every second, lost after :func:`lease_ttl_ms`); a second process started for the same shard
 waits as a hot standby and takes over when the first dies. While any lease is held
-(``outlier:scraper:alive``), the Celery beat entry ``ingest.scrape_all_metrics`` (one round over every
+(:data:`outlier_admin.keys.SCRAPER_ALIVE`), the Celery beat entry ``ingest.scrape_all_metrics`` (one round over every
 node, :func:`scrape_round`: the demo and ``celery worker --beat`` alone) steps aside, so a node is never
 scraped by two writers whose rows would count its tokens twice. Run every process with the same N.
 """
@@ -65,7 +65,8 @@ from django.conf import settings
 
 from detector.engine_metrics import EngineCounters, advance
 from detector.engines.llamacpp import SlotsError, slots_from_json
-from outlier_admin.control.redis_conn import get_redis, itl_key
+from outlier_admin import keys
+from outlier_admin.control.redis_conn import get_redis
 from outlier_admin.ingest.modelserver import (
     Scrape,
     UnrecognisedEngine,
@@ -91,13 +92,13 @@ REJECT_EVERY_S = 60
 #: (one write a scrape cost 2x the CPU a scrape at 50 nodes, measured by scraper_bench).
 WRITE_EVERY_S = 0.02
 MAX_SHARDS = 1024
-ALIVE_KEY = "outlier:scraper:alive"
+ALIVE_KEY = keys.SCRAPER_ALIVE
 _HEADERS = {"Accept": "text/plain", "Accept-Encoding": "identity"}  # no OpenMetrics, no gzip CPU
 _JSON_HEADERS = {"Accept": "application/json", "Accept-Encoding": "identity"}
 
 
 def lease_key(shard: tuple[int, int]) -> str:
-    return f"outlier:scraper:lease:{shard[0]}/{shard[1]}"
+    return keys.scraper_lease(shard[0], shard[1])
 
 
 def lease_ttl_ms(interval_s: float) -> int:
@@ -339,7 +340,7 @@ class Scraper:
 
         batch, self._rejects = self._rejects, []
         keep = [(t, exc) for t, exc in batch
-                if self.r.set(f"outlier:scrape:rejected:{t.group}:{t.node}:{exc.kind}", 1, nx=True, ex=REJECT_EVERY_S)]
+                if self.r.set(keys.scrape_rejected(t.group, t.node, exc.kind), 1, nx=True, ex=REJECT_EVERY_S)]
         if keep:
             RejectedInput.objects.bulk_create([
                 RejectedInput(source=f"metrics:{t.group}/{t.node}"[:100], reason="scrape_failed",
@@ -383,7 +384,7 @@ class Scraper:
             by_group.setdefault(t.group, []).append(t.node)
         out: dict[tuple[str, str], tuple[float, EngineCounters] | None] = {}
         for group, nodes in by_group.items():
-            for node, raw in zip(nodes, self.r.hmget(itl_key(group), nodes), strict=True):
+            for node, raw in zip(nodes, self.r.hmget(keys.itl(group), nodes), strict=True):
                 try:
                     out[(group, node)] = decode_prev(raw)
                 except (ValueError, TypeError, IndexError):  # a damaged entry re-bases

@@ -55,17 +55,18 @@ import httpx
 import orjson
 from django.conf import settings
 
+from outlier_admin import keys
 from outlier_admin.observability import metrics
 
 log = logging.getLogger("outlier_admin.alerts")
 
-FAILED_KEY = "outlier:alerts:failed"
+FAILED_KEY = keys.ALERTS_FAILED
 FAILED_KEEP = 1000
 KINDS = ("alertmanager", "alertmanager_webhook", "generic")
 #: The alerts that fired and have not been resolved at Alertmanager yet: fingerprint -> JSON.
-ACTIVE_KEY = "outlier:alerts:active"
+ACTIVE_KEY = keys.ALERTS_ACTIVE
 #: When the whole active set was last re-sent to Alertmanager (epoch seconds).
-RESENT_KEY = "outlier:alerts:resent_at"
+RESENT_KEY = keys.ALERTS_RESENT_AT
 #: An alert lives ``ENDS_AFTER_RESENDS`` resend intervals past each send (see module docstring).
 ENDS_AFTER_RESENDS = 4
 
@@ -312,7 +313,7 @@ def active_alerts(now: float | None = None) -> list[Alert]:
     """Every alert whose condition holds now (see module docstring), ``starts_at`` empty (the first
     send sets it). Reads live nodes, pending proposals and the weights documents."""
     from outlier_admin.control.models import ProposalStatus, QuarantineProposal
-    from outlier_admin.control.redis_conn import get_redis, weights_key
+    from outlier_admin.control.redis_conn import get_redis, mget
     from outlier_admin.fleet.models import ModelGroup, Node
 
     out: list[Alert] = []
@@ -338,7 +339,7 @@ def active_alerts(now: float | None = None) -> list[Alert]:
                          f"{p.source}: {p.reason}", node=p.node.name, labels={"source": p.source},
                          annotations={"proposal": str(p.pk)}, path=_node_path(p.node_id)))
     groups = list(ModelGroup.objects.order_by("name"))
-    docs = get_redis().mget([weights_key(g.name) for g in groups]) if groups else []
+    docs = mget(get_redis(), [keys.weights(g.name) for g in groups])
     for g, raw in zip(groups, docs, strict=True):
         try:
             tripped = raw is not None and bool(orjson.loads(raw).get("safeguard"))

@@ -27,6 +27,7 @@ from typing import Any
 
 from django.db.models import Max
 
+from outlier_admin import keys
 from outlier_admin.control.models import AuditEvent, Transition
 from outlier_admin.control.redis_conn import GroupLock, get_redis
 from outlier_admin.observability import alerts, metrics
@@ -34,7 +35,7 @@ from outlier_admin.observability.alerts import Alert, rfc3339
 
 log = logging.getLogger("outlier_admin.events")
 
-PREFIX = "outlier:obs:"
+PREFIX = keys.OBS_PREFIX
 LOCK_KEY = PREFIX + "lock"
 BATCH = 1000
 

@@ -50,6 +50,9 @@ Series (labels):
                                             0 if not (the SQL-backed series above are then absent)
 =========================================  ====================================================
 
+With a Redis Cluster, ``outlier_redis_cluster_redirections_total`` (kind=moved|ask) counts the
+redirections redis-py followed: a burst is a resharding or a failover under way.
+
 Ingest ``source`` labels are a closed set (``http``, ``logs``, ``scrape``, ``demo``, ``other``; see
 :func:`outlier_admin.observability.hooks.source_label`): the gateway token's or log source's own
 name stays in the database (``RejectedInput.source``), never in a label anyone scraping can read.
@@ -70,6 +73,8 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from outlier_admin import keys
 
 #: In-process registry of the event metrics (used when not in multi-process mode).
 EVENTS = CollectorRegistry(auto_describe=True)
@@ -104,6 +109,11 @@ SCRAPE_FAILURES = Counter(
 DCGM_SCRAPE_FAILURES = Counter(
     "outlier_dcgm_scrape_failures", "Failed dcgm-exporter scrapes by group, node and kind (the model-server "
     "kinds, and bad_url, forbidden_address, database).", ["group", "node", "kind"], registry=EVENTS,
+)
+
+REDIS_REDIRECTIONS = Counter(
+    "outlier_redis_cluster_redirections", "MOVED and ASK replies from a Redis Cluster (kind=moved|ask), each "
+    "retried by redis-py: a burst is a resharding or a failover under way.", ["kind"], registry=EVENTS,
 )
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -267,7 +277,7 @@ class FleetCollector(Collector):
         """Safeguard, version and age of each group's weights document (Redis). ``groups`` None: the
         database is down, list the groups the ticks registered in Redis instead."""
         from outlier_admin.control.degraded import known_groups
-        from outlier_admin.control.redis_conn import get_redis, weights_key
+        from outlier_admin.control.redis_conn import get_redis, mget
 
         m_safeguard = GaugeMetricFamily("outlier_group_safeguard",
                                         "1 while the safeguard holds quarantines back.", labels=["group"])
@@ -281,7 +291,7 @@ class FleetCollector(Collector):
             r = get_redis()
             if groups is None:
                 groups = known_groups(r)
-            raw_docs = r.mget([weights_key(g) for g in groups]) if groups else []
+            raw_docs = mget(r, [keys.weights(g) for g in groups])
         except Exception:  # Redis down: the fleet gauges above are still worth serving
             raw_docs = []
         for gname, raw in zip(groups or [], raw_docs, strict=False):

@@ -38,6 +38,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from outlier_admin import keys
+
 HAPROXY_BIN = shutil.which("haproxy") or "/usr/sbin/haproxy"
 NGINX_BIN = shutil.which("nginx") or "/usr/sbin/nginx"
 
@@ -645,11 +647,16 @@ def weights_document(group: str, version: int, servers: dict[str, str], *, quara
             "stale_after_s": stale_after_s, "safeguard": safeguard, "nodes": nodes}
 
 
-def publish(redis_client: Any, doc: dict[str, Any], *, key_prefix: str = "outlier:weights:",
-            channel: str = "outlier:weights") -> None:
-    """Write the document and notify, as the control plane does."""
-    redis_client.set(f"{key_prefix}{doc['group']}", json.dumps(doc))
-    redis_client.publish(channel, json.dumps({"group": doc["group"], "version": doc["version"]}))
+def publish(redis_client: Any, doc: dict[str, Any]) -> None:
+    """Write the document and notify, as the control plane does on a single Redis
+    (:func:`outlier_admin.control.publish.queue_document`): the versioned key, the legacy key for one
+    release, the legacy channel."""
+    body = json.dumps(doc)
+    pipe = redis_client.pipeline(transaction=True)
+    pipe.set(keys.weights(doc["group"]), body)
+    pipe.set(keys.legacy_weights(doc["group"]), body)
+    pipe.publish(keys.LEGACY_WEIGHTS_CHANNEL, json.dumps({"group": doc["group"], "version": doc["version"]}))
+    pipe.execute()
 
 
 def make_workdir(prefix: str = "oa-gw-") -> Path:

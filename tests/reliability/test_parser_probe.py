@@ -16,6 +16,7 @@ import urllib.request
 import pytest
 from django.core.management import call_command
 
+from outlier_admin import keys
 from outlier_admin.ingest.models import IngestSource
 from outlier_admin.ingest.pipeline import IngestOutcome
 from outlier_admin.ingest.tailer import tail_source
@@ -67,7 +68,7 @@ def test_a_6_kb_remote_user_through_a_real_nginx_and_tail_logs_keeps_up(tmp_path
                       "tail_s": round(tail_s, 3)}))
     # nginx wrote the client's quotes as \x22: every line is its real node's, none 127.0.4.3's.
     assert out.getvalue().splitlines()[0] == f"probe: accepted {REQUESTS} ({REQUESTS} latency-only) rejected 0"
-    rows = [f for _, f in redis_client.xrange("outlier:stream:llm")]
+    rows = [f for _, f in redis_client.xrange(keys.stream("llm"))]
     assert rows and b"127.0.4.3" not in b"".join(v for f in rows for v in f.values())
     assert tail_s < sent_s  # before: 45 s of parsing for 1.9 s of traffic
 

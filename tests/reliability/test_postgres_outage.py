@@ -12,10 +12,10 @@ import orjson
 import pytest
 from django.db.models import Count
 
+from outlier_admin import keys
 from outlier_admin.control import degraded
 from outlier_admin.control.models import GroupBaseline, NodeHistory, QuarantineProposal, Transition
 from outlier_admin.control.publish import read_weights
-from outlier_admin.control.redis_conn import state_key, stream_key
 from outlier_admin.control.tasks import tick_all_groups
 from outlier_admin.control.tick import run_tick
 from outlier_admin.fleet.models import ModelGroup
@@ -60,7 +60,7 @@ def test_ticks_publish_from_redis_during_outage_and_outbox_drains_exactly_once(r
         for k in range(3, 12):
             # Gateways keep pushing (the stream is Redis): node 3 turns gray during the outage.
             recs = make_records(t0 + k, rng=rng, slow={3: 3.0})
-            redis_client.xadd(stream_key("g1"), {"rows": orjson.dumps(_rows(recs))})
+            redis_client.xadd(keys.stream("g1"), {"rows": orjson.dumps(_rows(recs))})
             res = run_tick("g1", now=t0 + k + 0.5)
             assert res is not None, "the tick must keep running without PostgreSQL"
             degraded_results.append(res)
@@ -76,9 +76,9 @@ def test_ticks_publish_from_redis_during_outage_and_outbox_drains_exactly_once(r
     assert {n["node"]: n["weight"] for n in doc["nodes"]}[SLOW] == 0
     assert outbox_items >= 1
     assert sum(r.samples for r in degraded_results) == 9 * 8 * 40, "every streamed sample applied once"
-    assert redis_client.xpending(stream_key("g1"), "ticks")["pending"] == 0, "entries acknowledged"
-    checkpoint = redis_client.hget(state_key("g1"), "last_id")
-    kept = [eid for eid, _ in redis_client.xrange(stream_key("g1"))]
+    assert redis_client.xpending(keys.stream("g1"), "ticks")["pending"] == 0, "entries acknowledged"
+    checkpoint = redis_client.hget(keys.state("g1"), "last_id")
+    kept = [eid for eid, _ in redis_client.xrange(keys.stream("g1"))]
     assert all(eid > checkpoint for eid in kept), "entries the checkpoint covers are deleted"
     expected_transitions = sum(r.transitions for r in degraded_results)
     assert expected_transitions >= 1
@@ -107,16 +107,16 @@ def test_redrain_after_a_crash_between_commit_and_trim_writes_nothing_twice(redi
     submit([(i + 1, r, None) for i, r in enumerate(recs)], source="test")
     run_tick("g1", now=t0 + 0.5)
     with postgres_down():
-        redis_client.xadd(stream_key("g1"), {"rows": orjson.dumps(_rows(make_records(t0 + 20, rng=rng)))})
+        redis_client.xadd(keys.stream("g1"), {"rows": orjson.dumps(_rows(make_records(t0 + 20, rng=rng)))})
         assert run_tick("g1", now=t0 + 20.5) is not None  # new history slot: every node's rows outboxed
-    items = redis_client.lrange(degraded.outbox_key("g1"), 0, -1)
+    items = redis_client.lrange(keys.outbox("g1"), 0, -1)
     assert len(items) == 1
     group = ModelGroup.objects.get(name="g1")
     first = degraded.drain(redis_client, group)
     assert first == len(orjson.loads(items[0])["rows"]) > 0
     history = NodeHistory.objects.count()
     # The crash: the same item is still in the list after the commit.
-    redis_client.rpush(degraded.outbox_key("g1"), items[0])
+    redis_client.rpush(keys.outbox("g1"), items[0])
     assert degraded.drain(redis_client, group) == 0
     assert NodeHistory.objects.count() == history
     assert degraded.outbox_length(redis_client, "g1") == 0
@@ -134,7 +134,7 @@ def test_approval_policy_proposal_opened_during_outage_is_created_once(redis_cli
     with postgres_down():
         for k in range(1, 10):
             recs = make_records(t0 + k, rng=rng, slow={3: 3.0})
-            redis_client.xadd(stream_key("g1"), {"rows": orjson.dumps(_rows(recs))})
+            redis_client.xadd(keys.stream("g1"), {"rows": orjson.dumps(_rows(recs))})
             res = run_tick("g1", now=t0 + k + 0.5)
     assert res.states[SLOW] == "pending_approval"
     assert res.weights[SLOW] > 0, "approval policy: not taken out without a human"

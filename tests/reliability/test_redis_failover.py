@@ -18,6 +18,7 @@ import numpy as np
 import orjson
 import pytest
 
+from outlier_admin import keys
 from outlier_admin.control import redis_conn, tick
 from outlier_admin.control.actions import do_register_node
 from outlier_admin.control.tick import run_tick
@@ -175,7 +176,7 @@ def test_fence_holds_when_a_replica_is_promoted_under_a_live_primary(tmp_path, s
     applies every record once, and its version is not below what a gateway saw from the old one."""
     import shutil
 
-    from outlier_admin.control.redis_conn import lock_key, stream_key, tick_lock
+    from outlier_admin.control.redis_conn import tick_lock
     from outlier_admin.control.tick import CONSUMER_GROUP
     from tests.reliability.sentinel_cluster import SentinelCluster
 
@@ -215,19 +216,19 @@ def test_fence_holds_when_a_replica_is_promoted_under_a_live_primary(tmp_path, s
         cluster.node(other).replicaof("127.0.0.1", new)
         cluster.wait_replicas(new, 1)
         promoted = cluster.node(new)
-        assert promoted.get(lock_key("g1")) == lease_a.token.encode(), "the acknowledged lease came along"
+        assert promoted.get(keys.tick_lock("g1")) == lease_a.token.encode(), "the acknowledged lease came along"
         assert not tick_lock(promoted, "g1").acquire(), "a second worker cannot take it on the promoted replica"
         lease_a.release()  # on the old primary only
-        assert wait_for_gone(promoted, lock_key("g1"), 5), "the lease lapses on the promoted replica"
+        assert wait_for_gone(promoted, keys.tick_lock("g1"), 5), "the lease lapses on the promoted replica"
 
         # A ticks on the old primary: the document goes out there, nothing else happens.
         tick._HELD.clear()
         assert run_tick("g1", now=t0 + 1.0) is None, "not confirmed by a replica"
         stale = cluster.node(old)
-        stale_doc = orjson.loads(stale.get("outlier:weights:g1"))
+        stale_doc = orjson.loads(stale.get(keys.weights("g1")))
         assert stale_doc["version"] == v1 + 1
         assert ModelGroup.objects.get(name="g1").weights_version == v1, "no SQL write for the unconfirmed tick"
-        assert stale.xpending(stream_key("g1"), CONSUMER_GROUP)["pending"] > 0, "its entries stay pending"
+        assert stale.xpending(keys.stream("g1"), CONSUMER_GROUP)["pending"] > 0, "its entries stay pending"
 
         # B ticks on the promoted replica: every record once, the version not below the stale one.
         gateway = GatewayClient(stale, "g1")

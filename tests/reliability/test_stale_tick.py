@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from django.db import connection
 
+from outlier_admin import keys
 from outlier_admin.control import tick
-from outlier_admin.control.redis_conn import lock_key
 from outlier_admin.ingest.pipeline import submit
 from tests.outlier_admin.helpers import make_records
 
@@ -64,11 +64,11 @@ def test_a_resumed_stale_tick_does_not_overwrite_its_successors_state(redis_clie
     thread = threading.Thread(target=stale, name="stale")
     thread.start()
     assert entered.wait(20)
-    redis_client.delete(lock_key("g1"))  # its lease ran out while it was stopped
+    redis_client.delete(keys.tick_lock("g1"))  # its lease ran out while it was stopped
     successor = tick.run_tick("g1", now=t0 + 1.6, consumer="successor")
     assert successor is not None and accepted_total(redis_client, "g1") == applied
     resume.set()
     thread.join(30)
     assert outcome == [None]  # the stale tick dropped its writes (LeaseLost)
     assert accepted_total(redis_client, "g1") == applied  # nothing un-applied
-    assert redis_client.xlen("outlier:stream:g1") == 0
+    assert redis_client.xlen(keys.stream("g1")) == 0

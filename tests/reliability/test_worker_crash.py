@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 from django.db import connection
 
+from outlier_admin import keys
 from outlier_admin.control.actions import do_create_group, do_register_node
 from outlier_admin.control.publish import read_weights
-from outlier_admin.control.redis_conn import GroupLock, lock_key, stream_key
+from outlier_admin.control.redis_conn import GroupLock
 from outlier_admin.control.tick import CONSUMER_GROUP, run_tick
 from outlier_admin.ingest.pipeline import submit
 from tests.outlier_admin.helpers import make_records
@@ -93,8 +94,8 @@ def test_killed_worker_lock_expires_entries_reclaimed_counted_once(redis_client,
     fed += _feed(t0 + 1, rng)
 
     _kill_mid_tick(where, t0 + 1.5, settings)
-    assert redis_client.exists(lock_key("g1")), "the dead worker's lock is still held"
-    pending = redis_client.xpending(stream_key("g1"), CONSUMER_GROUP)
+    assert redis_client.exists(keys.tick_lock("g1")), "the dead worker's lock is still held"
+    pending = redis_client.xpending(keys.stream("g1"), CONSUMER_GROUP)
     assert pending["pending"] == 1 and pending["consumers"][0]["name"] == b"doomed-worker"
     assert run_tick("g1", now=t0 + 1.6, consumer="survivor") is None, "lock held: the tick is skipped"
 
@@ -103,8 +104,8 @@ def test_killed_worker_lock_expires_entries_reclaimed_counted_once(redis_client,
     assert res is not None
     # Killed before storing state: the survivor applies the entry. Killed after: it only acks it.
     assert res.samples == (fed - first.samples if where == "before_publish" else 0)
-    assert redis_client.xpending(stream_key("g1"), CONSUMER_GROUP)["pending"] == 0
-    assert redis_client.xlen(stream_key("g1")) == 0
+    assert redis_client.xpending(keys.stream("g1"), CONSUMER_GROUP)["pending"] == 0
+    assert redis_client.xlen(keys.stream("g1")) == 0
     assert _applied_samples(redis_client) == fed, "every sample applied exactly once"
 
 
@@ -148,27 +149,27 @@ def test_out_of_order_and_late_samples_are_handled_on_purpose(redis_client, sett
 
 
 def test_lease_is_renewed_while_its_holder_works(redis_client):
-    lock = GroupLock(redis_client, "outlier:lock:test", 300, max_hold_ms=10_000)
+    lock = GroupLock(redis_client, keys.tick_lock("test"), 300, max_hold_ms=10_000)
     assert lock.acquire()
     time.sleep(1.0)  # three leases: renewed every 100 ms
-    assert redis_client.get("outlier:lock:test") == lock.token.encode()
-    assert not GroupLock(redis_client, "outlier:lock:test", 300).acquire()
+    assert redis_client.get(keys.tick_lock("test")) == lock.token.encode()
+    assert not GroupLock(redis_client, keys.tick_lock("test"), 300).acquire()
     lock.release()
-    assert not redis_client.exists("outlier:lock:test")
+    assert not redis_client.exists(keys.tick_lock("test"))
 
 
 def test_a_hung_holder_loses_its_lease_after_max_hold(redis_client):
     """Alive, renewing, making no progress: its group must go to another worker before gateways fail open."""
-    hung = GroupLock(redis_client, "outlier:lock:test", 300, max_hold_ms=900)
+    hung = GroupLock(redis_client, keys.tick_lock("test"), 300, max_hold_ms=900)
     assert hung.acquire()
     time.sleep(0.6)
-    assert redis_client.exists("outlier:lock:test"), "renewed past its first lease"
+    assert redis_client.exists(keys.tick_lock("test")), "renewed past its first lease"
     time.sleep(0.6)
-    assert not redis_client.exists("outlier:lock:test"), "never extended beyond max_hold_ms"
-    other = GroupLock(redis_client, "outlier:lock:test", 300)
+    assert not redis_client.exists(keys.tick_lock("test")), "never extended beyond max_hold_ms"
+    other = GroupLock(redis_client, keys.tick_lock("test"), 300)
     assert other.acquire()
     hung.release()  # too late: it must not release the new holder's lock
-    assert redis_client.get("outlier:lock:test") == other.token.encode()
+    assert redis_client.get(keys.tick_lock("test")) == other.token.encode()
     other.release()
 
 
@@ -176,7 +177,7 @@ def test_tick_lease_defaults(redis_client, settings):
     from outlier_admin.control.redis_conn import tick_lock
 
     lock = tick_lock(redis_client, "g1")
-    assert (lock.key, lock.ttl_ms) == (lock_key("g1"), settings.TICK_LOCK_TTL_MS)
+    assert (lock.key, lock.ttl_ms) == (keys.tick_lock("g1"), settings.TICK_LOCK_TTL_MS)
     assert lock.max_hold_ms == settings.WEIGHTS_STALE_AFTER_S * 1000 // 2
 
 
@@ -251,7 +252,7 @@ def test_worker_lost_mid_tick_group_publishes_again_before_stale_after(redis_cli
     flag.touch()
     assert wait_for(hung.exists, 10), "the worker never reached its hanging tick"
     last = read_weights("crash")  # the hung tick publishes nothing: this is the gateways' last document
-    assert redis_client.exists(lock_key("crash")), "the hung worker holds the group's lock"
+    assert redis_client.exists(keys.tick_lock("crash")), "the hung worker holds the group's lock"
     if fate == "killed":
         doomed.kill()  # kill -9
         doomed.wait(timeout=10)
@@ -268,4 +269,4 @@ def test_worker_lost_mid_tick_group_publishes_again_before_stale_after(redis_cli
           f"lease {settings.TICK_LOCK_TTL_MS} ms)")
     assert gap is not None and gap < stale_after_s, "the gateways failed open: no document within stale_after_s"
     # The lost tick's entries were reclaimed and acknowledged by the survivor.
-    assert wait_for(lambda: redis_client.xpending(stream_key("crash"), CONSUMER_GROUP)["pending"] == 0, 10)
+    assert wait_for(lambda: redis_client.xpending(keys.stream("crash"), CONSUMER_GROUP)["pending"] == 0, 10)

@@ -47,6 +47,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from outlier_admin import keys
 from outlier_admin.control.actions import (
     do_create_group,
     do_create_token,
@@ -55,7 +56,6 @@ from outlier_admin.control.actions import (
     do_register_node,
 )
 from outlier_admin.control.models import AuditEvent, CanaryProbe, NodeHistory, Override, Transition
-from outlier_admin.control.redis_conn import stream_key
 from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.ingest.models import GpuReading, RejectedInput
 from outlier_admin.ingest.pipeline import decode_entry
@@ -210,7 +210,7 @@ def _ndjson(ctx: Any, value: Any) -> bytes:
 def _stream_rows(redis_client: Any) -> int:
     """Request rows in every group's stream (an entry carries a batch of rows)."""
     total = 0
-    for key in redis_client.scan_iter(match=stream_key("*")):
+    for key in redis_client.scan_iter(match=keys.stream("*")):
         total += sum(len(decode_entry(fields)) for _, fields in redis_client.xrange(key))
     return total
 

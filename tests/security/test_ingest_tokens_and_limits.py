@@ -13,6 +13,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from outlier_admin import keys
 from outlier_admin.control.actions import ActionError, do_create_token, do_set_auto_register
 from outlier_admin.control.models import AuditEvent
 from outlier_admin.control.retention import apply_retention
@@ -36,7 +37,7 @@ def post(client, token, body, content_type="application/json"):
 
 
 def stream_rows(redis_client, group):
-    return [row for _, fields in redis_client.xrange(f"outlier:stream:{group}") for row in decode_entry(fields)]
+    return [row for _, fields in redis_client.xrange(keys.stream(group)) for row in decode_entry(fields)]
 
 
 # --- 3. a body's cost is per byte: a cap on lines, refusals counted per reason --------------------------

@@ -17,6 +17,7 @@ import orjson
 import pytest
 from django.db import connection
 
+from outlier_admin import keys
 from outlier_admin.control.actions import do_set_auto_register
 from outlier_admin.control.models import AuditEvent
 from outlier_admin.fleet.models import ModelGroup, Node
@@ -40,7 +41,7 @@ def post(client, token, records):
 
 
 def stream_rows(redis_client, group):
-    return [row for _, fields in redis_client.xrange(f"outlier:stream:{group}") for row in decode_entry(fields)]
+    return [row for _, fields in redis_client.xrange(keys.stream(group)) for row in decode_entry(fields)]
 
 
 # --- 1. a node id in a record is an id: never a URL, never outside the operator's networks -------------
@@ -107,7 +108,7 @@ def test_sixty_unknown_groups_create_nothing(client, ingest_token, redis_client,
     out = post(client, ingest_token, [rec(group=f"spray-{k}") for k in range(60)]).json()
     assert (out["accepted"], out["rejected"]) == (0, 60)
     assert {e["reason"] for e in out["errors"]} == {"unknown_group"}
-    assert not ModelGroup.objects.exists() and not redis_client.keys("outlier:stream:*")
+    assert not ModelGroup.objects.exists() and not redis_client.keys(keys.stream("*"))
     kept = RejectedInput.objects.filter(reason="unknown_group")
     # Counted whole, kept as a few samples (issue 29 finding 3: one row per refusal filled the table).
     assert sum(kept.values_list("count", flat=True)) == 60 and kept.count() == pipeline.SAMPLES_PER_REASON

@@ -12,6 +12,7 @@ import time
 import pytest
 from prometheus_client import generate_latest
 
+from outlier_admin import keys
 from outlier_admin.agent.__main__ import main
 from outlier_admin.agent.base import ApplyError, ApplyResult
 from outlier_admin.agent.core import Agent
@@ -139,7 +140,7 @@ def test_agent_and_client_import_without_django():
 def test_the_agent_reports_the_version_it_applied_and_only_after_applying(redis_client, group, settings, tmp_path):
     """The first screen shows what the gateways really run: an agent writes ``{version, applied_at,
     mode}`` under its id once an apply succeeded, never for a refused one."""
-    key = f"outlier:applied:{group}"
+    key = keys.applied(group)
     flaky = Agent(GatewayClient(redis_client, group), FlakyApplier(failures=1), gateway_id="gw-1/flaky")
     publish(redis_client, weights_document(group, 5, SERVERS))
     with pytest.raises(ApplyError):

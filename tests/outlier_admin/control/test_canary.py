@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from outlier_admin import keys
 from outlier_admin.control.actions import ActionError, do_create_group, do_register_node
 from outlier_admin.control.canary import probe_node, run_due_probes
 from outlier_admin.control.models import CanaryProbe
@@ -100,7 +101,7 @@ def test_connection_refused_is_a_failed_probe(db):
 
 
 def test_due_probes_go_once_per_interval(node, redis_client):
-    redis_client.hset("outlier:probes:g", node.name, node.address)
+    redis_client.hset(keys.probes("g"), node.name, node.address)
     assert run_due_probes() == 1
     assert run_due_probes() == 0  # in flight / interval guard
     assert node.probes.count() == 1 and node.probes.get().passed is None
@@ -126,7 +127,7 @@ def test_tick_feeds_probe_results_to_the_state_machine(server, redis_client, set
     # The node's address now points at the local server (its name, the detector id, stays).
     Node.objects.filter(name="127.0.0.1:9003").update(address=f"127.0.0.1:{server.server_address[1]}")
     res = run_tick("g1", now=t0 + 300)  # past the first probe delay
-    assert redis_client.hkeys("outlier:probes:g1") == [b"127.0.0.1:9003"]
+    assert redis_client.hkeys(keys.probes("g1")) == [b"127.0.0.1:9003"]
     assert run_due_probes() == 1
     run_tick("g1", now=t0 + 301)
     probe = CanaryProbe.objects.get()

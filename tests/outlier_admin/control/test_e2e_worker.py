@@ -14,6 +14,7 @@ import orjson
 import pytest
 from django.db import connection
 
+from outlier_admin import keys
 from outlier_admin.control.actions import do_release
 from outlier_admin.fleet.models import Node
 from tests.outlier_admin.helpers import make_records
@@ -43,7 +44,7 @@ def worker(redis_client, settings, tmp_path):
 
 
 def doc(redis_client, group):
-    raw = redis_client.get(f"outlier:weights:{group}")
+    raw = redis_client.get(keys.weights(group))
     return None if raw is None else {n["node"]: n for n in orjson.loads(raw)["nodes"]}
 
 

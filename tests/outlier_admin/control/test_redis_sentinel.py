@@ -12,6 +12,7 @@ import pytest
 import redis
 from redis.sentinel import MasterNotFoundError
 
+from outlier_admin import keys
 from outlier_admin.control import redis_conn
 from outlier_admin.control.checks import SENTINEL_CHECK_ID, check_redis_sentinel
 from outlier_admin.gateway_client import (
@@ -197,7 +198,7 @@ def test_ingest_answers_503_until_a_replica_holds_the_records(on_cluster, settin
     resp = post()  # the client's retry: counted once, and answered 200 only now that the replica holds them
     assert resp.status_code == 200
     assert (resp.json()["accepted"], resp.json()["duplicates"]) == (0, len(body))
-    stream = on_cluster.node(replica).xrange("outlier:stream:g1")
+    stream = on_cluster.node(replica).xrange(keys.stream("g1"))
     assert sum(len(orjson.loads(f[b"rows"])) for _, f in stream) == len(body)
 
 

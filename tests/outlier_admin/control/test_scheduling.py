@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from outlier_admin import keys
 from outlier_admin.control import scheduling
-from outlier_admin.control.redis_conn import TICK_LAST_KEY, lock_key, tick_queued_key
 
 pytestmark = [pytest.mark.services]
 
@@ -20,16 +20,16 @@ def test_oldest_first_puts_never_ticked_groups_first():
 
 def test_claim_skips_queued_and_running_groups_most_overdue_first(redis_client, settings):
     settings.TICK_LOCK_TTL_MS = 5000
-    redis_client.zadd(TICK_LAST_KEY, {"a": 30.0, "b": 10.0, "c": 20.0})
+    redis_client.zadd(keys.TICK_LAST, {"a": 30.0, "b": 10.0, "c": 20.0})
     due, queued_at = scheduling.claim_due(redis_client, ["a", "b", "c", "new"])
     assert due == ["new", "b", "c", "a"]
-    assert redis_client.get(tick_queued_key("b")).decode() == f"{queued_at:.6f}"
-    assert 0 < redis_client.pttl(tick_queued_key("b")) <= 5000
+    assert redis_client.get(keys.tick_queued("b")).decode() == f"{queued_at:.6f}"
+    assert 0 < redis_client.pttl(keys.tick_queued("b")) <= 5000
 
     # Queued ticks are not queued again; nor is a group whose tick is running (its lock is held).
     assert scheduling.claim_due(redis_client, ["a", "b", "c", "new"])[0] == []
-    redis_client.delete(*(tick_queued_key(g) for g in "abc"))
-    redis_client.set(lock_key("c"), "someone", px=5000)
+    redis_client.delete(*(keys.tick_queued(g) for g in "abc"))
+    redis_client.set(keys.tick_lock("c"), "someone", px=5000)
     assert scheduling.claim_due(redis_client, ["a", "b", "c"])[0] == ["b", "a"]
 
 
@@ -39,8 +39,8 @@ def test_a_tick_frees_its_group_and_a_duplicate_returns_at_once(redis_client, se
     started = scheduling.start(redis_client, group, first_queued)
     assert started is not None and started >= first_queued
     scheduling.finish(redis_client, group, started, ticked=True)
-    assert redis_client.zscore(TICK_LAST_KEY, "g") == pytest.approx(started)
-    assert not redis_client.exists(tick_queued_key("g")), "the next beat may queue it again"
+    assert redis_client.zscore(keys.TICK_LAST, "g") == pytest.approx(started)
+    assert not redis_client.exists(keys.tick_queued("g")), "the next beat may queue it again"
 
     # A task queued before that tick started (its marker had lapsed while it waited) is a duplicate.
     assert scheduling.start(redis_client, "g", started - 1.0) is None
@@ -58,11 +58,11 @@ def test_a_lost_task_delays_its_group_by_one_lease_only(redis_client, settings):
 
 
 def test_groups_no_longer_listed_are_forgotten(redis_client):
-    redis_client.zadd(TICK_LAST_KEY, {"kept": 1.0, "deleted": 2.0})
+    redis_client.zadd(keys.TICK_LAST, {"kept": 1.0, "deleted": 2.0})
     scheduling.claim_due(redis_client, ["kept"], prune=False)
-    assert redis_client.zcard(TICK_LAST_KEY) == 2, "a partial list (from Redis) prunes nothing"
+    assert redis_client.zcard(keys.TICK_LAST) == 2, "a partial list (from Redis) prunes nothing"
     scheduling.claim_due(redis_client, ["kept"], prune=True)
-    assert [m.decode() for m in redis_client.zrange(TICK_LAST_KEY, 0, -1)] == ["kept"]
+    assert [m.decode() for m in redis_client.zrange(keys.TICK_LAST, 0, -1)] == ["kept"]
 
 
 # --- event-driven tickers ---------------------------------------------------------------------------------
@@ -87,7 +87,7 @@ def test_a_ticker_ticks_a_group_on_new_rows_before_its_heartbeat(redis_client, s
     assert sorted(g for g, _ in ticked) == ["ga", "gb"] and scheduling.tickers_alive(redis_client) == ["t1"]
     assert ticker.step() == 0  # nothing new: waits (briefly, until its renewal) and ticks nothing
     written = time.monotonic()
-    redis_client.xadd("outlier:stream:gb", {"rows": b"[]"})
+    redis_client.xadd(keys.stream("gb"), {"rows": b"[]"})
     deadline = time.monotonic() + 5
     while len(ticked) < 3 and time.monotonic() < deadline:
         ticker.step()

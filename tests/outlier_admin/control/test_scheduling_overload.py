@@ -12,8 +12,9 @@ import time
 
 import pytest
 
+from outlier_admin import keys
 from outlier_admin.control import tasks
-from outlier_admin.control.redis_conn import GroupLock, lock_key
+from outlier_admin.control.redis_conn import GroupLock
 from outlier_admin.control.tick import TickResult
 from outlier_admin.fleet.models import ModelGroup
 
@@ -55,7 +56,7 @@ def _run_overloaded(monkeypatch, settings, redis_client) -> dict[str, list[float
     published: dict[str, list[float]] = {n: [] for n in names}
 
     def slow_tick(group, *, now=None, consumer="tick"):
-        lock = GroupLock(redis_client, lock_key(group), settings.TICK_LOCK_TTL_MS)
+        lock = GroupLock(redis_client, keys.tick_lock(group), settings.TICK_LOCK_TTL_MS)
         if not lock.acquire():
             return None
         try:

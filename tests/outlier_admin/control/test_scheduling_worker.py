@@ -16,7 +16,7 @@ import orjson
 import pytest
 from django.db import connection
 
-from outlier_admin.control.redis_conn import weights_key
+from outlier_admin import keys
 from outlier_admin.fleet.models import ModelGroup
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.slow,
@@ -76,7 +76,7 @@ def test_every_group_publishes_within_half_of_stale_after_on_an_overloaded_worke
         redis_client, settings, slow_worker_and_beat):
     names = [f"load-{i:02d}" for i in range(GROUPS)]
     ModelGroup.objects.bulk_create([ModelGroup(name=n, slug=n) for n in names])  # bulk_create skips save()'s slug
-    keys = [weights_key(n) for n in names]
+    keys = [keys.weights(n) for n in names]
     stale_after_s = settings.WEIGHTS_STALE_AFTER_S
 
     deadline = time.time() + 30

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from outlier_admin import keys
 from outlier_admin.control.actions import (
     ActionError,
     do_approve_proposal,
@@ -76,9 +77,9 @@ def test_rejecting_a_latency_proposal_silences_it_until_expired(redis_client, ap
     assert (first.status, first.outcome) == ("rejected", "applied")
     assert first.transition.to_state == "healthy" and first.transition.reason == "rejected"
 
-    redis_client.delete("outlier:inputs:g1")
+    redis_client.delete(keys.inputs("g1"))
     do_expire_silence(silence, actor="alice", reason="rack fixed, watch it again")
-    assert redis_client.get("outlier:inputs:g1"), "the tick is told to read the silences again"
+    assert redis_client.get(keys.inputs("g1")), "the tick is told to read the silences again"
     with pytest.raises(ActionError, match="already ended"):
         do_expire_silence(silence, actor="alice", reason="twice")
     _until(t0, rng, lambda r: QuarantineProposal.objects.filter(node__name=SLOW, status="pending").exists(),

@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from detector.signals import SIGNALS
+from outlier_admin import keys
 from outlier_admin.control.actions import do_release, do_set_group_policy
 from outlier_admin.control.models import AuditEvent, NodeHistory, Transition
 from outlier_admin.control.publish import read_weights
@@ -80,11 +81,11 @@ def test_surge_of_all_nodes_quarantines_nobody(redis_client):
 
 def test_weights_document_and_notification(redis_client):
     pubsub = redis_client.pubsub()
-    pubsub.subscribe("outlier:weights")
+    pubsub.subscribe(keys.LEGACY_WEIGHTS_CHANNEL)
     pubsub.get_message(timeout=1)  # subscribe confirmation
     feed(time.time(), np.random.default_rng(1), nodes=4)
     res = run_tick("g1")
-    raw = redis_client.get("outlier:weights:g1")
+    raw = redis_client.get(keys.weights("g1"))
     doc = orjson.loads(raw)
     assert set(doc) == {"group", "version", "generated_at", "stale_after_s", "safeguard", "nodes"}
     assert doc["group"] == "g1" and doc["version"] == res.version == 1
@@ -106,7 +107,7 @@ def test_entries_are_acked_and_never_applied_twice(redis_client):
     first = run_tick("g1")
     assert first.samples == 40
     assert first.checkpoint  # a first tick serialises the detector: its entries are deleted
-    assert redis_client.xlen("outlier:stream:g1") == 0
+    assert redis_client.xlen(keys.stream("g1")) == 0
     assert run_tick("g1").samples == 0
 
 
@@ -124,8 +125,8 @@ def test_between_checkpoints_entries_stay_as_the_log_and_a_new_process_replays_t
     feed(t0 + 1, rng, nodes=4, per_node=10)
     second = run_tick("g1", now=t0 + 1.5)
     assert second.samples == 40 and not second.checkpoint
-    assert redis_client.xpending("outlier:stream:g1", "ticks")["pending"] == 0
-    assert redis_client.xlen("outlier:stream:g1") == 1  # acknowledged, kept until the next checkpoint
+    assert redis_client.xpending(keys.stream("g1"), "ticks")["pending"] == 0
+    assert redis_client.xlen(keys.stream("g1")) == 1  # acknowledged, kept until the next checkpoint
     tick._HELD.clear()
     gd, _, _ = _load_detector(redis_client, ModelGroup.objects.get(name="g1"), t0 + 2)
     assert gd.accepted_total == 80
@@ -134,7 +135,7 @@ def test_between_checkpoints_entries_stay_as_the_log_and_a_new_process_replays_t
     third = run_tick("g1", now=t0 + 2.5)  # restores the checkpoint, replays entry 2, reads entry 3
     assert third.checkpoint and third.samples == 80
     gd, _, _ = _load_detector(redis_client, ModelGroup.objects.get(name="g1"), t0 + 3)
-    assert gd.accepted_total == 120 and redis_client.xlen("outlier:stream:g1") == 0
+    assert gd.accepted_total == 120 and redis_client.xlen(keys.stream("g1")) == 0
 
 
 def test_shadow_policy_publishes_base_weights_but_records_decisions(redis_client):
@@ -154,7 +155,7 @@ def test_shadow_policy_publishes_base_weights_but_records_decisions(redis_client
 
 def test_a_held_lock_skips_the_tick(redis_client, settings):
     feed(time.time(), np.random.default_rng(2), nodes=4, per_node=10)
-    redis_client.set("outlier:lock:tick:g1", b"someone-else", px=5000)
+    redis_client.set(keys.tick_lock("g1"), b"someone-else", px=5000)
     assert run_tick("g1") is None
-    redis_client.delete("outlier:lock:tick:g1")
+    redis_client.delete(keys.tick_lock("g1"))
     assert run_tick("g1").samples == 40

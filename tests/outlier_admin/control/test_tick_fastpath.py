@@ -10,9 +10,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from outlier_admin import keys
 from outlier_admin.control.actions import do_quarantine
 from outlier_admin.control.publish import read_weights
-from outlier_admin.control.redis_conn import inputs_key, state_key
 from outlier_admin.control.tick import run_tick
 from outlier_admin.fleet.models import Node
 from outlier_admin.ingest.pipeline import submit
@@ -99,11 +99,11 @@ def test_operator_inputs_are_queried_only_when_marked_and_applied_at_the_next_ti
     assert not [q for q in queries.captured_queries if "control_override" in q["sql"]]
     node = Node.objects.get(name="127.0.0.1:9002")
     do_quarantine(node, actor="alice", reason="bad GPU")
-    assert int(redis_client.get(inputs_key("g1"))) >= 1
+    assert int(redis_client.get(keys.inputs("g1"))) >= 1
     res = run_tick("g1", now=t0 + 2.5)
     assert res.states["127.0.0.1:9002"] == "forced_quarantine" and res.weights["127.0.0.1:9002"] == 0
     assert res.checkpoint, "a tick that applied an operator input checkpoints the detector"
-    assert redis_client.get(inputs_key("g1")) is None, "the tick consumed the marks it saw"
+    assert redis_client.get(keys.inputs("g1")) is None, "the tick consumed the marks it saw"
 
 
 def test_the_detector_is_serialised_only_at_checkpoints(redis_client, settings):
@@ -116,4 +116,4 @@ def test_the_detector_is_serialised_only_at_checkpoints(redis_client, settings):
         checkpoints.append(res.checkpoint)
     # The first tick, then once a lease (5 s) has passed; nothing was decided in between.
     assert checkpoints == [True, False, False, False, False, True, False, False]
-    assert float(redis_client.hget(state_key("g1"), "checkpoint_at")) == pytest.approx(t0 + 5.5)
+    assert float(redis_client.hget(keys.state("g1"), "checkpoint_at")) == pytest.approx(t0 + 5.5)

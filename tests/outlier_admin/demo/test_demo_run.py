@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from outlier_admin import keys
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -46,7 +48,7 @@ def test_demo_degrades_and_quarantines_the_throttled_node(tmp_path, settings, re
            "DEMO_TICK_S": "0.5", "DEMO_PASSWORD": "test-only"}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     # A colleague's control plane on the same Redis database: the demo runs beside it, leaves its keys alone.
-    theirs = {"outlier:weights:team-llm": b'{"group": "team-llm"}', "outlier:state:team-llm": b"state"}
+    theirs = {keys.weights("team-llm"): b'{"group": "team-llm"}', keys.state("team-llm"): b"state"}
     redis_client.mset(theirs)
     proc = subprocess.Popen([sys.executable, "-m", "outlier_admin.demo"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -8,6 +8,7 @@ from http.server import BaseHTTPRequestHandler
 import pytest
 
 from detector.engine_metrics import parse
+from outlier_admin import keys
 from outlier_admin.ingest.modelserver import record_scrape, scrape_all
 from tests.conftest import FIXTURES
 from tests.outlier_admin.helpers import http_server
@@ -101,7 +102,7 @@ def test_record_scrape_rebases_after_a_restart(redis_client):
     row = record_scrape(redis_client, node, itl_text(0.8, 60), 102.0)
     # Decode columns only: the page has no prefill, prompt or running series.
     assert row == ["127.0.0.1:8000", 102.0, 1.0, 50, pytest.approx(700.0), None, None, None, None, None, None]
-    assert redis_client.xlen("outlier:stream:g") == 1
+    assert redis_client.xlen(keys.stream("g")) == 1
 
 
 @pytest.mark.django_db
@@ -112,4 +113,4 @@ def test_a_node_that_streamed_nothing_queues_no_row(metrics_server, redis_client
     Metrics.text = itl_text(10.0, 1000)
     scrape_all()
     assert scrape_all() == 0  # same counters: an idle node
-    assert redis_client.xlen("outlier:stream:g") == 0
+    assert redis_client.xlen(keys.stream("g")) == 0

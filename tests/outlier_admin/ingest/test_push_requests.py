@@ -8,6 +8,7 @@ import numpy as np
 import orjson
 import pytest
 
+from outlier_admin import keys
 from outlier_admin.fleet.models import Node
 from outlier_admin.ingest.models import RejectedInput
 
@@ -40,7 +41,7 @@ def test_json_array_accepts_valid_and_reports_bad_lines(client, ingest_token, re
     assert data["errors"] == [{"line": 2, "reason": "bad_total_ms"}, {"line": 3, "reason": "ts_in_future"}]
     assert RejectedInput.objects.filter(reason="ts_in_future", source="http:gw-test").count() == 1
     assert set(Node.objects.values_list("name", flat=True)) == {"127.0.0.1:8000", "127.0.0.2:8000"}
-    assert redis_client.xlen("outlier:stream:llama") == 1  # one entry per group per request
+    assert redis_client.xlen(keys.stream("llama")) == 1  # one entry per group per request
 
 
 def test_ndjson_with_a_broken_line_and_rfc3339(client, ingest_token, redis_client):
@@ -117,7 +118,7 @@ def test_records_without_token_counts_are_kept_latency_only(client, ingest_token
                          rec(cached_tokens=101)])  # more cached than prompt: refused
     data = post(client, ingest_token, body).json()
     assert (data["accepted"], data["errors"]) == (4, [{"line": 5, "reason": "bad_cached_tokens"}])
-    rows = [row for _, fields in redis_client.xrange("outlier:stream:llama") for row in decode_entry(fields)]
+    rows = [row for _, fields in redis_client.xrange(keys.stream("llama")) for row in decode_entry(fields)]
     assert [(r[2], r[3], r[5]) for r in rows] == [(None, None, 730.0), (None, None, 740.0), (None, None, 750.0),
                                                   (100, 50, 760.0)]
     batch = _batch(rows)  # the tick: null -> NaN, latency-only rows kept
@@ -134,7 +135,7 @@ def test_cached_tokens_and_queue_time_reach_the_detector_and_older_rows_still_re
                          rec(ttft_ms=300.0, queue_ms=301.0, total_ms=900.0)])  # more queue than TTFT: refused
     data = post(client, ingest_token, body).json()
     assert (data["accepted"], data["errors"]) == (1, [{"line": 2, "reason": "bad_queue_ms"}])
-    rows = [row for _, fields in redis_client.xrange("outlier:stream:llama") for row in decode_entry(fields)]
+    rows = [row for _, fields in redis_client.xrange(keys.stream("llama")) for row in decode_entry(fields)]
     assert rows[0][7:] == [800, 120.0]
     # A row of 7 written before the last two columns, next to a new one, in one tick's batch.
     batch = _batch([rows[0][:7], rows[0]])

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from django.core.management import call_command
 
+from outlier_admin import keys
 from outlier_admin.agent.haproxy import RuntimeAPI
 from outlier_admin.agent.shipper import node_map_from_haproxy
 from outlier_admin.control.tick import _batch
@@ -40,7 +41,7 @@ def tail(name: str, path, *extra: str) -> str:
 
 
 def stream_rows(redis_client, group: str = "llm") -> list[list]:
-    return [row for _, fields in redis_client.xrange(f"outlier:stream:{group}") for row in decode_entry(fields)]
+    return [row for _, fields in redis_client.xrange(keys.stream(group)) for row in decode_entry(fields)]
 
 
 def test_nginx_default_logs(tmp_path, servers, redis_client, make_group):

@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from detector.engine_metrics import ROW_FIELDS
+from outlier_admin import keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
@@ -96,7 +97,7 @@ def test_scraper_rows_and_a_canary_probe_on_a_real_llamacpp_server(llama_server,
         time.sleep(0.25)
         asyncio.run(scraper.round([t]))
     asyncio.run(scraper.round([t]))
-    rows = [dict(zip(ROW_FIELDS, row, strict=True)) for _id, f in redis_client.xrange("outlier:stream:real")
+    rows = [dict(zip(ROW_FIELDS, row, strict=True)) for _id, f in redis_client.xrange(keys.stream("real"))
             for row in orjson.loads(f[b"progress"])]
     assert scraper.stats.failures == {}
     decoding = [r for r in rows if r["tokens"] > 0]

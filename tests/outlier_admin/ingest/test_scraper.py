@@ -13,6 +13,7 @@ from django.core.management import CommandError, call_command
 
 from bench.scraper import VARIANTS, _response, start_server_thread, vllm_page
 from detector.engine_metrics import ROW_FIELDS
+from outlier_admin import keys
 from outlier_admin.ingest.scraper import (
     ALIVE_KEY,
     Scraper,
@@ -97,14 +98,14 @@ def test_a_dead_node_never_delays_the_others(page_server, redis_client):
 
     # The rows reached the group's stream, decode and prefill columns (the page's counters grow
     # by 50 tokens at 20 ms and one 2,000-token prefill per request).
-    rows = [row for _id, fields in redis_client.xrange("outlier:stream:g")
+    rows = [row for _id, fields in redis_client.xrange(keys.stream("g"))
             for row in orjson.loads(fields[b"progress"])]
     assert len(rows) >= 3 * 4 and {row[0] for row in rows} == {t.node for t in healthy}
     one = dict(zip(ROW_FIELDS, rows[-1], strict=True))
     assert one["tokens"] % 50 == 0 and one["token_ms"] == pytest.approx(one["tokens"] * 20.0)
     assert one["prefills"] >= 1 and one["running"] == 12
     # The previous counters are in Redis for whichever process scrapes next.
-    assert redis_client.hlen("outlier:itl:g") == 3
+    assert redis_client.hlen(keys.itl("g")) == 3
 
 
 @pytest.mark.django_db
@@ -168,14 +169,14 @@ def test_one_process_per_shard_and_the_beat_round_steps_aside_while_one_runs(pag
 
     do_register_node(do_create_group("g", actor="t"), "127.0.0.1:8000", actor="t",
                      metrics_url=f"{page_server}/n/7/metrics")
-    assert scrape_round() == 0 and redis_client.hlen("outlier:itl:g") == 1  # the beat's round scraped
+    assert scrape_round() == 0 and redis_client.hlen(keys.itl("g")) == 1  # the beat's round scraped
     assert scrape_round() == 1  # and its second round queued a row
 
     assert renew_lease(redis_client, (0, 2), "first", 3000)
     assert not renew_lease(redis_client, (0, 2), "standby", 3000)  # waits for the first to go
     assert renew_lease(redis_client, (1, 2), "other-shard", 3000)
     assert redis_client.exists(ALIVE_KEY)
-    assert scrape_round() == 0 and redis_client.xlen("outlier:stream:g") == 1  # stepped aside
+    assert scrape_round() == 0 and redis_client.xlen(keys.stream("g")) == 1  # stepped aside
 
     release_lease(redis_client, (0, 2), "standby")  # not its lease: nothing happens
     assert not renew_lease(redis_client, (0, 2), "standby", 3000)
@@ -198,4 +199,4 @@ def test_two_processes_on_one_shard_one_scrapes_the_other_stands_by(page_server,
 
     asyncio.run(both())
     assert first.stats.scrapes >= 4 and standby.stats.scrapes == 0 and not standby.active
-    assert not redis_client.exists("outlier:scraper:lease:0/1")  # given up at the clean stop
+    assert not redis_client.exists(keys.scraper_lease(0, 1))  # given up at the clean stop

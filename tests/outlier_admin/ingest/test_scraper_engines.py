@@ -15,6 +15,7 @@ from django.test import Client
 
 from detector.engine_metrics import ROW_FIELDS
 from detector.engines.llamacpp import MAX_SLOTS
+from outlier_admin import keys
 from outlier_admin.ingest.scraper import SLOTS_RETRY_S, Scraper, Target, slots_url
 from outlier_admin.observability.metrics import EVENTS
 from tests.conftest import FIXTURES
@@ -62,7 +63,7 @@ def fixture(name: str) -> bytes:
 
 
 def stream_rows(redis_client, group: str) -> list[dict]:
-    return [dict(zip(ROW_FIELDS, row, strict=True)) for _id, fields in redis_client.xrange(f"outlier:stream:{group}")
+    return [dict(zip(ROW_FIELDS, row, strict=True)) for _id, fields in redis_client.xrange(keys.stream(group))
             for row in orjson.loads(fields[b"progress"])]
 
 
@@ -93,7 +94,7 @@ def test_a_llamacpp_node_is_read_through_its_slots(llamacpp, redis_client):
     # The snapshot is kept with the counters, so another process continues the same series.
     # Each slot carries what the rows counted of its task (task 4: 6 tokens over the interval), so the
     # finished-request counters add only the rest when it ends.
-    stored = orjson.loads(redis_client.hget("outlier:itl:g", t.node))
+    stored = orjson.loads(redis_client.hget(keys.itl("g"), t.node))
     interval_ms = row["interval_s"] * 1000.0
     assert stored[-2] == "llamacpp"
     assert stored[-1][0][:5] == [0, 4, 165, 90, 6] and stored[-1][0][5] == pytest.approx(interval_ms)
@@ -125,7 +126,7 @@ def test_slots_off_falls_back_to_the_counters_and_is_asked_again_only_rarely(lla
         asyncio.run(scraper.round([t]))
     assert LlamaCpp.seen == ["/lc/metrics", "/lc/slots", "/lc/metrics", "/lc/metrics"]
     assert sum(failures("g", t.node, k) for k in ("http_status", "parse")) == before  # a setting, not a fault
-    assert scraper.stats.scrapes == 3 and orjson.loads(redis_client.hget("outlier:itl:g", t.node))[-1] is None
+    assert scraper.stats.scrapes == 3 and orjson.loads(redis_client.hget(keys.itl("g"), t.node))[-1] is None
     # A finished request moves the counters: a (late) row from them alone.
     LlamaCpp.pages["/lc/metrics"] = [fixture("metrics_a.txt").replace(b"tokens_predicted_total 160",
                                                                       b"tokens_predicted_total 360")
@@ -181,7 +182,7 @@ def test_a_refused_slots_document_is_a_failure_with_its_reason_and_the_counters_
     for node, (_body, kind, detail) in cases.items():
         assert failures("s", node, kind) - before[node] == 1, node
         assert RejectedInput.objects.get(source=f"metrics:s/{node}").detail.startswith(f"{kind}: {detail}"), node
-    assert scraper.stats.scrapes == 4 and redis_client.hlen("outlier:itl:s") == 4  # the counters are kept
+    assert scraper.stats.scrapes == 4 and redis_client.hlen(keys.itl("s")) == 4  # the counters are kept
 
 
 @pytest.mark.django_db
@@ -195,7 +196,7 @@ def test_a_page_no_engine_wrote_is_unrecognised_and_shown_on_the_nodes_page(llam
     before = failures("g", node.name, "unrecognised_engine")
     assert scrape_round(redis_client) == 0 and scrape_round(redis_client) == 0
     assert failures("g", node.name, "unrecognised_engine") - before == 2
-    assert redis_client.xlen("outlier:stream:g") == 0 and not redis_client.hexists("outlier:itl:g", node.name)
+    assert redis_client.xlen(keys.stream("g")) == 0 and not redis_client.hexists(keys.itl("g"), node.name)
     c = Client()
     c.force_login(users["viewer"])
     html = c.get(f"/nodes/{node.pk}/").content.decode()

@@ -8,6 +8,7 @@ import time
 import orjson
 import pytest
 
+from outlier_admin import keys
 from outlier_admin.ingest.models import IngestSource, RejectedInput
 from outlier_admin.ingest.tailer import tail_source
 
@@ -41,4 +42,4 @@ def test_checkpoint_rotation_truncation(tmp_path, redis_client, make_group):
     # truncation (copytruncate)
     path.write_bytes(line())
     assert tail_source(src).accepted == 1
-    assert redis_client.exists("outlier:stream:g")
+    assert redis_client.exists(keys.stream("g"))

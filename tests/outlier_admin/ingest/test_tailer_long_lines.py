@@ -9,6 +9,7 @@ import time
 import orjson
 import pytest
 
+from outlier_admin import keys
 from outlier_admin.ingest.logformats import LINE_TOO_LONG, MAX_LINE_BYTES
 from outlier_admin.ingest.models import Checkpoint, IngestSource, RejectedInput
 from outlier_admin.ingest.tailer import tail_source
@@ -60,5 +61,5 @@ def test_a_long_line_still_being_written_is_skipped_on_and_never_read_as_lines(t
         fh.write(line(request_id="next"))
     accepted, rejected = passes(src)
     assert (accepted, rejected) == (1, 0)  # "next" only: the forged tail was inside the long line
-    assert not redis_client.exists("outlier:stream:g") or b"forged" not in b"".join(
-        v for _, fields in redis_client.xrange("outlier:stream:g") for v in fields.values())
+    assert not redis_client.exists(keys.stream("g")) or b"forged" not in b"".join(
+        v for _, fields in redis_client.xrange(keys.stream("g")) for v in fields.values())
