@@ -52,11 +52,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detector.detectors import cross_p50, zscore
+from detector.detectors import zscore
+from detector.detectors.cross_p50 import CrossP50Detector
 from detector.detectors.errors import ErrorDetector
 from detector.detectors.tail import TailDetector
 from detector.detectors.verdict import Verdict
-from detector.detectors.zscore import Decision, Lines
+from detector.detectors.zscore import Decision, Lines, ZScoreDetector
 from detector.moves import Moves, lookup
 from detector.nodes import NodeArrays
 from detector.states import SAFEGUARD_COUNTED, NodeState, Reason, safeguard_cap
@@ -68,6 +69,8 @@ _HELD_OUT = lookup(SAFEGUARD_COUNTED)
 _ACTIVE = lookup((S.HEALTHY, S.DEGRADED))
 _PROBED = lookup((S.QUARANTINED, S.PROBING))
 _ERRORS = (Reason.CONSECUTIVE_ERRORS, Reason.SUCCESS_RATE)
+#: Every detector's case against a node (:attr:`~detector.detectors.verdict.Detector.columns`).
+_CASES = (*ErrorDetector.columns, *ZScoreDetector.columns, *TailDetector.columns, *CrossP50Detector.columns)
 
 
 def cap(t: Thresholds, n: int) -> int:
@@ -83,10 +86,7 @@ def evidence_line(t: Thresholds, flaps: np.ndarray | np.integer) -> np.ndarray:
 def reset_verdicts(a: NodeArrays, i: int) -> None:
     """Every detector forgets its case against node ``i`` (it left service or an operator decided):
     the one list, used by quarantine, rejection and release alike."""
-    a.reset(i, ("over_q", "over_q_evals", "q_held", "q_seen_at", "pending_since"))
-    ErrorDetector.reset(a, i)
-    TailDetector.reset(a, i)
-    cross_p50.reset(a, i)
+    a.reset(i, ("pending_since", *_CASES))
 
 
 def enter_quarantine(a: NodeArrays, t: Thresholds, i: int, now: float) -> None:
@@ -226,7 +226,8 @@ def eject(a: NodeArrays, t: Thresholds, now: float, verdicts: list[Verdict], d: 
             moves.one(i, S.QUARANTINED, reason, detail)
     blocked_mask = np.zeros(n, dtype=bool)
     blocked_mask[blocked] = True
-    moves(blocked_mask & (a.state == S.HEALTHY), S.DEGRADED, Reason.Z_DEGRADE, "safeguard: held at floor weight")
+    moves(blocked_mask & (a.state == S.HEALTHY), S.DEGRADED, Reason.Z_DEGRADE, "safeguard: held at floor weight",
+          safeguard_hold=True)
     return Ejection(cause=cause, blocked=blocked_mask, safeguard_reason=safeguard_reason)
 
 

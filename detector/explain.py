@@ -17,7 +17,7 @@ from detector.detectors.zscore import Decision, PeerView
 from detector.moves import Move
 from detector.nodes import NodeArrays
 from detector.signals import SIGNALS
-from detector.states import NodeState, Reason, Transition
+from detector.states import NodeState, Reason, Safeguard, Transition
 from detector.thresholds import Thresholds
 
 # The thresholds shown with every transition (the ones that decide states).
@@ -41,9 +41,11 @@ EXPLAINED = (
 class Evaluation:
     """The outcome of one tick for every node of the group (arrays aligned with ``nodes``).
 
-    ``z`` is the deciding signal's Z (what weighs and ranks a node); ``z_by_signal`` every signal's.
-    ``verdicts``: each ejecting detector's wish per node before persistence of the others, the cap and
-    ``dry_run`` (a detector in dry run shows here and nowhere else)."""
+    ``z`` is the deciding signal's Z (what weighs and ranks a node); ``z_by_signal`` every signal's;
+    ``deciding`` which signal that is, per node (index into :data:`~detector.signals.SIGNALS`, -1: none
+    yet; :meth:`deciding_signal`). ``verdicts``: each ejecting detector's verdict per node before dry
+    run and the cap (a detector in dry run shows here and nowhere else). ``cap``: the safeguard's
+    figures after this tick (:class:`~detector.states.Safeguard`)."""
 
     at: float
     nodes: tuple[str, ...]
@@ -71,9 +73,16 @@ class Evaluation:
     evidence: np.ndarray = field(default_factory=lambda: np.zeros(0))
     decision_signal: str | None = None
     verdicts: dict[str, np.ndarray] = field(default_factory=dict)
+    deciding: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    cap: Safeguard | None = None
 
     def index(self, node: str) -> int:
         return self.nodes.index(node)
+
+    def deciding_signal(self, i: int) -> str | None:
+        """The signal node ``i`` was judged on (None: no Z on any yet)."""
+        w = int(self.deciding[i]) if len(self.deciding) else -1
+        return SIGNALS[w] if w >= 0 else None
 
     def row(self, node: str) -> dict[str, Any]:
         """JSON-able summary of one node (NaN -> None)."""
@@ -91,6 +100,7 @@ class Evaluation:
             "samples": int(self.counts[i]),
             "evidence": nan_to_none(self.evidence[i]) if len(self.evidence) else None,
             "decision_signal": self.decision_signal,
+            "signal": self.deciding_signal(i),
         }
 
 

@@ -9,11 +9,13 @@
    (:mod:`detector.detectors.zscore`). :meth:`GroupDetector.ingest_progress` applies streamed decode
    progress (:class:`~detector.samples.ProgressBatch`): the decode signal seconds before the requests
    complete.
-2. :meth:`GroupDetector.evaluate` (one tick) refits the cost model, computes every signal's peer
-   baseline and Z and the deciding signal, collects each detector's verdict, and hands them to the
-   ejection layer (:mod:`detector.ejection`: persistence, cause priority, dry run, the safeguard cap,
-   soft degrade with flap damping, restore, probes), which takes every state edge through
-   :class:`~detector.moves.Moves`. Weights follow from the states (:mod:`detector.weights`, with the
+2. :meth:`GroupDetector.evaluate` (one tick) refits the cost model, applies operator expiries and
+   the end of warm-up, computes every signal's peer baseline and Z, and hands them with its detectors
+   to :func:`detector.evaluation.evaluate` — the one evaluation sequence, which the threshold preview
+   replays too: the deciding signal, each detector's verdict, the ejection layer
+   (:mod:`detector.ejection`: persistence, cause priority, dry run, the safeguard cap, soft degrade
+   with flap damping, restore, probes), every state edge through :class:`~detector.moves.Moves`.
+   Weights follow from the states (:mod:`detector.weights`, with the
    traffic table of :mod:`detector.states`) and every edge gets its explanation
    (:mod:`detector.explain`).
 3. Canary probes (:meth:`record_probe`) and operator actions move single nodes between evaluations.
@@ -31,15 +33,18 @@ from itertools import repeat
 
 import numpy as np
 
-from detector import ejection, explain, inflight, snapshot
+from detector import ejection, evaluation, explain, inflight, snapshot
 from detector import weights as weighing
 from detector.baseline import robust_sd
 from detector.costmodel import CostModel
-from detector.detectors import cross_p50, zscore
+from detector.detectors import zscore
+from detector.detectors.cross_p50 import CrossP50Detector
 from detector.detectors.errors import ErrorDetector
 from detector.detectors.tail import TailDetector
+from detector.detectors.verdict import Detector
+from detector.detectors.zscore import ZScoreDetector
 from detector.explain import Evaluation
-from detector.moves import Moves, lookup
+from detector.moves import Moves
 from detector.nodes import POOLED, NodeArrays
 from detector.operator import NodeActions
 from detector.samples import (
@@ -53,7 +58,7 @@ from detector.samples import (
     validate_progress,
 )
 from detector.signals import QUEUE_FREE, SIGNALS, SignalModel
-from detector.states import BASELINE_STATES, NodeState, Transition
+from detector.states import NodeState, Transition
 from detector.thresholds import Thresholds
 from detector.window import SlidingWindows
 
@@ -73,7 +78,6 @@ POOL_OBSERVATION_S = 0.25
 #: At most this many steps per tick (2 s): after a gap, one mean does not replace the EMA's history.
 POOL_MAX_STEPS = 8
 S = NodeState
-_BASELINE = lookup(BASELINE_STATES)
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,12 @@ class GroupDetector(NodeActions):
     @property
     def node_ids(self) -> list[str]:
         return self.a.ids
+
+    @property
+    def detectors(self) -> tuple[Detector, ...]:
+        """The group's detectors in the ejection layer's priority order
+        (:data:`~detector.thresholds.DETECTORS`: errors, Z, tail ratio, cross-P50)."""
+        return (self.errors, ZScoreDetector(), self.tail, CrossP50Detector())
 
     @property
     def ewma(self) -> dict:
@@ -389,20 +399,10 @@ class GroupDetector(NodeActions):
         ejection.expire_overrides(a, t, now, moves)
         ejection.finish_warmup(a, t, now, moves)
         view = zscore.peer_view(self.signals, a, t, now, self._last)
-        self.tail.step(a, t, now, peers=_BASELINE[a.state] & view.fresh)
-        consecutive, success = self.errors.verdicts(a, t, now)
-        d = zscore.decide(view, a, t, now)
-        lines = zscore.lines(d, t)
-        z_verdict = ejection.persistent_z(a, t, d, lines.over_q, now)
-        degrade_now = ejection.degrade_wanted(a, t, lines)
-        verdicts = [consecutive, success, z_verdict, d.gate(TailDetector.verdict(a), t), d.gate(cross_p50.verdict(a), t)]
-        ej = ejection.eject(a, t, now, verdicts, d, moves, lambda r, i: explain.detail(r, a, i, t))
-        ejection.soft_degrade(a, now, degrade_now, lines, ej, moves)
-        failing = ejection.enforced(consecutive, t) | ejection.enforced(success, t) | ejection.enforced(z_verdict, t)
-        ejection.restore(a, t, now, judged=self.signals.ewma["norm"].count > t.min_samples, failing=failing,
-                         over_d=lines.over_d, moves=moves)
-        due = ejection.probes_due(a, t, now, moves, strong=lines.over_q)
-        ejection.end_of_tick(a, now)
+        out = evaluation.evaluate(a, t, now, view, self.detectors, moves,
+                                  judged=self.signals.ewma["norm"].count > t.min_samples,
+                                  explain=lambda r, i: explain.detail(r, a, i, t))
+        d, ej, due = out.decision, out.ejection, out.probes_due
         weights, fallback_reason = weighing.with_fallback(a, t, d.weight_score, self.signals.ewma["norm"].mean)
         counts = {s: e.count for s, e in self.signals.ewma.items()}
         records = self._pending + explain.transitions(moves.taken, a, t, now, view, d, counts, weights)
@@ -415,7 +415,8 @@ class GroupDetector(NodeActions):
             safeguard=ej.safeguard_reason is not None, safeguard_reason=ej.safeguard_reason,
             fallback=fallback_reason is not None, fallback_reason=fallback_reason,
             probes_due=[a.ids[i] for i in np.flatnonzero(due)], peers=view.peers, evidence=zscore.evidence(a),
-            decision_signal=d.name, verdicts={v.reason.value: v.eject.copy() for v in verdicts},
+            decision_signal=d.name, verdicts={v.reason.value: v.eject.copy() for v in out.verdicts},
+            deciding=d.which.copy(), cap=out.safeguard,
         )
 
     # ---------------------------------------------------------------------------- serialisation

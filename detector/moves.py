@@ -27,13 +27,15 @@ def lookup(states: Iterable[NodeState]) -> np.ndarray:
 @dataclass(frozen=True)
 class Move:
     """One edge taken by node ``i`` during an evaluation (a node may take two in one tick: an
-    expiry, then a probe)."""
+    expiry, then a probe). ``safeguard_hold``: the detector wanted the node out and the safeguard cap
+    held it in service at the floor weight instead (:func:`detector.ejection.eject`)."""
 
     i: int
     src: NodeState
     dst: NodeState
     reason: Reason
     detail: str = ""
+    safeguard_hold: bool = False
 
 
 class Moves:
@@ -46,12 +48,13 @@ class Moves:
         self.taken: list[Move] = []
         self.moved = np.zeros(len(state), dtype=bool)
 
-    def __call__(self, mask: np.ndarray, to: NodeState, reason: Reason, detail: str = "") -> None:
+    def __call__(self, mask: np.ndarray, to: NodeState, reason: Reason, detail: str = "", *,
+                 safeguard_hold: bool = False) -> None:
         mask = mask & (self.state != to)
         for i in np.flatnonzero(mask):
             src = NodeState(int(self.state[i]))
             check_edge(src, to)
-            self.taken.append(Move(int(i), src, to, reason, detail))
+            self.taken.append(Move(int(i), src, to, reason, detail, safeguard_hold))
         self.state[mask] = to
         self.moved[mask] = True
 

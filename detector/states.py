@@ -114,19 +114,19 @@ def safeguard_cap(fraction: float, nodes: int) -> int:
 
 @dataclass(frozen=True)
 class Safeguard:
-    """The safeguard as one evaluation left it: ``cap`` (:func:`safeguard_cap` of the group's nodes),
+    """The safeguard as one evaluation left it: ``limit`` (:func:`safeguard_cap` of the group's nodes),
     ``counted`` nodes in :data:`SAFEGUARD_COUNTED` states after the evaluation, ``held`` nodes the
     detector wanted out this evaluation but kept in service at the floor weight because the cap was
     full (a group-wide slowdown is not a node fault)."""
 
-    cap: int
+    limit: int
     counted: int
     held: int = 0
 
     @property
     def full(self) -> bool:
         """No room for another quarantine or proposal."""
-        return self.counted >= self.cap
+        return self.counted >= self.limit
 
     @property
     def engaged(self) -> bool:

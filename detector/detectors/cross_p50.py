@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from detector.detectors.verdict import Verdict
+from detector.detectors.verdict import Judging, Verdict
 from detector.nodes import NodeArrays
 from detector.states import Reason
+from detector.thresholds import Thresholds
 
 
 def cross_p50_slow(p50: np.ndarray, peers: np.ndarray, enough: np.ndarray, *, factor: float) -> np.ndarray:
@@ -22,9 +23,13 @@ def cross_p50_slow(p50: np.ndarray, peers: np.ndarray, enough: np.ndarray, *, fa
     return enough & (p50 > factor * median)
 
 
-def verdict(a: NodeArrays) -> Verdict:
-    return Verdict(Reason.CROSS_P50, a.cross_slow.astype(bool))
+class CrossP50Detector:
+    """The cross-node P50 verdict (a :class:`~detector.detectors.verdict.Detector`). ``cross_slow`` is
+    set with the tail detector's percentiles (:func:`detector.detectors.tail.judge_percentiles`), which
+    comes before it in every evaluation."""
 
+    columns = ("cross_slow",)
+    gated = True
 
-def reset(a: NodeArrays, i: int) -> None:
-    a.reset(i, ("cross_slow",))
+    def verdicts(self, a: NodeArrays, t: Thresholds, now: float, judging: Judging) -> tuple[Verdict, ...]:
+        return (Verdict(Reason.CROSS_P50, a.cross_slow.astype(bool)),)

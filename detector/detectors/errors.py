@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from detector.detectors.verdict import Verdict
+from detector.detectors.verdict import Judging, Verdict
 from detector.nodes import NodeArrays
 from detector.samples import node_order
 from detector.states import Reason
@@ -70,6 +70,9 @@ def success_rate_outliers(
 class ErrorDetector:
     """Consecutive errors (per response) and the success rate (per ``error_interval_s``)."""
 
+    columns = ("consec_err",)
+    gated = False
+
     def __init__(self, now: float) -> None:
         self.interval_started = now
 
@@ -81,7 +84,8 @@ class ErrorDetector:
         a.int_requests += np.bincount(node, minlength=n)
         a.int_success += np.bincount(node[~is_error], minlength=n)
 
-    def verdicts(self, a: NodeArrays, t: Thresholds, now: float) -> tuple[Verdict, Verdict]:
+    def verdicts(self, a: NodeArrays, t: Thresholds, now: float, judging: Judging | None = None
+                 ) -> tuple[Verdict, Verdict]:
         consecutive = Verdict(Reason.CONSECUTIVE_ERRORS, a.consec_err >= t.consecutive_errors)
         sr_bad = np.zeros(len(a), dtype=bool)
         if now - self.interval_started >= t.error_interval_s:
@@ -93,7 +97,3 @@ class ErrorDetector:
             a.int_success[:] = 0
             self.interval_started = now
         return consecutive, Verdict(Reason.SUCCESS_RATE, sr_bad)
-
-    @staticmethod
-    def reset(a: NodeArrays, i: int) -> None:
-        a.reset(i, ("consec_err",))

@@ -31,7 +31,7 @@ import math
 import numpy as np
 
 from detector.detectors.cross_p50 import cross_p50_slow
-from detector.detectors.verdict import Verdict
+from detector.detectors.verdict import Judging, Verdict
 from detector.nodes import NodeArrays
 from detector.states import Reason
 from detector.thresholds import Thresholds
@@ -73,8 +73,29 @@ def tail_step(
     return new_status, new_windows
 
 
+def judge_percentiles(a: NodeArrays, t: Thresholds, p50: np.ndarray, p99: np.ndarray, filled: np.ndarray,
+                      peers: np.ndarray) -> None:
+    """One window's judgement of every node from its P50/P99 over ``filled`` samples: the tail status
+    (:func:`tail_step`) and the cross-P50 check against ``peers``, kept in ``a``."""
+    a.p50, a.p99 = p50, p99
+    a.tail, a.tail_windows = tail_step(
+        a.tail, a.tail_windows, p50, p99, filled,
+        min_samples=t.tail_min_samples, ratio=t.tail_ratio, windows=t.tail_windows,
+    )
+    enough = filled >= t.tail_min_samples
+    a.cross_slow = cross_p50_slow(p50, peers, enough, factor=t.cross_p50_ratio).astype(np.int8)
+
+
+def _verdict(a: NodeArrays) -> tuple[Verdict, ...]:
+    return (Verdict(Reason.TAIL_RATIO, a.tail == TailStatus.UNHEALTHY),)
+
+
 class TailDetector:
-    """Per-node windows of recent requests and seed 001's ratio test over them."""
+    """Per-node windows of recent requests and seed 001's ratio test over them (a
+    :class:`~detector.detectors.verdict.Detector`)."""
+
+    columns = ("tail", "tail_windows")
+    gated = True
 
     def __init__(self, n: int, window_size: int, now: float) -> None:
         self.window = SlidingWindows(n, window_size)
@@ -95,17 +116,12 @@ class TailDetector:
             return
         self.last_window_at = now
         q = self.window.percentiles((50.0, 99.0))
-        a.p50, a.p99 = q[0], q[1]
-        a.tail, a.tail_windows = tail_step(
-            a.tail, a.tail_windows, q[0], q[1], self.window.filled,
-            min_samples=t.tail_min_samples, ratio=t.tail_ratio, windows=t.tail_windows,
-        )
-        enough = self.window.filled >= t.tail_min_samples
-        a.cross_slow = cross_p50_slow(q[0], peers, enough, factor=t.cross_p50_ratio).astype(np.int8)
+        judge_percentiles(a, t, q[0], q[1], self.window.filled, peers)
 
-    @staticmethod
-    def verdict(a: NodeArrays) -> Verdict:
-        return Verdict(Reason.TAIL_RATIO, a.tail == TailStatus.UNHEALTHY)
+    def verdicts(self, a: NodeArrays, t: Thresholds, now: float, judging: Judging) -> tuple[Verdict, ...]:
+        """The window's step (once per ``tail_window_s``) over the baseline's peers, then the verdict."""
+        self.step(a, t, now, judging.peers)
+        return _verdict(a)
 
     def resize(self, window_size: int) -> None:
         """A new ``window_size`` keeps each node's newest samples that fit."""
@@ -118,6 +134,19 @@ class TailDetector:
                 resized.add(np.full(k, i), newest)
         self.window = resized
 
-    @staticmethod
-    def reset(a: NodeArrays, i: int) -> None:
-        a.reset(i, ("tail", "tail_windows"))
+
+class RecordedTail:
+    """The tail and cross-P50 detectors over percentiles recorded elsewhere (the threshold preview's
+    history rows), judged at every evaluation: ``p50``/``p99`` per node, ``has`` where they count as a
+    full window."""
+
+    columns = TailDetector.columns
+    gated = True
+
+    def __init__(self, p50: np.ndarray, p99: np.ndarray, has: np.ndarray) -> None:
+        self.p50, self.p99, self.has = p50, p99, has
+
+    def verdicts(self, a: NodeArrays, t: Thresholds, now: float, judging: Judging) -> tuple[Verdict, ...]:
+        filled = np.where(self.has, t.tail_min_samples, 0)
+        judge_percentiles(a, t, self.p50, self.p99, filled, judging.peers)
+        return _verdict(a)

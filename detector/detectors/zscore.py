@@ -52,12 +52,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from detector.baseline import robust_zscores, seed_zscores
-from detector.detectors.verdict import Verdict
+from detector.detectors.verdict import Judging, Verdict
 from detector.evidence import cusum_update, excess_over_line
 from detector.moves import lookup
 from detector.nodes import NodeArrays
 from detector.signals import QUEUE_FREE, SIGNALS, SignalModel
-from detector.states import BASELINE_STATES, OUT_OF_SERVICE, NodeState
+from detector.states import BASELINE_STATES, OUT_OF_SERVICE, NodeState, Reason
 from detector.thresholds import Thresholds
 
 S = NodeState
@@ -207,6 +207,19 @@ def lines(d: Decision, t: Thresholds) -> Lines:
         still_d=finite & (d.score >= t.degrade_z - t.degrade_hysteresis)
         & (d.excess >= 1.0 + (t.degrade_materiality - 1.0) / 2),
     )
+
+
+class ZScoreDetector:
+    """The Z verdict (a :class:`~detector.detectors.verdict.Detector`): the deciding signal at
+    quarantine strength this evaluation (:attr:`Lines.over_q`). It is a wish of one tick: the ejection
+    layer asks it to persist (:func:`detector.ejection.persistent_z`, which keeps the columns below)
+    before it takes a node out."""
+
+    columns = ("over_q", "over_q_evals", "q_held", "q_seen_at")
+    gated = False
+
+    def verdicts(self, a: NodeArrays, t: Thresholds, now: float, judging: Judging) -> tuple[Verdict, ...]:
+        return (Verdict(Reason.Z_QUARANTINE, judging.lines.over_q),)
 
 
 # --- sequential evidence on the deciding signal ------------------------------------------------------

@@ -78,3 +78,20 @@ def test_a_node_slow_only_in_prefill_is_replayed_on_the_larger_queue_free_z():
     both = replay(decode, t, node_count=10, baselines=ones, also={"prefill_time": (prefill, ones)})
     # Cut on its evidence, never quarantined on prefill time alone (detector.detectors.zscore).
     assert [(x.node, x.to_state) for x in both] == [("slow", "degraded")] and quarantined_at(both) is None
+
+
+def test_a_node_the_safeguard_holds_is_told_by_the_moves_flag_not_its_text():
+    """A node whose P99/P50 stays 10 while its peers' is 2 (Z 1, under the degrade line; EMA 1.3x, over
+    the degrade materiality the tail verdict is gated on) is taken out on tail_ratio at the third
+    window in a group of 10; in a group of 3 the cap (30 %: none) holds it in service, which the
+    replay names ``safeguard_blocked`` from the move's flag."""
+    t = Thresholds()
+    at = [T0 + timedelta(seconds=i) for i in range(6)]
+    rows = [(a, "slow", 1.0, 1.3, 1.0, 10.0, "healthy", None) for a in at]
+    rows += [(a, f"peer{k}", 0.0, 1.0, 1.0, 2.0, "healthy", None) for a in at for k in range(2)]
+    ones = dict.fromkeys(at, 1.0)
+    out = replay(rows, t, node_count=10, baselines=ones)
+    assert [(x.node, x.to_state, x.rule, (x.at - T0).total_seconds()) for x in out] == [
+        ("slow", "quarantined", "tail_ratio", 2.0)]
+    held = replay(rows, t, node_count=3, baselines=ones)
+    assert [(x.node, x.to_state, x.rule) for x in held] == [("slow", "degraded", "safeguard_blocked")]
