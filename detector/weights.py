@@ -11,7 +11,7 @@ What a state means for traffic is :data:`detector.states.TRAFFIC`; within ``WEIG
 - RECOVERING: ``recovery_steps[step] * base``;
 
 ``FLOOR`` states get ``min_weight_fraction * base``, ``DRAIN`` states 0; an operator's pin overrides
-all of it. When every node would get 0, the least slow node (lowest Z; forced quarantines last) keeps
+all of it, up to ``base`` (the weights document's scale: ``outlier_admin.weights_document.pin_range``). When every node would get 0, the least slow node (lowest Z; forced quarantines last) keeps
 its base weight: sending traffic nowhere is never better than sending it to the best node left.
 """
 
@@ -47,7 +47,9 @@ def weights(a: NodeArrays, t: Thresholds, score: np.ndarray) -> np.ndarray:
     steps = np.array(t.recovery_steps)
     w[rec] = (base * steps[np.minimum(a.step, len(steps) - 1)])[rec]
     pinned = np.isfinite(a.pin)
-    w[pinned] = a.pin[pinned]
+    # A pin is on the document's scale, a share of base: a base weight lowered under an existing pin
+    # publishes the pin at base, never a weight the gateways would refuse.
+    w[pinned] = np.minimum(a.pin, base)[pinned]
     return w
 
 

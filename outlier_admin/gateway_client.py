@@ -9,7 +9,7 @@ Contract (written by the control plane)
   previous release, :func:`~outlier_admin.keys.legacy_weights`, which this client reads when the
   versioned key is absent: see ``outlier_admin/agent/README.md``, "Key migration") holds JSON::
 
-      {"group": "llama-70b", "version": 42, "generated_at": 1733212345.2, "stale_after_s": 60,
+      {"group": "llama-70b", "version": 42, "generated_at": 1733212345.2, "stale_after_s": 30,
        "safeguard": false,
        "nodes": [{"node": "gpu-07", "address": "10.0.0.7:8000", "weight": 35,
                   "state": "degraded", "base_weight": 100}, ...]}
@@ -23,6 +23,9 @@ Contract (written by the control plane)
   ``SPUBLISH`` on the group's sharded channel :func:`outlier_admin.keys.weights_channel` (a plain
   ``PUBLISH`` would be copied to every node of the cluster).
 
+The document's type, its JSON, its defaults and its validation are
+:mod:`outlier_admin.weights_document` (re-exported here).
+
 What the client does with it (fail static, then fail open)
 ----------------------------------------------------------
 * It pulls the document on start, on every notification for its group, and every ``poll_interval_s``
@@ -34,7 +37,7 @@ What the client does with it (fail static, then fail open)
   weight out of range, a duplicate) is skipped with a logged reason and the rest of the group is
   applied: one bad record must not take a whole group's gateways out of the control plane's hands.
   The control plane checks every document against this same contract before it publishes it
-  (:func:`check_document`, called by ``outlier_admin.control.publish``).
+  (:meth:`WeightsDocument.build`, called by ``outlier_admin.control.publish``).
 * While Redis is unreachable or the control plane stops re-publishing, the last good document keeps
   being served (**fail static**): ``mode == "live"``.
 * Once ``now - generated_at > stale_after_s`` the client serves every node at its ``base_weight`` in
@@ -45,7 +48,6 @@ What the client does with it (fail static, then fail open)
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -58,9 +60,18 @@ from typing import Any
 
 import redis
 
-from detector.states import OUT_OF_SERVICE_LABELS, Traffic, traffic_of
+from detector.states import OUT_OF_SERVICE_LABELS
 from outlier_admin import keys
-from outlier_admin.fleet.names import NameError_, parse_address  # plain Python, like detector.states
+from outlier_admin.weights_document import (  # noqa: F401  (the contract; re-exported for the agents)
+    DEFAULT_BASE_WEIGHT,
+    DEFAULT_STALE_AFTER_S,
+    DocumentError,
+    NodeWeight,
+    WeightsDocument,
+    check_document,
+    parse_document,
+    split_address,
+)
 
 log = logging.getLogger("outlier_admin.gateway_client")
 
@@ -69,8 +80,6 @@ KEY_PREFIX = keys.legacy_weights_prefix()
 CHANNEL = keys.LEGACY_WEIGHTS_CHANNEL
 #: The hash expires a day after its last report, so gateways that went away do not stay listed for ever.
 APPLIED_TTL_S = 86400
-DEFAULT_STALE_AFTER_S = 60.0
-DEFAULT_BASE_WEIGHT = 100
 
 #: States in which a node must receive no traffic (weight 0 plus drain on gateways that have it): the
 #: control plane's one traffic table (``pending_approval`` is kept at the floor weight, not drained).
@@ -78,54 +87,6 @@ QUARANTINE_STATES = OUT_OF_SERVICE_LABELS
 
 MODE_LIVE = "live"
 MODE_FAIL_OPEN = "fail_open"
-
-
-class DocumentError(ValueError):
-    """A weights document that cannot be used; ``str(err)`` is the reason."""
-
-
-@dataclass(frozen=True)
-class NodeWeight:
-    """One node of a group as a gateway sees it."""
-
-    node: str
-    address: str  # "host:port" (IPv6 as "[::1]:8000")
-    weight: int  # 0..base_weight
-    state: str
-    base_weight: int
-
-    @property
-    def host(self) -> str:
-        return split_address(self.address)[0]
-
-    @property
-    def port(self) -> int:
-        return split_address(self.address)[1]
-
-    @property
-    def quarantined(self) -> bool:
-        """No traffic at all: weight 0 or a state the traffic table drains."""
-        return self.weight <= 0 or traffic_of(self.state) is Traffic.DRAIN
-
-
-@dataclass(frozen=True)
-class WeightsDocument:
-    """A validated weights document (see module docstring for the JSON contract)."""
-
-    group: str
-    version: int
-    generated_at: float
-    stale_after_s: float
-    safeguard: bool
-    nodes: tuple[NodeWeight, ...]
-    #: Nodes left out, one reason each (``nodes[3] ('gpu-9'): address ... is not host:port``).
-    skipped: tuple[str, ...] = ()
-
-    def age_s(self, now: float) -> float:
-        return now - self.generated_at
-
-    def is_stale(self, now: float) -> bool:
-        return self.age_s(now) > self.stale_after_s
 
 
 @dataclass(frozen=True)
@@ -150,135 +111,6 @@ class EffectiveWeights:
             self.safeguard,
             tuple((n.node, n.address, n.weight, n.state, n.base_weight) for n in self.nodes),
         )
-
-
-@functools.lru_cache(maxsize=65536)  # the same addresses arrive in every document (every tick)
-def split_address(address: str) -> tuple[str, int]:
-    """``"10.0.0.7:8000"`` -> ``("10.0.0.7", 8000)``; ``"[::1]:8000"`` -> ``("::1", 8000)``.
-
-    The rule is the control plane's (:func:`outlier_admin.fleet.names.parse_address`: an IP or a DNS
-    name, a port in 1..65535), without a scheme: the host ends up in a gateway's configuration
-    (an nginx ``server`` line), so nothing else may pass. Raises DocumentError with the reason.
-    """
-    if not isinstance(address, str) or ":" not in address or "://" in address:
-        raise DocumentError(f"address {address!r} is not host:port")
-    try:
-        parsed = parse_address(address)
-    except NameError_ as exc:
-        raise DocumentError(f"address {address!r} is not host:port: {exc.detail}") from None
-    return parsed.host, parsed.port
-
-
-def _require(obj: dict[str, Any], name: str, kinds: type | tuple[type, ...], where: str) -> Any:
-    if name not in obj:
-        raise DocumentError(f"{where}: missing field {name!r}")
-    value = obj[name]
-    # bool is an int subclass: a JSON true must not pass as a weight or version.
-    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
-        raise DocumentError(f"{where}: field {name!r} has type bool")
-    if not isinstance(value, kinds):
-        raise DocumentError(f"{where}: field {name!r} has type {type(value).__name__}")
-    return value
-
-
-def parse_document(raw: bytes | str, *, expected_group: str | None = None) -> WeightsDocument:
-    """Validate a JSON weights document; raise DocumentError(reason) if it cannot be used.
-
-    A document is refused whole when its own fields are wrong (not JSON, no version, a group other
-    than ``expected_group``, no ``nodes`` list) or when none of its nodes is valid. A node is skipped
-    (its reason in ``skipped``) for a fractional, negative or above-``base_weight`` weight, an address
-    that is not ``host:port``, or a node name or address already seen: applying the group without it
-    is better than leaving the whole group on old weights. Integral floats (``35.0``) are integers.
-    """
-    try:
-        data = json.loads(raw)
-    except (ValueError, TypeError) as exc:
-        raise DocumentError(f"not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise DocumentError("document is not a JSON object")
-    group = _require(data, "group", str, "document")
-    if expected_group is not None and group != expected_group:
-        raise DocumentError(f"document is for group {group!r}, expected {expected_group!r}")
-    version = _as_int(_require(data, "version", (int, float), "document"), "document: version")
-    generated_at = float(_require(data, "generated_at", (int, float), "document"))
-    if not math.isfinite(generated_at):
-        raise DocumentError("document: generated_at is not finite")
-    stale_raw = data.get("stale_after_s", DEFAULT_STALE_AFTER_S)
-    if isinstance(stale_raw, bool) or not isinstance(stale_raw, int | float) or not stale_raw > 0:
-        raise DocumentError(f"document: stale_after_s {stale_raw!r} is not a positive number")
-    safeguard = bool(data.get("safeguard", False))
-    nodes_raw = _require(data, "nodes", list, "document")
-    kept, skipped = _parse_nodes(nodes_raw)
-    if nodes_raw and not kept:
-        raise DocumentError(f"no valid node in the document: {skipped[0]}")
-    return WeightsDocument(group, version, generated_at, float(stale_raw), safeguard,
-                           tuple(n for _, n in kept), tuple(skipped))
-
-
-def _parse_nodes(items: list[Any]) -> tuple[list[tuple[int, NodeWeight]], list[str]]:
-    """``([(index, node), ...], [reason, ...])``: the valid nodes in order, and why each other one
-    was skipped (a later duplicate of a node name or address is the one skipped)."""
-    kept: list[tuple[int, NodeWeight]] = []
-    skipped: list[str] = []
-    seen_nodes: set[str] = set()
-    seen_addr: set[tuple[str, int]] = set()
-    for i, item in enumerate(items):
-        try:
-            node = _parse_node(item, f"nodes[{i}]")
-            addr = (node.host, node.port)
-            if node.node in seen_nodes or addr in seen_addr:
-                raise DocumentError(f"nodes[{i}]: duplicate node {node.node!r} or address {node.address!r}")
-        except DocumentError as exc:
-            label = f"nodes[{i}]"
-            if isinstance(item, dict) and isinstance(item.get("node"), str):
-                label += f" ({item['node'][:60]!r})"
-            skipped.append(f"{label}: {exc}")
-            continue
-        seen_nodes.add(node.node)
-        seen_addr.add(addr)
-        kept.append((i, node))
-    return kept, skipped
-
-
-def _parse_node(item: Any, where: str) -> NodeWeight:
-    if not isinstance(item, dict):
-        raise DocumentError(f"{where} is not an object")
-    name = _require(item, "node", str, where)
-    address = _require(item, "address", str, where)
-    split_address(address)
-    weight = _as_int(_require(item, "weight", (int, float), where), f"{where}: weight")
-    if "base_weight" in item:
-        base = _as_int(item["base_weight"], f"{where}: base_weight")
-    else:
-        # Documents without base_weight: the default scale, stretched if a node is above it.
-        base = max(DEFAULT_BASE_WEIGHT, weight)
-    state = item.get("state") or ("quarantined" if weight == 0 else "healthy")
-    if not isinstance(state, str):
-        raise DocumentError(f"{where}: state is not a string")
-    if base <= 0:
-        raise DocumentError(f"{where}: base_weight {base} must be positive")
-    if not 0 <= weight <= base:
-        raise DocumentError(f"{where}: weight {weight} outside 0..{base}")
-    return NodeWeight(name, address, weight, state, base)
-
-
-def check_document(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The publisher's side of the contract: ``(document without its invalid nodes, reasons)``,
-    judged exactly as a gateway will judge it (:func:`parse_document`). Raises DocumentError when the
-    document itself is unusable (then nothing should be published)."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
-        raise DocumentError("document is not an object with a nodes list")
-    parse_document(json.dumps({**doc, "nodes": []}))  # the document's own fields
-    kept, skipped = _parse_nodes(doc["nodes"])
-    return {**doc, "nodes": [doc["nodes"][i] for i, _ in kept]}, skipped
-
-
-def _as_int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise DocumentError(f"{where} is not a number")
-    if isinstance(value, float) and (not math.isfinite(value) or value != int(value)):
-        raise DocumentError(f"{where} {value!r} is not an integer")
-    return int(value)
 
 
 def effective_weights(doc: WeightsDocument, now: float) -> EffectiveWeights:

@@ -14,6 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 from detector.records import Limits as _RecordLimits
 from outlier_admin.env import envbool, envint, envlist, envstr
 from outlier_admin.fleet.names import NameError_, validate_allow_entry
+from outlier_admin.weights_document import DEFAULT_STALE_AFTER_S
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -288,7 +289,7 @@ HISTORY_EVERY_S = envint("HISTORY_EVERY_S", 10, minimum=1)
 HISTORY_RAW_DAYS = envint("HISTORY_RAW_DAYS", 2, minimum=1)
 HISTORY_KEEP_DAYS = envint("HISTORY_KEEP_DAYS", 30, minimum=1)
 # Weights documents older than this should be ignored by gateways (they fall back to base weights).
-WEIGHTS_STALE_AFTER_S = envint("WEIGHTS_STALE_AFTER_S", 30, minimum=1)
+WEIGHTS_STALE_AFTER_S = envint("WEIGHTS_STALE_AFTER_S", DEFAULT_STALE_AFTER_S, minimum=1)
 CANARY_TIMEOUT_S = envint("CANARY_TIMEOUT_S", 30, minimum=1)
 CANARY_MAX_TOKENS = envint("CANARY_MAX_TOKENS", 32, minimum=1)
 CANARY_MODEL = envstr("CANARY_MODEL") or ""

@@ -30,7 +30,7 @@ ROOT = HERE.parents[1]
 MODULES: dict[str, list[str]] = {
     # The traffic table and the records contract (plain Python); detector/__init__ imports lazily.
     "detector": ["__init__", "records", "states"],
-    "outlier_admin": ["__init__", "gateway_client", "keys"],  # __init__ loads Celery only when it is there
+    "outlier_admin": ["__init__", "gateway_client", "keys", "weights_document"],  # __init__ loads Celery only when it is there
     "outlier_admin.agent": ["*"],
     "outlier_admin.fleet": ["__init__", "names"],
     "outlier_admin.ingest": ["__init__", "records"],

@@ -127,7 +127,7 @@ class OverrideInputSerializer(ReasonSerializer):
 
 
 class PinInputSerializer(OverrideInputSerializer):
-    weight = serializers.IntegerField(help_text="0 .. 10 x the node's base weight")
+    weight = serializers.IntegerField(help_text="0 .. the node's base weight (the weights document's scale)")
 
 
 class StrictInput(serializers.Serializer):

@@ -47,6 +47,7 @@ from outlier_admin.fleet.names import (
     validate_node_id,
     validate_scrape_url,
 )
+from outlier_admin.weights_document import DEFAULT_BASE_WEIGHT, MAX_BASE_WEIGHT, pin_range
 
 Actor = AbstractBaseUser | str | ApiToken
 
@@ -192,7 +193,9 @@ def do_release(node: Node, *, actor: Actor, reason: str) -> Override:
 def do_pin_weight(
     node: Node, weight: int, *, actor: Actor, reason: str, expires_in_s: float | None = None
 ) -> Override:
-    """Publish exactly ``weight`` for ``node`` (0 .. 10 x base weight) whatever the detector says."""
+    """Publish exactly ``weight`` for ``node`` whatever the detector says: on the weights document's
+    scale, 0 .. its base weight (:func:`outlier_admin.weights_document.pin_range`; to send a node more
+    traffic than its peers, raise its base weight)."""
     _pin_weight(node, weight)
     return _override(
         node, OverrideKind.PIN, actor=actor, reason=reason, expires_in_s=expires_in_s, weight=weight
@@ -202,9 +205,9 @@ def do_pin_weight(
 def _pin_weight(node: Node, weight: Any) -> int:
     if isinstance(weight, bool) or not isinstance(weight, int):
         raise ActionError(f"weight must be an integer, got {weight!r}")
-    limit = max(10 * node.base_weight, 1)
-    if not 0 <= weight <= limit:
-        raise ActionError(f"weight must be in [0, {limit}] (10 x base weight), got {weight}")
+    low, high = pin_range(node.base_weight)
+    if not low <= weight <= high:
+        raise ActionError(f"weight must be in [{low}, {high}] (at most the base weight), got {weight}")
     return weight
 
 
@@ -495,7 +498,7 @@ def do_register_node(
     *,
     actor: Actor,
     name: str | None = None,
-    base_weight: int = 100,
+    base_weight: int = DEFAULT_BASE_WEIGHT,
     labels: dict[str, Any] | None = None,
     dcgm_url: str = "",
     metrics_url: str = "",
@@ -629,8 +632,8 @@ LABELS_MAX = 50  # keys per node; each key and value at most 200 characters
 
 
 def _base_weight(base_weight: Any) -> int:
-    if isinstance(base_weight, bool) or not isinstance(base_weight, int) or not 1 <= base_weight <= 1_000_000:
-        raise ActionError(f"base_weight must be an integer in [1, 1000000], got {base_weight!r}")
+    if isinstance(base_weight, bool) or not isinstance(base_weight, int) or not 1 <= base_weight <= MAX_BASE_WEIGHT:
+        raise ActionError(f"base_weight must be an integer in [1, {MAX_BASE_WEIGHT}], got {base_weight!r}")
     return base_weight
 
 

@@ -20,6 +20,9 @@ never half of one)::
 - A gateway must ignore a document older than ``stale_after_s`` (by ``generated_at``) and use base
   weights: the control plane is down or cut off.
 
+The document's type, JSON, defaults (base weight, stale time) and the pin range are
+:mod:`outlier_admin.weights_document`; this module writes it.
+
 After the SET, ``{"group": ..., "version": ...}`` is published (in the same MULTI/EXEC, so the
 notification never precedes the document): with ``SPUBLISH`` on the group's sharded channel
 (:func:`outlier_admin.keys.weights_channel`) on a Redis Cluster, with ``PUBLISH`` on
@@ -42,7 +45,8 @@ from outlier_admin import keys
 from outlier_admin.control.redis_conn import get_redis
 from outlier_admin.fleet.models import ModelGroup
 from outlier_admin.fleet.names import NameError_, parse_address
-from outlier_admin.gateway_client import check_document, is_cluster
+from outlier_admin.gateway_client import is_cluster
+from outlier_admin.weights_document import DEFAULT_BASE_WEIGHT, NodeWeight, WeightsDocument
 
 log = logging.getLogger(__name__)
 
@@ -63,40 +67,38 @@ def record_version(group: ModelGroup, version: int) -> None:
 
 
 def build_document(group: str, version: int, nodes: list[dict[str, Any]], *, safeguard: bool,
-                   now: float, stale_after_s: float) -> dict[str, Any]:
-    """The document, checked against the gateways' contract (``gateway_client.check_document``): a
-    node a gateway would refuse is left out, with its reason logged, and never published.
+                   now: float, stale_after_s: float) -> WeightsDocument:
+    """The document (:meth:`WeightsDocument.build`, the gateways' own check): a node a gateway would
+    refuse is left out, with its reason logged, and never published.
 
-    The check is a function of the document: the node list of the last document built for ``group``
-    is kept with its verdict, and an equal list (most ticks: no weight or state moved) reuses it; the
+    The check is a function of the node list: the list of the last document built for ``group`` is
+    kept with its verdict, and an equal list (most ticks: no weight or state moved) reuses it; the
     document's own fields (version, time) are checked at every call."""
-    head = {"group": group, "version": version, "generated_at": round(now, 3), "stale_after_s": stale_after_s,
-            "safeguard": safeguard}
     last = _last_checked.get(group)
     if last is not None and last[0] == nodes:
-        check_document({**head, "nodes": []})
-        return {**head, "nodes": last[1]}
-    doc, skipped = check_document({**head, "nodes": [
+        head = WeightsDocument.head(group, version, safeguard=safeguard, now=now, stale_after_s=stale_after_s)
+        return head.with_nodes(last[1])
+    doc = WeightsDocument.build(group, version, [
         {
             "node": n["node"],
             "address": _hostport(n["address"]),
             "weight": int(n["weight"]),
             "state": n["state"],
-            "base_weight": int(n.get("base_weight", 100)),
+            "base_weight": int(n.get("base_weight", DEFAULT_BASE_WEIGHT)),
         }
         for n in nodes
-    ]})
-    if skipped and _last_skipped.get(group) != skipped:  # logged when it changes, not at every tick
-        for why in skipped:
+    ], safeguard=safeguard, now=now, stale_after_s=stale_after_s)
+    if doc.skipped and _last_skipped.get(group) != doc.skipped:  # logged when it changes, not at every tick
+        for why in doc.skipped:
             log.error("weights of group %s: node left out of the document: %s", group, why)
-    _last_skipped[group] = skipped
-    _last_checked[group] = ([dict(n) for n in nodes], doc["nodes"])  # a copy: the caller's list may change
+    _last_skipped[group] = doc.skipped
+    _last_checked[group] = ([dict(n) for n in nodes], doc.nodes)  # a copy: the caller's list may change
     return doc
 
 
-_last_skipped: dict[str, list[str]] = {}
+_last_skipped: dict[str, tuple[str, ...]] = {}
 # Per group: the node list last built into a document, and the nodes that passed the contract check.
-_last_checked: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+_last_checked: dict[str, tuple[list[dict[str, Any]], tuple[NodeWeight, ...]]] = {}
 
 
 @functools.lru_cache(maxsize=65536)  # the same addresses are published at every tick
@@ -109,11 +111,11 @@ def _hostport(address: str) -> str:
         return address
 
 
-def queue_document(pipe: Any, doc: dict[str, Any]) -> None:
+def queue_document(pipe: Any, doc: WeightsDocument) -> None:
     """Queue the document's ``SET`` and then its notification on ``pipe`` (a MULTI: the tick adds
     them to its fenced state write, so a gateway never hears of a version before it can read it)."""
-    group, body = doc["group"], orjson.dumps(doc)
-    note = orjson.dumps({"group": group, "version": doc["version"]})
+    group, body = doc.group, doc.to_json()
+    note = orjson.dumps({"group": group, "version": doc.version})
     pipe.set(keys.weights(group), body)
     if is_cluster(pipe):  # every key and channel here in the group's slot: one shard's MULTI
         pipe.spublish(keys.weights_channel(group), note)
@@ -138,6 +140,7 @@ def publish_weights(group: ModelGroup, nodes: list[dict[str, Any]], *, safeguard
 
 
 def read_weights(group: str) -> dict[str, Any] | None:
-    """The current document of ``group`` (for the dashboard and tests), or None."""
+    """The current document of ``group`` as the gateways read it (:meth:`WeightsDocument.from_json`),
+    as a dict (for the dashboard and tests), or None."""
     raw = get_redis().get(keys.weights(group))
-    return None if raw is None else orjson.loads(raw)
+    return None if raw is None else WeightsDocument.from_json(raw).to_dict()

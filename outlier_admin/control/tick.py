@@ -78,7 +78,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-import orjson
 import redis
 from django.conf import settings
 
@@ -99,6 +98,7 @@ from outlier_admin.control.rows import baseline_rows, history_rows
 from outlier_admin.control.sql_store import SqlStore
 from outlier_admin.fleet.models import ModelGroup, Node, Policy
 from outlier_admin.ingest.pipeline import decode_entry, decode_progress
+from outlier_admin.weights_document import WeightsDocument
 
 log = logging.getLogger(__name__)
 
@@ -520,7 +520,7 @@ def _tick_fenced(r: redis.Redis, store: TickStore, fence: Fence, group: ModelGro
     view = published_view(ev, group, by_name)
     if stored_version is None:  # state written before the version field: continue from the document
         current = r.get(keys.weights(name))
-        stored_version = orjson.loads(current)["version"] if current else None
+        stored_version = WeightsDocument.from_json(current).version if current else None
     version = publish.next_version(int(stored_version) if stored_version is not None else None,
                                    group.weights_version)
     doc = publish.build_document(name, version, view, safeguard=bool(ev.safeguard), now=now,

@@ -41,7 +41,7 @@ class OverrideForm(ReasonForm):
         ("activate", "Force active (never quarantine)"),
     ]
     action = forms.ChoiceField(choices=ACTIONS, label="Action")
-    weight = forms.IntegerField(label="Weight (pin only, 0 .. 10 x base)", required=False, min_value=0)
+    weight = forms.IntegerField(label="Weight (pin only, 0 .. base weight)", required=False, min_value=0)
     expires_in_s = forms.FloatField(
         label="Expires after (seconds, optional; quarantine, pin, force active)", required=False, min_value=1,
     )

@@ -16,6 +16,7 @@ from django.db import models
 from django.utils import timezone
 
 from detector.thresholds import Thresholds
+from outlier_admin.weights_document import DEFAULT_BASE_WEIGHT
 
 
 class Policy(models.TextChoices):
@@ -135,7 +136,7 @@ class Node(models.Model):
     address = models.CharField(
         max_length=300, help_text="host:port or http(s)://host:port of the OpenAI-compatible server"
     )
-    base_weight = models.PositiveIntegerField(default=100)
+    base_weight = models.PositiveIntegerField(default=DEFAULT_BASE_WEIGHT)
     labels = models.JSONField(default=dict, blank=True)
     state = models.CharField(max_length=32, default="warming")
     weight = models.PositiveIntegerField(default=0)

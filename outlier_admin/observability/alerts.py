@@ -57,6 +57,7 @@ from django.conf import settings
 
 from outlier_admin import keys
 from outlier_admin.observability import metrics
+from outlier_admin.weights_document import DocumentError, WeightsDocument
 
 log = logging.getLogger("outlier_admin.alerts")
 
@@ -342,8 +343,8 @@ def active_alerts(now: float | None = None) -> list[Alert]:
     docs = mget(get_redis(), [keys.weights(g.name) for g in groups])
     for g, raw in zip(groups, docs, strict=True):
         try:
-            tripped = raw is not None and bool(orjson.loads(raw).get("safeguard"))
-        except (orjson.JSONDecodeError, AttributeError):
+            tripped = raw is not None and WeightsDocument.from_json(raw).safeguard
+        except DocumentError:
             tripped = False
         if tripped:
             out.append(Alert("OutlierSafeguardTripped", "firing", "critical", g.name,

@@ -69,12 +69,12 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from outlier_admin import keys
+from outlier_admin.weights_document import DocumentError, WeightsDocument
 
 #: In-process registry of the event metrics (used when not in multi-process mode).
 EVENTS = CollectorRegistry(auto_describe=True)
@@ -298,12 +298,12 @@ class FleetCollector(Collector):
             if raw is None:
                 continue
             try:
-                doc = orjson.loads(raw)
-                m_safeguard.add_metric([gname], 1.0 if doc.get("safeguard") else 0.0)
-                m_version.add_metric([gname], float(doc["version"]))
-                m_age.add_metric([gname], max(0.0, now - float(doc["generated_at"])))
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                doc = WeightsDocument.from_json(raw)
+            except DocumentError:  # the gateways refuse it too: nothing to report
                 continue
+            m_safeguard.add_metric([gname], 1.0 if doc.safeguard else 0.0)
+            m_version.add_metric([gname], float(doc.version))
+            m_age.add_metric([gname], max(0.0, doc.age_s(now)))
         return [m_safeguard, m_version, m_age]
 
 

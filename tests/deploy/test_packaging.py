@@ -171,6 +171,7 @@ def _agent_modules() -> set[str]:
     return agent | parsers | {
         "detector/__init__.py", "detector/records.py", "detector/states.py",
         "outlier_admin/__init__.py", "outlier_admin/gateway_client.py", "outlier_admin/keys.py",
+        "outlier_admin/weights_document.py",
         "outlier_admin/fleet/__init__.py", "outlier_admin/fleet/names.py",
         "outlier_admin/ingest/__init__.py", "outlier_admin/ingest/records.py",
     }

@@ -122,7 +122,7 @@ def test_overrides_validate_and_audit(fleet, users):
     no_reason = c.post(f"/api/v1/nodes/{node.pk}/release/", {"reason": " "}, format="json")
     assert no_reason.status_code == 400 and "reason" in no_reason.json()["detail"]
     pin = c.post(f"/api/v1/nodes/{node.pk}/pin/", {"reason": "x", "weight": 99999}, format="json")
-    assert pin.status_code == 400 and "[0, 1000]" in pin.json()["detail"]
+    assert pin.status_code == 400 and "[0, 100]" in pin.json()["detail"]
     assert Override.objects.filter(node=node).count() == 1
     missing = c.post("/api/v1/nodes/999999/release/", {"reason": "x"}, format="json")
     assert missing.status_code == 404 and missing.json()["detail"]

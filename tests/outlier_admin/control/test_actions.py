@@ -52,8 +52,8 @@ def test_quarantine_refuses_bad_input_and_writes_nothing(node, kwargs, message):
 
 
 def test_pin_weight_range(node):
-    with pytest.raises(ActionError, match=r"\[0, 1000\]"):
-        do_pin_weight(node, 5000, actor="bob", reason="x")
+    with pytest.raises(ActionError, match=r"\[0, 100\]"):
+        do_pin_weight(node, 101, actor="bob", reason="x")
     assert do_pin_weight(node, 10, actor="bob", reason="half traffic").weight == 10
 
 

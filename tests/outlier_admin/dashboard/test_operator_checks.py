@@ -20,7 +20,7 @@ def logged_in(user) -> Client:
 
 
 @pytest.mark.parametrize(("post", "error"), [
-    ({"action": "pin", "weight": "5000"}, "weight must be in [0, 1000]"),
+    ({"action": "pin", "weight": "101"}, "weight must be in [0, 100]"),
     ({"action": "quarantine", "expires_in_s": "99999999"}, "expires_in_s must be in (0, 2592000]"),
     ({"action": "pin", "weight": "50", "expires_in_s": "3000000"}, "expires_in_s must be in (0, 2592000]"),
 ])
@@ -35,11 +35,11 @@ def test_pin_and_expiry_are_refused_before_the_confirmation(fleet, users, post, 
 def test_a_valid_pin_reaches_the_confirmation_and_then_applies(fleet, users):
     node = fleet["nodes"][2]
     c = logged_in(users["oncall"])
-    first = c.post(f"/nodes/{node.pk}/override/", {"action": "pin", "weight": "1000", "reason": "test"})
+    first = c.post(f"/nodes/{node.pk}/override/", {"action": "pin", "weight": "100", "reason": "test"})
     assert first.status_code == 200 and "Yes, pin" in first.content.decode()
-    done = c.post(f"/nodes/{node.pk}/override/", {"action": "pin", "weight": "1000", "reason": "test",
+    done = c.post(f"/nodes/{node.pk}/override/", {"action": "pin", "weight": "100", "reason": "test",
                                                   "confirmed": "True"})
-    assert done.status_code == 302 and Override.objects.get(node=node).weight == 1000
+    assert done.status_code == 302 and Override.objects.get(node=node).weight == 100
 
 
 @pytest.mark.parametrize("length", [REASON_MAX + 1, 100_000])

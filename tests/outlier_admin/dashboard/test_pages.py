@@ -104,7 +104,7 @@ def test_override_errors_shown(fleet, users):
     c = login(users, "oncall")
     n0 = fleet["nodes"][0]
     resp = c.post(f"/nodes/{n0.pk}/override/", {"action": "pin", "weight": "5000", "reason": "x", "confirmed": "True"})
-    assert resp.status_code == 400 and b"[0, 1000]" in resp.content
+    assert resp.status_code == 400 and b"[0, 100]" in resp.content
     resp = c.post(f"/nodes/{n0.pk}/override/", {"action": "quarantine", "reason": ""})
     assert resp.status_code == 400 and b"This field is required" in resp.content
     assert not Override.objects.exists()
