@@ -49,6 +49,7 @@ from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.control.models import Transition as TransitionRow
 from outlier_admin.control.rows import rows_of_tick
 from outlier_admin.fleet.models import ModelGroup, Node
+from outlier_admin.gateway_client import is_cluster
 from outlier_admin.observability.outage import DB_OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,8 @@ def store_snapshot(pipe: Any, group: ModelGroup, nodes: list[Node], *, force: bo
     if not force and _written.get(group.name) == snap:
         return
     pipe.set(keys.config_snapshot(group.name), snap)
-    pipe.sadd(GROUPS_KEY, group.name)
+    if not is_cluster(pipe):  # on a cluster the set is another slot than this group's MULTI: see known_groups
+        pipe.sadd(GROUPS_KEY, group.name)
     _written[group.name] = snap
 
 
@@ -121,7 +123,11 @@ def load_snapshot(r: redis.Redis, name: str) -> tuple[ModelGroup, list[Node]] | 
 
 
 def known_groups(r: redis.Redis) -> list[str]:
-    """Group names known to Redis (for the beat when PostgreSQL cannot list them)."""
+    """Group names known to Redis (for the beat when PostgreSQL cannot list them): the groups' set, or on a
+    Redis Cluster the groups with a snapshot (``SCAN`` of every primary; read only while PostgreSQL is down)."""
+    if is_cluster(r):
+        found = (keys.group_of(k) for k in r.scan_iter(match=keys.config_snapshot("*"), count=1000))
+        return sorted({g for g in found if g})
     return sorted(m.decode() for m in r.smembers(GROUPS_KEY))
 
 
