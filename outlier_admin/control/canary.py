@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -35,6 +37,7 @@ from django.conf import settings
 
 from outlier_admin import keys
 from outlier_admin.control.models import CanaryProbe
+from outlier_admin.control.probe_load import ProbeLoad, load_of, median_answer, prompt_of
 from outlier_admin.control.redis_conn import get_redis, mark_inputs_pending
 from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.fleet.names import NameError_
@@ -63,11 +66,17 @@ class ProbeError:
     BAD_RESPONSE = "bad_response"  # 2xx, but not an OpenAI completion
 
 
-def probe_node(node: Node, *, client: httpx.Client | None = None) -> CanaryProbe:
+def probe_node(node: Node, *, client: httpx.Client | None = None, load: ProbeLoad | None = None) -> CanaryProbe:
     """Send one probe to ``node`` and store the result (not yet judged: ``passed`` is NULL).
+
+    A probe is ``load.concurrency`` requests sent at once (:mod:`outlier_admin.control.probe_load`:
+    the healthy peers' running batch, each request of their median size; default one short request),
+    stored as its median answer (by total time, with its tokens); a probe with any request failed
+    is failed, with that request's status and reason code.
 
     The URL is ``<scheme>://<host>:<port>/v1/completions`` rebuilt from the node's validated
     address (:func:`outlier_admin.fleet.names.parse_address`); redirects are not followed."""
+    load = load or ProbeLoad()
     probe = CanaryProbe(node=node, ok=False)
     try:
         url = node.base_url + "/v1/completions"
@@ -77,48 +86,68 @@ def probe_node(node: Node, *, client: httpx.Client | None = None) -> CanaryProbe
         probe.save()
         mark_inputs_pending(node.group.name)
         return probe
-    body: dict[str, Any] = {"prompt": PROMPT, "max_tokens": settings.CANARY_MAX_TOKENS, "temperature": 0}
-    if settings.CANARY_MODEL:
-        body["model"] = settings.CANARY_MODEL
+    nonce = secrets.token_hex(4)
+    completion = load.completion_tokens or settings.CANARY_MAX_TOKENS
+    bodies: list[dict[str, Any]] = [
+        {"prompt": prompt_of(PROMPT, load.prompt_tokens, k, nonce), "max_tokens": completion, "temperature": 0,
+         **({"model": settings.CANARY_MODEL} if settings.CANARY_MODEL else {})}
+        for k in range(load.concurrency)]
     own = client is None
     # Only to addresses the resolver's answer allows (fleet.netguard), never through an env proxy.
     client = client or httpx.Client(timeout=settings.CANARY_TIMEOUT_S, follow_redirects=False, trust_env=False,
                                     transport=guarded_transport())
-    started = time.perf_counter()
     try:
-        resp = client.post(url, json=body)
-        probe.total_ms = (time.perf_counter() - started) * 1000.0
-        probe.status = resp.status_code
-        if 200 <= resp.status_code < 300:
-            data = resp.json()
-            usage = data.get("usage") or {}
-            timed = engine_timings(data, probe.total_ms)
-            prompt_n, predicted_n = (timed[2], timed[3]) if timed else (None, None)
-            probe.prompt_tokens = _tokens(usage.get("prompt_tokens"), _tokens(prompt_n, PROMPT_TOKENS_GUESS))
-            probe.completion_tokens = _tokens(usage.get("completion_tokens"),
-                                              _tokens(predicted_n, settings.CANARY_MAX_TOKENS))
-            if timed is not None:
-                probe.ttft_ms, probe.total_ms = timed[0], timed[1]
-            probe.ok = True
+        if len(bodies) == 1:
+            answers = [_send(client, url, bodies[0], load)]
         else:
-            probe.error = ProbeError.HTTP_STATUS
-    except httpx.TimeoutException:
-        probe.error = ProbeError.TIMEOUT
-    except httpx.ConnectError:
-        probe.error = ProbeError.CONNECT
-    except httpx.HTTPError:
-        probe.error = ProbeError.PROTOCOL
-    except (ValueError, TypeError, AttributeError):
-        probe.error = ProbeError.BAD_RESPONSE
+            with ThreadPoolExecutor(max_workers=len(bodies), thread_name_prefix="canary") as pool:
+                answers = list(pool.map(lambda body: _send(client, url, body, load), bodies))
     finally:
-        if probe.total_ms is None:
-            probe.total_ms = (time.perf_counter() - started) * 1000.0
         if own:
             client.close()
+    failed = [a for a in answers if not a.ok]
+    chosen = failed[0] if failed else median_answer(answers, lambda a: a.total_ms)
+    for f in ("ok", "status", "error", "ttft_ms", "total_ms", "prompt_tokens", "completion_tokens"):
+        setattr(probe, f, getattr(chosen, f))
     # ``normalised_latency`` is filled in by the tick that judges the probe, on the detector's scale.
     probe.save()
     mark_inputs_pending(node.group.name)  # the tick looks for probe results only when told
     return probe
+
+
+def _send(client: httpx.Client, url: str, body: dict[str, Any], load: ProbeLoad) -> CanaryProbe:
+    """One request of a probe, as an unsaved :class:`CanaryProbe` (its answer or its failure)."""
+    one = CanaryProbe(ok=False, status=0)
+    started = time.perf_counter()
+    try:
+        resp = client.post(url, json=body)
+        one.total_ms = (time.perf_counter() - started) * 1000.0
+        one.status = resp.status_code
+        if 200 <= resp.status_code < 300:
+            data = resp.json()
+            usage = data.get("usage") or {}
+            timed = engine_timings(data, one.total_ms)
+            prompt_n, predicted_n = (timed[2], timed[3]) if timed else (None, None)
+            one.prompt_tokens = _tokens(usage.get("prompt_tokens"),
+                                        _tokens(prompt_n, load.prompt_tokens or PROMPT_TOKENS_GUESS))
+            one.completion_tokens = _tokens(usage.get("completion_tokens"), _tokens(predicted_n, body["max_tokens"]))
+            if timed is not None:
+                one.ttft_ms, one.total_ms = timed[0], timed[1]
+            one.ok = True
+        else:
+            one.error = ProbeError.HTTP_STATUS
+    except httpx.TimeoutException:
+        one.error = ProbeError.TIMEOUT
+    except httpx.ConnectError:
+        one.error = ProbeError.CONNECT
+    except httpx.HTTPError:
+        one.error = ProbeError.PROTOCOL
+    except (ValueError, TypeError, AttributeError):
+        one.error = ProbeError.BAD_RESPONSE
+    finally:
+        if one.total_ms is None:
+            one.total_ms = (time.perf_counter() - started) * 1000.0
+    return one
 
 
 def _ms(value: Any, scale: float = 1.0) -> float | None:
@@ -173,6 +202,8 @@ def run_due_probes() -> int:
             continue
         names = [d.decode() for d in due]
         interval = group.thresholds().canary_interval_s
+        # The peers' load, read once per group from the detector the tick keeps (probe_load).
+        load = load_of(r.hget(keys.state(group.name), "detector"))
         for node in Node.objects.filter(group=group, name__in=names, retired=False).select_related("group"):
             guard = keys.probe_inflight(group.name, node.name)
             # One probe in flight per node, whichever worker gets here first.
@@ -181,7 +212,7 @@ def run_due_probes() -> int:
             r.hdel(keys.probes(group.name), node.name)  # taken (the tick lists a probe once, when due)
             started = time.monotonic()
             try:
-                probe_node(node)
+                probe_node(node, load=load)
             finally:
                 # A quarantined node's next probe waits the canary interval (a later tick may list it
                 # again before its answer is applied); a degraded node's confirmation probes are

@@ -172,8 +172,10 @@ class SimulatedFleet:
             eng.progress_to(now)  # the steps finished by now are counted, as a live server has
             return eng.m.render(model_name=self.groups[gi])
 
-    def probe(self, gi: int, local: int, completion: int, timeout_s: float = 30.0) -> tuple[float, float, bool]:
-        """One canary request on the node's engine, waited for in real time: ``(ttft_ms, total_ms, ok)``."""
+    def probe(self, gi: int, local: int, completion: int, timeout_s: float = 30.0,
+              prompt: int = PROBE_PROMPT_TOKENS) -> tuple[float, float, bool]:
+        """One canary request (``prompt`` + ``completion`` tokens) on the node's engine, waited for in
+        real time: ``(ttft_ms, total_ms, ok)``."""
         done = threading.Event()
         result: list[tuple[float, float, bool]] = []
 
@@ -183,7 +185,7 @@ class SimulatedFleet:
 
         with self._lock:
             now = self._to(self.rel())
-            self.sim.send_probe(gi, local, now, finished, tokens=(PROBE_PROMPT_TOKENS, completion))
+            self.sim.send_probe(gi, local, now, finished, tokens=(prompt, completion))
         deadline = time.time() + timeout_s
         while not done.wait(0.02) and time.time() < deadline:
             with self._lock:
@@ -194,8 +196,9 @@ class SimulatedFleet:
 class CanaryServer:
     """``POST /v1/completions`` and ``GET /metrics`` of one simulated node on 127.0.0.1:<ephemeral port>.
 
-    A completion is a request in the node's engine (prompt ~10 tokens, ``max_tokens`` completion
-    tokens), answered OpenAI-style with ``usage`` when the engine has produced its last token."""
+    A completion is a request in the node's engine (a prompt of one token per word, at least the
+    canary's ~10, and ``max_tokens`` completion tokens), answered OpenAI-style with ``usage`` when the
+    engine has produced its last token. Requests sent at once run at once (a threaded server)."""
 
     PROMPT_TOKENS = PROBE_PROMPT_TOKENS
 
@@ -209,17 +212,18 @@ class CanaryServer:
                 try:
                     body = json.loads(self.rfile.read(length) or b"{}")
                     completion = max(1, min(int(body.get("max_tokens") or 16), 4096))
-                except (ValueError, TypeError):
+                    prompt = max(outer.PROMPT_TOKENS, min(len(str(body.get("prompt") or "").split()), 32_768))
+                except (ValueError, TypeError, AttributeError):
                     self.send_error(400, "body must be JSON with an integer max_tokens")
                     return
-                _, _, ok = outer.fleet.probe(outer.gi, outer.local, completion)
+                _, _, ok = outer.fleet.probe(outer.gi, outer.local, completion, prompt=prompt)
                 if not ok:
                     self.send_error(503, "the request did not complete")
                     return
                 doc = {"object": "text_completion", "model": outer.fleet.groups[outer.gi],
                        "choices": [{"index": 0, "text": " 1, 2, 3", "finish_reason": "length"}],
-                       "usage": {"prompt_tokens": outer.PROMPT_TOKENS, "completion_tokens": completion,
-                                 "total_tokens": outer.PROMPT_TOKENS + completion}}
+                       "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                                 "total_tokens": prompt + completion}}
                 self._send(json.dumps(doc).encode(), "application/json")
 
             def do_GET(self) -> None:

@@ -110,5 +110,9 @@ def test_a_node_serves_its_engines_metrics_page_and_answers_completions_from_its
         assert 16 * 0.010 < took < 3.0
         later = parse(httpx.get(f"http://{server.address}/metrics", timeout=5).text)
         assert later.ttft_count > counters.ttft_count  # (the probe's first token among them)
+        # A canary probe of the peers' size (control.probe_load): its prompt runs at its length.
+        resp = httpx.post(f"http://{server.address}/v1/completions",
+                          json={"prompt": " ".join(["word"] * 300), "max_tokens": 8}, timeout=10)
+        assert resp.json()["usage"] == {"prompt_tokens": 300, "completion_tokens": 8, "total_tokens": 308}
     finally:
         server.stop()
