@@ -107,7 +107,7 @@ def node_charts(
         "tail": time_chart(
             [Series("P99", list(zip(tail_ats, [p.p99 for p in tail_points], strict=True)), PALETTE[1]),
              Series("P50", list(zip(tail_ats, [p.p50 for p in tail_points], strict=True)))],
-            title="P99 and P50 of the tail window (x the peers' baseline)", unit=ratio_unit, start=start, end=end, bands=bands, width=CHART_WIDTH,
+            title="P99 and P50 of the node's recent requests (tail window)", unit=ratio_unit, start=start, end=end, bands=bands, width=CHART_WIDTH,
         ),
         "evidence": time_chart(
             [Series("evidence", [(p.at, p.evidence) for p in evidence_points], PALETTE[1])],
