@@ -23,7 +23,7 @@ from typing import Any
 
 from detector import GroupDetector, NodeState, Transition
 from detector.states import IllegalTransition
-from outlier_admin.control.actions import do_propose_quarantine
+from outlier_admin.control.actions import do_propose_quarantine, do_supersede_proposals
 from outlier_admin.control.models import (
     CanaryProbe,
     Outcome,
@@ -170,18 +170,7 @@ def record_applied(overrides: list[Override], decided: list[QuarantineProposal],
     left = {t.node_id: t for t in transitions if t.from_state == NodeState.PENDING_APPROVAL.label}
     if not left:
         return
-    stale = list(QuarantineProposal.objects.select_for_update().filter(
-        node_id__in=list(left), source=ProposalSource.DETECTOR, status=ProposalStatus.PENDING))
-    for p in stale:
-        t = left[p.node_id]
-        p.status = ProposalStatus.SUPERSEDED
-        p.decided_at = t.at
-        p.decided_actor = "system:detector"
-        p.decision_reason = f"the node left pending_approval ({t.from_state} -> {t.to_state}, {t.reason})"
-        p.transition = t
-    if stale:
-        QuarantineProposal.objects.bulk_update(stale, ["status", "decided_at", "decided_actor", "decision_reason",
-                                                       "transition"])
+    do_supersede_proposals(left)  # an action: its audit events in this transaction
 
 
 def open_detector_proposal(node: Node, t: Transition) -> None:
