@@ -5,13 +5,14 @@ column existed restores with that column at its initial value (:class:`~detector
 Written with ``np.savez`` and read with ``np.load`` (no pickles). Every numeric array of at least
 :data:`PACK_MIN_BYTES` is stored packed, losslessly: its bytes split into planes (all first bytes, then
 all second bytes, ...; an exponent byte is nearly constant across latencies, a mantissa's low bytes are
-noise) and deflated (``zlib`` level 1), as ``z.<name>`` with its dtype and shape in the metadata. The
-snapshot is the bulk of what a tick writes to Redis: at 100 nodes the tail window alone is
-``float32[100, 1000]`` (400 kB). Packing cuts a snapshot with full windows from 0.8 MB to about 0.37 MB
-(the window's latencies keep ~78 % of their bytes, the reservoirs and sparse columns almost none) for
-~4 ms more CPU per checkpoint (``bench/cluster_scale.py`` measures both). The control plane writes one
-at a checkpoint (a decision, a new history slot, or every lease), not at every tick, and reads one only
-when another worker took the group over. Version 1 snapshots (nothing packed) still load.
+noise), each plane deflated (``zlib`` level 1) unless a probe of it shows noise, as ``z.<name>`` with
+its dtype, shape and plane sizes in the metadata. The snapshot is the bulk of what a tick writes to
+Redis: at 100 nodes the tail window alone is ``float32[100, 1000]`` (400 kB). Packing cuts a 100-node
+snapshot with full windows from 0.80 MB to 0.42 MB (the window's latencies keep most of their bytes,
+the reservoirs and sparse columns almost none) for ~6 ms more CPU to write and ~5 ms to read
+(``bench/cluster_scale.py`` prints both). The control plane writes one at a checkpoint (a decision, a
+new history slot, or every lease), not at every tick, and reads one only when another worker took the
+group over. Version 1 snapshots (nothing packed) still load.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ STATE_FORMAT_VERSION = 2
 PACK_MIN_BYTES = 1024
 #: Fast deflate: the planes that compress (exponents, zeros, NaN padding) do so at level 1 already.
 PACK_LEVEL = 1
+#: A plane is deflated only if its first PROBE_BYTES shrink below PROBE_RATIO of their size.
+PROBE_BYTES = 4096
+PROBE_RATIO = 0.9
 G = TypeVar("G")  # the group detector class (not imported: it imports this module)
 
 
@@ -84,8 +88,10 @@ def load(cls: type[G], data: bytes) -> G:
 
 
 def pack(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, list[Any]]]:
-    """``(arrays with the large numeric ones packed as z.<name>, {name: [dtype, shape]})`` (module
-    docstring); lossless, see :func:`unpack`."""
+    """``(arrays with the large numeric ones packed as z.<name>, {name: [dtype, shape, plane sizes]})``
+    (module docstring); lossless, see :func:`unpack`. A plane whose first :data:`PROBE_BYTES` do not
+    deflate below :data:`PROBE_RATIO` (a mantissa's low bytes: noise) is stored as it is, size -1:
+    deflating noise costs time and saves nothing."""
     out: dict[str, np.ndarray] = {}
     packed: dict[str, list[Any]] = {}
     for name, a in arrays.items():
@@ -94,17 +100,35 @@ def pack(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str
             out[name] = a
             continue
         planes = np.ascontiguousarray(a).view(np.uint8).reshape(-1, a.dtype.itemsize).T
-        out[f"z.{name}"] = np.frombuffer(zlib.compress(planes.tobytes(), PACK_LEVEL), dtype=np.uint8)
-        packed[name] = [a.dtype.str, list(a.shape)]
+        parts, sizes = [], []
+        for plane in planes:
+            raw = plane.tobytes()
+            if len(zlib.compress(raw[:PROBE_BYTES], PACK_LEVEL)) > PROBE_RATIO * min(len(raw), PROBE_BYTES):
+                parts.append(raw)
+                sizes.append(-1)
+            else:
+                parts.append(zlib.compress(raw, PACK_LEVEL))
+                sizes.append(len(parts[-1]))
+        out[f"z.{name}"] = np.frombuffer(b"".join(parts), dtype=np.uint8)
+        packed[name] = [a.dtype.str, list(a.shape), sizes]
     return out, packed
 
 
 def unpack(z: dict[str, np.ndarray], packed: dict[str, list[Any]]) -> dict[str, np.ndarray]:
     """The arrays :func:`pack` was given, bit for bit."""
     out = {k: v for k, v in z.items() if not k.startswith("z.")}
-    for name, (dtype_str, shape) in packed.items():
+    for name, (dtype_str, shape, sizes) in packed.items():
         dtype = np.dtype(dtype_str)
-        planes = np.frombuffer(zlib.decompress(z[f"z.{name}"].tobytes()), dtype=np.uint8)
-        raw = planes.reshape(dtype.itemsize, -1).T.copy()
+        blob = z[f"z.{name}"].tobytes()
+        count = int(np.prod(shape, dtype=np.int64))
+        planes, at = [], 0
+        for size in sizes:
+            if size < 0:  # stored as it is
+                planes.append(blob[at:at + count])
+                at += count
+            else:
+                planes.append(zlib.decompress(blob[at:at + size]))
+                at += size
+        raw = np.frombuffer(b"".join(planes), dtype=np.uint8).reshape(dtype.itemsize, count).T.copy()
         out[name] = raw.view(dtype).reshape(shape)
     return out
