@@ -3,8 +3,7 @@
 Per group and per tick (``scenario.tick_s``, 200 ms): the access-log lines that completed since the
 last tick become one :class:`detector.SampleBatch` (node, ts, tokens, ttft_ms, total_ms, status; a
 timeout is status 0 with ``total = timeout``), ``ingest`` then ``evaluate(now)``; the weights go to a
-smooth weighted round robin (the same nginx algorithm as :class:`detector.SmoothWeightedRoundRobin`,
-vectorised here because the simulator picks ~10^6 times per run). Each node in ``probes_due`` gets one
+smooth weighted round robin (:class:`detector.SmoothWeightedRoundRobin`). Each node in ``probes_due`` gets one
 canary request of the scenario's probe size through the simulated node, reported with
 ``record_probe`` when it completes (at most one probe in flight per node). When the gateway streams
 (``gateway.streams``), each tick first hands the detector every node's streamed decode progress as a
@@ -28,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from detector.picking import SmoothWeightedRoundRobin
 from sim.engine import GroupContext, Policy
-from sim.policies import Swrr
 
 EPOCH = 1_700_000_000.0
 
@@ -73,7 +72,7 @@ class DefaultPolicy(Policy):
         self.base = 100.0
         w = np.zeros(ctx.n)
         w[members] = self.base
-        self.swrr = Swrr(w)
+        self.swrr = SmoothWeightedRoundRobin(w)
         self.pos = {nid: i for i, nid in enumerate(ctx.node_ids)}
         self.buf: tuple[list, ...] = ([], [], [], [], [], [], [])
         self.probing: set[int] = set()
@@ -83,7 +82,7 @@ class DefaultPolicy(Policy):
 
     def add_node(self, node: int, now: float) -> None:
         self.gd.add_node(self.ctx.node_ids[node], base_weight=self.base, now=now + EPOCH)
-        w = self.swrr.w.copy()
+        w = self.swrr.weights.copy()
         w[node] = self.base * 0.1  # slow start until the detector's first evaluation sets it
         self.swrr.set_weights(w)
 
@@ -99,7 +98,7 @@ class DefaultPolicy(Policy):
     def _least_conn(self) -> int:
         """Weighted least connections: the node with the fewest open requests per unit of weight
         among those with a weight, ties broken at random."""
-        w = self.swrr.w
+        w = self.swrr.weights
         live = np.flatnonzero(w > 0)
         load = np.asarray([self.ctx.outstanding[i] for i in live], dtype=np.float64) / w[live]
         best = live[load <= load.min() * (1 + 1e-12)]

@@ -55,38 +55,9 @@ from collections import deque
 
 import numpy as np
 
+from detector.picking import SmoothWeightedRoundRobin
 from detector.states import safeguard_cap
 from sim.engine import STATUS_OK, STATUS_TIMEOUT, GroupContext, Policy
-
-
-class Swrr:
-    """nginx smooth weighted round robin, vectorised: ``cw += w; i = argmax(cw); cw[i] -= sum(w)``.
-
-    Zero-weight nodes are parked at a very negative current weight so they are never picked. With
-    equal weights this is plain round robin.
-    """
-
-    PARK = -1e18
-
-    def __init__(self, weights: np.ndarray) -> None:
-        self.w = np.zeros(len(weights))
-        self.cw = np.full(len(weights), self.PARK)
-        self.total = 0.0
-        self.set_weights(weights)
-
-    def set_weights(self, weights: np.ndarray) -> None:
-        w = np.asarray(weights, dtype=np.float64)
-        was_parked = self.w <= 0
-        self.w = np.where(w > 0, w, 0.0)
-        self.cw = np.where(self.w > 0, np.where(was_parked, 0.0, self.cw), self.PARK)
-        self.total = float(self.w.sum())
-
-    def pick(self) -> int:
-        cw = self.cw
-        cw += self.w
-        i = int(cw.argmax())
-        cw[i] -= self.total
-        return i
 
 
 class RoundRobin(Policy):
@@ -239,7 +210,7 @@ class SeedZScore(Policy):
         self.state = [0] * n  # 0 healthy, 1 degraded, 2 quarantined
         self.weight = [self.BASE if ctx.members[i] else 0 for i in range(n)]
         self.slow = [0] * n
-        self.swrr = Swrr(np.asarray(self.weight, dtype=np.float64))
+        self.swrr = SmoothWeightedRoundRobin(np.asarray(self.weight, dtype=np.float64))
         self.mean = self.std = math.nan  # the last evaluation's cluster baseline (the canary's reference)
         self.next_probe = [math.inf] * n
         self.probing = [False] * n
@@ -503,4 +474,4 @@ def policy_factory(name: str, options: dict | None = None):
 
 
 __all__ = ["ALL_POLICIES", "KNOWN_POLICIES", "OPTIONAL_POLICIES", "ORACLE_STREAMS", "POLICY_INPUTS", "STATUS_OK",
-           "Swrr", "policy_factory"]
+           "policy_factory"]

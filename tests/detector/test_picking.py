@@ -25,3 +25,13 @@ def test_p2c_prefers_the_less_loaded_of_two():
     share = picks.count(1) / 300
     assert 0.6 < share < 0.75  # node 1 wins whenever drawn (2 of 3 pairs): 2/3
     assert {p2c.pick([0, 1, 0], [0, 0, 0]) for _ in range(5)} == {1}
+
+
+def test_a_node_back_from_weight_zero_starts_from_zero_credit():
+    wrr = SmoothWeightedRoundRobin([1, 1])
+    wrr.set_weights([0, 1])
+    assert {wrr.pick() for _ in range(5)} == {1}
+    wrr.set_weights([1, 1])  # node 0 back: plain alternation at once, no burst of saved-up picks
+    assert [wrr.pick() for _ in range(4)] in ([0, 1, 0, 1], [1, 0, 1, 0])
+    with pytest.raises(ValueError):
+        wrr.set_weights([1, float("nan")])
