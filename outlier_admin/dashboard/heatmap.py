@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 from html import escape
 
 import numpy as np
+from django.db import connection
 from django.utils.safestring import SafeString, mark_safe
 
 from detector.detectors import zscore
@@ -119,55 +120,99 @@ def cells(nodes: list[Node], start: datetime, end: datetime, signals: Sequence[s
     ``signals`` (:func:`judge`) and its most urgent state
     (:func:`~outlier_admin.api.queries.attention_rank`); ``Cell(None, None)`` for a bucket without
     history. A write without a stored baseline of a signal (rows from before baselines were stored)
-    takes the median EMA of that write's nodes in service, as the threshold preview does."""
-    span = (end - start).total_seconds() / BUCKETS
-    states: dict[int, list[str | None]] = {n.pk: [None] * BUCKETS for n in nodes}
-    if not nodes:
-        return {}
-    rows = list(NodeHistory.objects.filter(node_id__in=list(states), signal__in=list(signals), at__gte=start, at__lt=end)
-                .values_list("node_id", "at", "signal", "z", "ema", "state"))
-    stored = {(at, sig): b for at, sig, b in GroupBaseline.objects.filter(
-        group_id=nodes[0].group_id, signal__in=list(signals), at__gte=start, at__lt=end,
-    ).values_list("at", "signal", "baseline") if b is not None and b > 0}
-    col: dict[tuple[int, datetime], int] = {}
-    for node_id, at, *_ in rows:
-        col.setdefault((node_id, at), len(col))
-    z = np.full((len(SIGNALS), len(col)), np.nan)
-    ema = np.full((len(SIGNALS), len(col)), np.nan)
-    in_service: dict[tuple[datetime, str], list[float]] = {}
-    for node_id, at, sig, rz, rema, state in rows:
-        k, c = SIGNALS.index(sig), col[(node_id, at)]
-        z[k, c] = np.nan if rz is None else rz
-        ema[k, c] = np.nan if rema is None else rema
-        if rema is not None and state in ("healthy", "degraded"):
-            in_service.setdefault((at, sig), []).append(rema)
-        b = min(int((at - start).total_seconds() / span), BUCKETS - 1)
-        cur = states[node_id][b]
-        if state and (cur is None or attention_rank(state) < attention_rank(cur)):
-            states[node_id][b] = state
-    for key, emas in in_service.items():
-        if key not in stored and np.median(emas) > 0:
-            stored[key] = float(np.median(emas))
-    base = np.full((len(SIGNALS), len(col)), np.nan)
-    for sig in signals:
-        base[SIGNALS.index(sig)] = [stored.get((at, sig), np.nan) for _, at in col]
+    takes the median EMA of that write's nodes in service, as the threshold preview does.
+
+    Vectorised (numpy) after the two reads: 50 nodes x an hour of writes every 10 s x two signals is
+    36,000 rows."""
+    out = {n.pk: [Cell(None, None)] * BUCKETS for n in nodes}
+    rows = _history(list(out), signals, start, end)
+    if not rows:
+        return out
+    pks = [n.pk for n in nodes]
+    node_ids, ts_list, sigs, zs, emas, row_states = zip(*rows, strict=True)
+    pk_order = np.argsort(pks)
+    node_i = pk_order[np.searchsorted(np.asarray(pks)[pk_order], np.asarray(node_ids, dtype=np.int64))]
+    ts = np.array(ts_list, dtype=np.float64)
+    names, sig_of = np.unique(np.asarray(sigs, dtype=str), return_inverse=True)
+    sig_i = np.array([SIGNALS.index(x) for x in names.tolist()], dtype=np.int64)[sig_of]
+    z_row, ema_row = np.array(zs, dtype=np.float64), np.array(emas, dtype=np.float64)  # None -> NaN
+    labels, state_of = np.unique(np.asarray([x or "" for x in row_states], dtype=str), return_inverse=True)
+    # One column per node and history write: the rows of its signals side by side.
+    writes, write_of_row = np.unique(ts, return_inverse=True)
+    keys, col_of_row = np.unique(node_i * len(writes) + write_of_row, return_inverse=True)
+    col_node, col_write = keys // len(writes), keys % len(writes)
+    z = np.full((len(SIGNALS), len(keys)), np.nan)
+    ema = np.full((len(SIGNALS), len(keys)), np.nan)
+    z[sig_i, col_of_row], ema[sig_i, col_of_row] = z_row, ema_row
+    # The peers' baseline of every write and signal: stored, else the median EMA of those in service.
+    base = np.full((len(SIGNALS), len(writes)), np.nan)
+    at_write = {float(w): k for k, w in enumerate(writes)}
+    for at, sig, b in GroupBaseline.objects.filter(group_id=nodes[0].group_id, signal__in=list(signals), at__gte=start,
+                                                  at__lt=end).values_list("at", "signal", "baseline"):
+        k = at_write.get(_epoch(at))
+        if k is not None and b is not None and b > 0:
+            base[SIGNALS.index(sig), k] = b
+    serving = np.isin(labels, ("healthy", "degraded"))[state_of] & np.isfinite(ema_row)
+    missing = serving & np.isnan(base[sig_i, write_of_row])
+    for k_sig, k_write in set(zip(sig_i[missing].tolist(), write_of_row[missing].tolist(), strict=True)):
+        peers = ema_row[missing & (sig_i == k_sig) & (write_of_row == k_write)]
+        if np.median(peers) > 0:
+            base[k_sig, k_write] = float(np.median(peers))
     # As in a tick, a signal without any baseline is not one the detector can judge on.
     with_base = [s for s in signals if np.isfinite(base[SIGNALS.index(s)]).any()]
-    score, which, excess, level = judge(z, ema / base, with_base, thresholds)
-    readings: dict[tuple[int, int], list[int]] = {}
-    for (node_id, at), c in col.items():
-        if math.isfinite(score[c]):
-            readings.setdefault((node_id, min(int((at - start).total_seconds() / span), BUCKETS - 1)), []).append(c)
-    out = {pk: [Cell(None, s) for s in states[pk]] for pk in states}
-    for (node_id, b), cols in readings.items():
-        # The median reading (by level, then Z): a node over the line for most of the minute is painted
-        # so, a single reading over it is not (the detector too cuts on persistence, not on one tick).
-        cols.sort(key=lambda c: (int(level[c]), score[c]))
-        c = cols[len(cols) // 2]
-        out[node_id][b] = Cell(float(score[c]), states[node_id][b], SIGNALS[int(which[c])],
-                               float(excess[c]) if math.isfinite(excess[c]) else None, int(level[c]),
-                               peak=float(max(score[k] for k in cols)), readings=len(cols))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        score, which, excess, level = judge(z, ema / base[:, col_write], with_base, thresholds)
+    span = (end - start).total_seconds() / BUCKETS
+    bucket_of_write = np.clip(((writes - start.timestamp()) / span).astype(np.int64), 0, BUCKETS - 1)
+    # The most urgent state of each node's bucket.
+    rank = np.array([attention_rank(x) if x else 10**6 for x in labels.tolist()], dtype=np.int64)[state_of]
+    urgent = np.full((len(pks), BUCKETS), 10**6, dtype=np.int64)
+    np.minimum.at(urgent, (node_i, bucket_of_write[write_of_row]), rank)
+    label = {attention_rank(x): x for x in labels.tolist() if x}
+    # The median reading of each node's bucket (the detector too cuts on persistence, not on one
+    # tick: a node over the line for most of the minute is painted so, a single reading is not).
+    judged = np.flatnonzero(np.isfinite(score))
+    b_col = bucket_of_write[col_write[judged]]
+    order = judged[np.lexsort((score[judged], level[judged], b_col, col_node[judged]))]
+    group_key = col_node[order] * BUCKETS + bucket_of_write[col_write[order]]
+    starts = np.flatnonzero(np.r_[True, group_key[1:] != group_key[:-1]]) if len(order) else np.array([], np.int64)
+    counts = np.diff(np.r_[starts, len(order)])
+    peaks = np.maximum.reduceat(score[order], starts) if len(order) else np.array([])
+    picked = {int(group_key[s0]): (int(order[s0 + c // 2]), float(pk), int(c))
+              for s0, c, pk in zip(starts.tolist(), counts.tolist(), peaks.tolist(), strict=True)}
+    for i, pk in enumerate(pks):
+        row = []
+        for b in range(BUCKETS):
+            state = label.get(int(urgent[i, b]))
+            if (i * BUCKETS + b) in picked:
+                c, peak, count = picked[i * BUCKETS + b]
+                x = float(excess[c])
+                row.append(Cell(float(score[c]), state, SIGNALS[int(which[c])], x if math.isfinite(x) else None,
+                                int(level[c]), peak=peak, readings=count))
+            else:
+                row.append(Cell(None, state))
+        out[pk] = row
     return out
+
+
+def _epoch(at: datetime) -> float:
+    """A timestamp as the epoch seconds :func:`_history` reads (microseconds exact, as stored)."""
+    return round(at.timestamp(), 6)
+
+
+def _history(node_ids: list[int], signals: Sequence[str], start: datetime, end: datetime) -> list[tuple]:
+    """``(node_id, epoch seconds, signal, z, ema, state)`` of the nodes' history rows in the window.
+    On PostgreSQL the time is read as a number (building a datetime per row was most of the cost
+    of 36,000 rows); elsewhere (the demo's SQLite) through the ORM."""
+    if connection.vendor != "postgresql":
+        qs = (NodeHistory.objects.filter(node_id__in=node_ids, signal__in=list(signals), at__gte=start, at__lt=end)
+              .values_list("node_id", "at", "signal", "z", "ema", "state"))
+        return [(i, _epoch(at), *rest) for i, at, *rest in qs]
+    sql = (f"SELECT node_id, round(EXTRACT(EPOCH FROM at)::numeric, 6)::float8, signal, z, ema, state "
+           f"FROM {NodeHistory._meta.db_table} WHERE node_id = ANY(%s) AND signal = ANY(%s) AND at >= %s AND at < %s")
+    with connection.cursor() as cur:
+        cur.execute(sql, [node_ids, list(signals), start, end])
+        return cur.fetchall()
 
 
 def heatmap(nodes: list[Node], thresholds: Thresholds, *, start: datetime, end: datetime,
