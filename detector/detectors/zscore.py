@@ -47,6 +47,7 @@ signal (or on ``norm`` when there is none) as samples arrive: one CUSUM per queu
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,7 +67,6 @@ _BASELINE = lookup(BASELINE_STATES)
 _FORCED = lookup((S.FORCED_ACTIVE, S.FORCED_QUARANTINE))
 DECODE = SIGNALS.index("decode")
 PREFILL_TIME = SIGNALS.index("prefill_time")
-_QUEUE_FREE_ROWS = np.array([SIGNALS.index(s) for s in QUEUE_FREE])
 
 
 @dataclass
@@ -165,7 +165,7 @@ def decide(view: PeerView, a: NodeArrays, t: Thresholds, now: float) -> Decision
         q_excess = np.where(which >= 0, np.inf, np.nan)
         queue_free = np.zeros(n, dtype=bool)
     else:
-        rows = _QUEUE_FREE_ROWS[np.isfinite(base[_QUEUE_FREE_ROWS])]
+        rows = np.array([SIGNALS.index(s) for s in _queue_free_with_baseline(view.baseline)], dtype=np.int64)
         queue_free = np.full(n, len(rows) > 0)
         if len(rows):
             q_score, arg = _nan_max(view.z[rows])
@@ -183,11 +183,25 @@ def decide(view: PeerView, a: NodeArrays, t: Thresholds, now: float) -> Decision
                     drained_over=drained_over, name=_group_signal(view, t), may_quarantine=q_which != PREFILL_TIME)
 
 
+def judged_signals(baseline: Mapping[str, float], t: Thresholds) -> tuple[str, ...]:
+    """The signals among which :func:`decide` picks each node's deciding signal, given each signal's
+    peer ``baseline``: in robust mode the queue-free ones that have one; without any (and in seed
+    mode) every signal, of which those with a Z take part. In :data:`~detector.signals.SIGNALS` order,
+    which breaks a tie; the first is the group's deciding signal."""
+    queue_free = _queue_free_with_baseline(baseline) if t.baseline_mode == "robust" else ()
+    return queue_free or SIGNALS
+
+
+def _queue_free_with_baseline(baseline: Mapping[str, float]) -> tuple[str, ...]:
+    return tuple(s for s in QUEUE_FREE if math.isfinite(baseline.get(s, math.nan)))
+
+
 def _group_signal(view: PeerView, t: Thresholds) -> str | None:
-    """The group's deciding signal, for the explanation: the first queue-free one with a baseline."""
+    """The group's deciding signal, for the explanation (None in seed mode, which judges every node
+    on its own largest Z)."""
     if t.baseline_mode == "seed":
         return None
-    return next((s for s in QUEUE_FREE if math.isfinite(view.baseline[s])), "norm")
+    return judged_signals(view.baseline, t)[0]
 
 
 @dataclass

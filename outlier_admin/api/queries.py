@@ -9,10 +9,9 @@ from operator import or_
 from typing import Any
 
 from django.db import connection
-from django.db.models import Case, CharField, F, IntegerField, OuterRef, Q, QuerySet, Subquery, Value, When
+from django.db.models import Case, CharField, OuterRef, Q, QuerySet, Subquery, Value, When
 from django.db.models.functions import Coalesce
 
-from detector.states import OUT_OF_SERVICE_LABELS
 from outlier_admin.control.models import GroupBaseline, NodeHistory, QuarantineProposal
 from outlier_admin.fleet.models import ModelGroup, Node
 
@@ -22,7 +21,6 @@ STATE_ORDER = (
     "healthy", "degraded", "pending_approval", "quarantined", "probing", "recovering", "warming",
     "forced_quarantine", "forced_active",
 )
-OUT_OF_SERVICE = OUT_OF_SERVICE_LABELS  # the traffic table's DRAIN states (detector.states.TRAFFIC)
 #: What needs a person first, at 3 a.m.: a decision waiting, nodes out, nodes cut, nodes on their
 #: way back, manual states, then the rest (the first screen and the group page's default sort).
 ATTENTION_ORDER = (
@@ -42,22 +40,20 @@ def attention_rank(state: str) -> int:
 
 def judged_signals(groups: QuerySet[ModelGroup] | None = None) -> dict[int, tuple[str, ...]]:
     """``{group_id: signals}``: the signals among which the detector picks each node's deciding signal
-    in that group, by the rule :mod:`detector.detectors.zscore` states (:func:`~detector.detectors.zscore.decide`):
-    in robust mode the queue-free signals (:data:`~detector.signals.QUEUE_FREE`) with a stored peer
-    baseline; without one (and in seed mode, which judges its one signal as it is) every signal, of
-    which only ``norm`` and ``prefill`` then have a Z. In :data:`~detector.signals.SIGNALS` order: the
-    first is the group's deciding signal (:func:`decision_signal`), and wins a tie as ``argmax`` does.
+    in that group (the heatmap judges its cells among them): the detector's own rule,
+    :func:`detector.detectors.zscore.judged_signals`, over each signal's latest stored baseline.
 
     One query: each queue-free signal's latest stored baseline per group, an index probe each."""
-    from detector.signals import QUEUE_FREE, SIGNALS
+    from detector.detectors.zscore import judged_signals as rule
+    from detector.signals import QUEUE_FREE
 
     stored = {f"stored_{s}": Subquery(GroupBaseline.objects.filter(group=OuterRef("pk"), signal=s)
                                       .order_by("-at").values("baseline")[:1]) for s in QUEUE_FREE}
     out: dict[int, tuple[str, ...]] = {}
     for group in (groups if groups is not None else ModelGroup.objects.all()).annotate(**stored):
-        with_baseline = tuple(s for s in QUEUE_FREE if getattr(group, f"stored_{s}") is not None)
-        seed = group.thresholds().baseline_mode == "seed"
-        out[group.pk] = SIGNALS if seed or not with_baseline else with_baseline
+        baselines = {s: math.nan if getattr(group, f"stored_{s}") is None else getattr(group, f"stored_{s}")
+                     for s in QUEUE_FREE}
+        out[group.pk] = rule(baselines, group.thresholds())
     return out
 
 
@@ -72,10 +68,9 @@ def with_latest_figures(nodes: QuerySet[Node], signal: str | None = None) -> Que
     window's P50/P99, the count of judged requests).
 
     ``signal=None``: the node's **deciding** signal at its latest history write, the one the detector
-    weighs, cuts and quarantines it on: of the group's :func:`judged_signals`, the one with the largest
-    Z (a node judged on ``decode`` and ``prefill_time`` shows the larger, as the detector judges it);
-    a node with no Z on any of them shows the group's deciding signal with ``z`` null. Otherwise
-    ``signal`` for every node.
+    weighs, cuts and quarantines it on, as the tick stored it (``NodeHistory.deciding``, from the
+    detector's ``Evaluation``); a node with no Z on any signal at that write shows its group's
+    deciding signal (:func:`decision_signal`). Otherwise ``signal`` for every node.
 
     Correlated subqueries, each an index probe on ``(node, signal, at)`` (the deciding row: the rows of
     the node's latest ``norm`` write, which holds every signal): cost grows with the number of nodes,
@@ -84,20 +79,16 @@ def with_latest_figures(nodes: QuerySet[Node], signal: str | None = None) -> Que
     if signal is not None:
         return nodes.annotate(latest_signal=Value(signal, output_field=CharField()),
                               latest_ema=_latest(signal, "ema"), latest_z=_latest(signal, "z"), **tails)
-    from detector.signals import SIGNALS
-
-    by_signals: dict[tuple[str, ...], list[int]] = defaultdict(list)
-    for group_id, signals in judged_signals().items():
-        by_signals[signals].append(group_id)
-    judged = reduce(or_, (Q(node__group_id__in=ids, signal__in=signals) for signals, ids in by_signals.items()),
-                    Q(pk__in=[]))
-    # NULL Z last (NaN to the detector's argmax), then the signals' order: a tie goes to the first.
-    rank = Case(*(When(signal=s, then=Value(i)) for i, s in enumerate(SIGNALS)), output_field=IntegerField())
+    by_signal: dict[str, list[int]] = defaultdict(list)
+    for group_id, stored in ModelGroup.objects.values_list("pk", "decision_signal"):
+        by_signal[stored or "norm"].append(group_id)
+    of_group = reduce(or_, (Q(node__group_id__in=ids, signal=s) for s, ids in by_signal.items()), Q(pk__in=[]))
     last_write = NodeHistory.objects.filter(node=OuterRef(OuterRef("pk")), signal="norm").order_by("-at")
+    # The row the tick flagged, else (no Z on any signal) the group's deciding signal's row.
     deciding = (NodeHistory.objects.filter(node=OuterRef("pk"), at=Subquery(last_write.values("at")[:1]))
-                .filter(judged)
-                .order_by(F("z").desc(nulls_last=True), rank))
-    group_signal = Case(*(When(group_id__in=ids, then=Value(signals[0])) for signals, ids in by_signals.items()),
+                .filter(Q(deciding=True) | of_group)
+                .order_by("-deciding"))
+    group_signal = Case(*(When(group_id__in=ids, then=Value(s)) for s, ids in by_signal.items()),
                         default=Value("norm"), output_field=CharField())
     return nodes.annotate(
         latest_signal=Coalesce(Subquery(deciding.values("signal")[:1]), group_signal),
@@ -189,16 +180,12 @@ SIGNAL_LABELS = {
 
 
 def decision_signal(group: ModelGroup) -> str:
-    """The signal the detector decides on for ``group``, as :mod:`detector.detectors.zscore` names
-    it: the first queue-free signal with a stored baseline (``decode`` once the gateways log TTFT or
-    the model servers stream; ``prefill_time`` from the servers' prefill histograms), else ``norm``."""
-    from detector.signals import QUEUE_FREE
-
-    for signal in QUEUE_FREE:
-        latest = latest_baseline(group, signal)
-        if latest is not None and latest.baseline is not None:
-            return signal
-    return "norm"
+    """The signal the detector decided ``group`` on at its last tick, as the tick stored it
+    (``ModelGroup.decision_signal``, from the ``Evaluation``): ``decode`` once the gateways log TTFT or
+    the model servers stream, ``prefill_time`` from the servers' prefill histograms; ``norm`` without
+    a queue-free signal, before the first tick and in seed mode (which judges each node on its own
+    largest Z)."""
+    return group.decision_signal or "norm"
 
 
 def latest_baseline(group: ModelGroup, signal: str = "norm") -> GroupBaseline | None:
@@ -219,15 +206,18 @@ def state_counts(group_ids: list[int] | None = None) -> dict[int, Counter[str]]:
 
 
 def safeguard_status(group: ModelGroup, counts: Counter[str]) -> dict[str, Any]:
-    """How close the group is to its safeguard: ``out`` of ``total`` nodes out of service, the
-    limit ``floor(max_quarantine_fraction * total)``, and ``engaged`` when nodes are out and the
-    limit is reached (the detector will refuse the next quarantine)."""
-    total = sum(counts.values())
-    out = sum(v for k, v in counts.items() if k in OUT_OF_SERVICE)
+    """The safeguard as the group's last tick left it (:meth:`ModelGroup.safeguard`, the detector's
+    :class:`~detector.states.Safeguard`): ``out`` nodes counted against it (out of service or
+    pending approval: :data:`~detector.states.SAFEGUARD_COUNTED`) of ``total``, its ``limit``, ``held``
+    nodes it kept in service this tick, and ``engaged``. Before the first tick: ``limit`` None, not
+    engaged."""
+    stored = group.safeguard()
     fraction = group.thresholds().max_quarantine_fraction
-    limit = int(fraction * total + 1e-9)
-    return {"out": out, "total": total, "limit": limit, "fraction": fraction,
-            "engaged": out > 0 and out >= limit}
+    total = sum(counts.values())
+    if stored is None:
+        return {"out": 0, "total": total, "limit": None, "held": 0, "fraction": fraction, "engaged": False}
+    return {"out": stored.counted, "total": total, "limit": stored.limit, "held": stored.held,
+            "fraction": fraction, "engaged": stored.engaged}
 
 
 def pending_proposals() -> QuerySet[QuarantineProposal]:

@@ -23,15 +23,25 @@ from outlier_admin.ingest.models import GpuReading
 
 
 class GroupSerializer(serializers.ModelSerializer):
+    """A group; ``decision_signal`` and ``safeguard`` are what its last tick decided (the detector's
+    Evaluation, stored by the tick), not figures derived here."""
+
     node_count = serializers.SerializerMethodField()
     state_counts = serializers.SerializerMethodField()
+    decision_signal = serializers.CharField(
+        read_only=True, help_text="The signal the detector decided the group on at its last tick (empty before "
+        "the first tick and in seed mode); each node's own is its `signal`")
+    safeguard = serializers.SerializerMethodField(
+        help_text="The safeguard cap at the last tick: `limit` (floor(max_quarantine_fraction x nodes)), "
+        "`counted` nodes against it (out of service or pending approval), `held` nodes it kept in service at the "
+        "floor weight, `engaged`; null before the first tick")
 
     class Meta:
         model = ModelGroup
         fields = [
             "id", "name", "slug", "model_name", "hardware_class", "tensor_parallel_size", "policy",
             "thresholds_version", "weights_version", "last_tick_at", "created_at", "retired", "node_count",
-            "state_counts",
+            "state_counts", "decision_signal", "safeguard",
         ]
 
     def _counts(self, obj: ModelGroup) -> dict[str, int]:
@@ -44,6 +54,15 @@ class GroupSerializer(serializers.ModelSerializer):
     @extend_schema_field({"type": "object", "additionalProperties": {"type": "integer"}})
     def get_state_counts(self, obj: ModelGroup) -> dict[str, int]:
         return self._counts(obj)
+
+    @extend_schema_field({"type": "object", "nullable": True, "properties": {
+        "limit": {"type": "integer"}, "counted": {"type": "integer"}, "held": {"type": "integer"},
+        "engaged": {"type": "boolean"}}})
+    def get_safeguard(self, obj: ModelGroup) -> dict[str, Any] | None:
+        stored = obj.safeguard()
+        if stored is None:
+            return None
+        return {"limit": stored.limit, "counted": stored.counted, "held": stored.held, "engaged": stored.engaged}
 
 
 class NodeSerializer(serializers.ModelSerializer):

@@ -25,8 +25,10 @@ class NodeHistory(models.Model):
 
     Bulk-inserted by the tick; ``retention`` downsamples old rows. ``z``/``p50``/``p99``/``ema`` are
     on the normalised scale of the signal (NaN from the detector is stored as NULL). ``evidence`` (the
-    node's CUSUM that gates a weight cut, :mod:`detector.evidence`) is on the row of the signal the
-    detector decides on, NULL on the others.
+    node's CUSUM that gates a weight cut, :mod:`detector.evidence`) is on the row of the group's
+    deciding signal, NULL on the others. ``deciding``: this row's signal is the one the detector
+    judged the node on at that tick (``Evaluation.deciding``: its Z weighs, ranks and ejects the
+    node); no row of a write has it when the node had no Z on any signal.
     """
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="history")
@@ -40,6 +42,7 @@ class NodeHistory(models.Model):
     weight = models.FloatField(default=0)
     state = models.CharField(max_length=32)
     evidence = models.FloatField(null=True)
+    deciding = models.BooleanField(default=False)
     downsampled = models.BooleanField(default=False)
 
     class Meta:

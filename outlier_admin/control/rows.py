@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from detector import NodeState, Transition
+from detector.signals import SIGNALS
 from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.control.models import Transition as TransitionRow
 from outlier_admin.fleet.models import ModelGroup, Node
@@ -33,7 +34,7 @@ def ts(value: float) -> datetime:
 
 #: Columns of a :class:`NodeHistory` row as :func:`history_records` lays them out.
 HISTORY_COLUMNS = ("node_id", "signal", "at", "ema", "z", "p50", "p99", "samples", "weight", "state", "evidence",
-                   "downsampled")
+                   "deciding", "downsampled")
 #: Columns of a :class:`GroupBaseline` row as :func:`baseline_records` lays them out.
 BASELINE_COLUMNS = ("group_id", "signal", "at", "baseline", "spread", "peers", "downsampled")
 
@@ -52,8 +53,9 @@ def finite_list(values: Any) -> list[float | None]:
 def history_records(ev: Any, node_ids: dict[str, int], at: datetime, only: set[str] | None = None) -> list[tuple]:
     """One :data:`HISTORY_COLUMNS` tuple per node (of ``node_ids``, name -> primary key; of ``only`` too
     when given) and signal of evaluation ``ev``, node by node. The tail window's P50/P99 go on the
-    ``norm`` row, the evidence on the row of the signal the detector decides on. Built column-wise
-    (one ``tolist`` per signal): at 1,000 nodes a new history slot writes 5,000 rows."""
+    ``norm`` row, the evidence on the row of the group's deciding signal, ``deciding`` on the row of
+    the signal the node was judged on (``ev.deciding``). Built column-wise (one ``tolist`` per
+    signal): at 1,000 nodes a new history slot writes 5,000 rows."""
     picked = [(i, node_ids[name]) for i, name in enumerate(ev.nodes)
               if name in node_ids and (only is None or name in only)]
     if not picked:
@@ -65,15 +67,17 @@ def history_records(ev: Any, node_ids: dict[str, int], at: datetime, only: set[s
     weights = np.asarray(ev.weights, dtype=np.float64)[idx].tolist()
     none = [None] * len(idx)
     evidence = (finite_list(np.asarray(ev.evidence)[idx]) if len(ev.evidence) else none)
+    which = np.asarray(ev.deciding)[idx] if len(ev.deciding) else np.full(len(idx), -1)
     columns = []
     for sig, ema in ev.ema.items():
         norm = sig == "norm"
         columns.append((sig, finite_list(np.asarray(ema)[idx]), finite_list(np.asarray(ev.z_by_signal[sig])[idx]),
                         finite_list(np.asarray(ev.p50)[idx]) if norm else none,
                         finite_list(np.asarray(ev.p99)[idx]) if norm else none,
-                        evidence if sig == ev.decision_signal else none))
-    return [(pk, sig, at, ema[k], z[k], p50[k], p99[k], samples[k], weights[k], states[k], evi[k], False)
-            for k, pk in enumerate(pks) for sig, ema, z, p50, p99, evi in columns]
+                        evidence if sig == ev.decision_signal else none,
+                        (which == SIGNALS.index(sig)).tolist()))
+    return [(pk, sig, at, ema[k], z[k], p50[k], p99[k], samples[k], weights[k], states[k], evi[k], dec[k], False)
+            for k, pk in enumerate(pks) for sig, ema, z, p50, p99, evi, dec in columns]
 
 
 def history_rows(ev: Any, by_name: dict[str, Node], at: datetime, only: set[str] | None = None) -> list[NodeHistory]:
@@ -104,6 +108,17 @@ def baseline_records(ev: Any, group_id: int, at: datetime) -> list[tuple]:
 def baseline_rows(ev: Any, group: ModelGroup, at: datetime) -> list[GroupBaseline]:
     """:func:`baseline_records` as unsaved :class:`GroupBaseline` instances."""
     return [GroupBaseline(**dict(zip(BASELINE_COLUMNS, rec, strict=True))) for rec in baseline_records(ev, group.pk, at)]
+
+
+def group_figures(ev: Any) -> dict[str, Any]:
+    """What the tick decided for the group as a whole, for its ``ModelGroup`` row: the deciding signal
+    (``""``: none, seed mode) and the safeguard's figures (:class:`detector.states.Safeguard`). The API
+    and the dashboard read these; they do not derive them again."""
+    cap = getattr(ev, "cap", None)
+    if cap is None:
+        return {}
+    return {"decision_signal": ev.decision_signal or "", "safeguard_limit": cap.limit,
+            "safeguard_counted": cap.counted, "safeguard_held": cap.held}
 
 
 def transition_row(t: Transition, group: ModelGroup, node: Node, shadow: bool, ev: Any) -> TransitionRow:

@@ -42,6 +42,7 @@ from outlier_admin.control.rows import (
     BASELINE_COLUMNS,
     HISTORY_COLUMNS,
     baseline_records,
+    group_figures,
     history_records,
     node_changes,
     rows_of_tick,
@@ -206,9 +207,10 @@ def _json(rows: list[Any]) -> str:
 
 def write_rows(group: ModelGroup, version: int, stamp: datetime, transitions: list[TransitionRow],
                history: list[tuple], baselines: list[tuple],
-               nodes: list[tuple[int, str, int, datetime | None]]) -> list[int]:
+               nodes: list[tuple[int, str, int, datetime | None]], figures: dict[str, Any] | None = None) -> list[int]:
     """Insert the tick's transitions, history and baselines, update the node rows that moved and the
-    group's version (never lowered) and tick time: one statement on PostgreSQL. Returns the
+    group's version (never lowered), tick time and ``figures`` (:func:`~outlier_admin.control.rows.
+    group_figures`: the deciding signal and the safeguard): one statement on PostgreSQL. Returns the
     transitions' primary keys, in order."""
     qn = connection.ops.quote_name
     ctes: list[str] = []
@@ -224,17 +226,20 @@ def write_rows(group: ModelGroup, version: int, stamp: datetime, transitions: li
                     "weight = (u.v->>2)::integer, last_seen = (u.v->>3)::timestamptz "
                     "FROM json_array_elements(%s::json) AS u(v) WHERE n.id = (u.v->>0)::bigint)")
         params.append(_json(nodes))
+    figures = figures or {}
+    sets = "".join(f", {qn(ModelGroup._meta.get_field(f).column)} = %s" for f in figures)
     group_update = (f"UPDATE {qn(ModelGroup._meta.db_table)} SET weights_version = GREATEST(weights_version, %s), "
-                    "last_tick_at = %s WHERE id = %s")
+                    f"last_tick_at = %s{sets} WHERE id = %s")
+    group_params = [version, stamp, *figures.values(), group.pk]
     if transitions:
         ctes.append(f"tick AS ({group_update})")
-        params += [version, stamp, group.pk]
+        params += group_params
         rows = [[getattr(t, a) for a in _TRANSITION_ATTNAMES] for t in transitions]
         primary = f"{_insert(TransitionRow, _TRANSITION_COLUMNS, 't')} RETURNING id"
         params.append(_json(rows))
     else:
         primary = group_update
-        params += [version, stamp, group.pk]
+        params += group_params
     sql = (f"WITH {', '.join(ctes)} " if ctes else "") + primary
     with connection.cursor() as cur:
         cur.execute(sql, params)
@@ -243,7 +248,8 @@ def write_rows(group: ModelGroup, version: int, stamp: datetime, transitions: li
 
 def _write_rows_orm(group: ModelGroup, version: int, stamp: datetime, transitions: list[TransitionRow],
                     history: list[tuple], baselines: list[tuple],
-                    nodes: list[tuple[int, str, int, datetime | None]]) -> list[int]:
+                    nodes: list[tuple[int, str, int, datetime | None]], figures: dict[str, Any] | None = None
+                    ) -> list[int]:
     """:func:`write_rows` through the ORM (a database other than PostgreSQL: the demo's SQLite)."""
     TransitionRow.objects.bulk_create(transitions)
     NodeHistory.objects.bulk_create([NodeHistory(**dict(zip(HISTORY_COLUMNS, h, strict=True))) for h in history],
@@ -253,7 +259,7 @@ def _write_rows_orm(group: ModelGroup, version: int, stamp: datetime, transition
     Node.objects.bulk_update([Node(id=pk, state=state, weight=weight, last_seen=seen)
                               for pk, state, weight, seen in nodes], ["state", "weight", "last_seen"], batch_size=500)
     ModelGroup.objects.filter(pk=group.pk).update(weights_version=Greatest("weights_version", Value(version)),
-                                                  last_tick_at=stamp)
+                                                  last_tick_at=stamp, **(figures or {}))
     return [t.pk for t in transitions]
 
 
@@ -331,8 +337,9 @@ class SqlStore:
             # The baseline every Z of this write was measured against, one row per signal.
             baselines = baseline_records(out.ev, group.pk, at) if history else []
             write = write_rows if connection.vendor == "postgresql" else _write_rows_orm
+            figures = group_figures(out.ev)
             ids = write(group, out.version, stamp, transition_rows, history, baselines,
-                        node_changes(out.view, out.states, by_name, out.last_seen))
+                        node_changes(out.view, out.states, by_name, out.last_seen), figures)
             for row, pk in zip(transition_rows, ids, strict=True):
                 row.pk = pk
             for t in transitions:
@@ -345,6 +352,8 @@ class SqlStore:
             if probes:
                 CanaryProbe.objects.bulk_update(probes, ["passed", "normalised_latency", "applied_at"])
             group.weights_version = max(group.weights_version, out.version)
+            for f, v in figures.items():
+                setattr(group, f, v)
         if out.marks:
             # Stamped applied above, or by the drain if the write went to the outbox.
             clear_marks(r, group.name, out.marks)

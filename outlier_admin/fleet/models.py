@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from detector.states import Safeguard
 from detector.thresholds import Thresholds
 from outlier_admin.weights_document import DEFAULT_BASE_WEIGHT
 
@@ -56,6 +57,13 @@ class ModelGroup(models.Model):
     # see outlier_admin.fleet.names). Empty: settings.AUTO_REGISTER_DEFAULT_ALLOW.
     auto_register_allow = models.JSONField(default=list, blank=True)
     last_tick_at = models.DateTimeField(null=True, blank=True)
+    # What the last tick decided for the group as a whole (its Evaluation; control.rows.group_figures):
+    # the signal it decided on ("" before the first tick, and in seed mode) and the safeguard's figures
+    # (detector.states.Safeguard; limit NULL before the first tick). Read by the API and the dashboard.
+    decision_signal = models.CharField(max_length=16, blank=True, default="")
+    safeguard_limit = models.IntegerField(null=True, blank=True)
+    safeguard_counted = models.IntegerField(default=0)
+    safeguard_held = models.IntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
     created_via = models.CharField(max_length=32, default="manual")
     # Retired for good (control.actions.do_retire_group): its nodes are retired, ingest refuses its
@@ -81,6 +89,12 @@ class ModelGroup(models.Model):
                         .values_list("slug", flat=True))
             self.slug = unique_group_slug(self.name, taken)
         super().save(*args, **kwargs)
+
+    def safeguard(self) -> Safeguard | None:
+        """The safeguard as the last tick left it (None before the first tick)."""
+        if self.safeguard_limit is None:
+            return None
+        return Safeguard(limit=self.safeguard_limit, counted=self.safeguard_counted, held=self.safeguard_held)
 
     def thresholds(self) -> Thresholds:
         """The effective, validated thresholds: defaults + overrides + the policy's approval flag."""

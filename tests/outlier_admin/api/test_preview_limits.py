@@ -161,6 +161,8 @@ def _decode_history(fleet, with_prefill: bool) -> None:
         ats = sorted({r.at for r in norm})
         GroupBaseline.objects.bulk_create([GroupBaseline(group=fleet["group"], signal=sig, at=at, baseline=1.0,
                                                          spread=0.1, peers=8) for at in ats])
+    fleet["group"].decision_signal = "decode"  # as the tick stores it from the detector's Evaluation
+    fleet["group"].save(update_fields=["decision_signal"])
 
 
 def test_the_row_bound_counts_every_read_of_the_preview(fleet, users, redis_client, settings):

@@ -29,13 +29,14 @@ def problem(resp, status: int) -> dict:
     return resp.json()
 
 
-def write(node, at, **z_by_signal: float | None) -> None:
-    """One history write of ``node`` at ``at``: every signal's row, ``z`` as given (missing: NULL), EMA
-    ``1 + z / 10`` (each signal's own, so a test can tell them apart)."""
+def write(node, at, deciding: str | None, **z_by_signal: float | None) -> None:
+    """One history write of ``node`` at ``at`` as a tick writes it: every signal's row, ``z`` as given
+    (missing: NULL), EMA ``1 + z / 10`` (each signal's own, so a test can tell them apart), the row of
+    the signal the detector judged the node on (``deciding``) flagged."""
     NodeHistory.objects.bulk_create([
         NodeHistory(node=node, signal=s, at=at, z=z_by_signal.get(s), p50=1.0 if s == "norm" else None,
                     ema=None if z_by_signal.get(s) is None else 1 + z_by_signal[s] / 10, samples=500,
-                    weight=100, state=node.state, p99=2.0 if s == "norm" else None)
+                    weight=100, state=node.state, p99=2.0 if s == "norm" else None, deciding=s == deciding)
         for s in SIGNALS])
 
 
@@ -49,7 +50,8 @@ def decode_fleet(db):
     """Group ``h100`` judged on the queue-free signals (decode and prefill_time baselines stored): node
     ``h100-03`` pending approval at decode Z 12.2 while its norm Z is -2.04; ``h100-04`` slow in prefill
     time only; ``h100-01`` healthy. An older write (decode Z 0.1) must not show. Group ``a100`` has no
-    queue-free baseline: its nodes are judged on norm or prefill, the larger."""
+    queue-free baseline: its nodes are judged on norm or prefill, the larger. The rows and the groups'
+    deciding signals are written as the tick writes them."""
     now = timezone.now()
     h100 = do_create_group("h100", actor="setup", policy="approval")
     a100 = do_create_group("a100", actor="setup")
@@ -59,16 +61,18 @@ def decode_fleet(db):
               for i, name in enumerate(("a100-01", "a100-02"), start=1)})
     n["h100-03"].state = "pending_approval"
     n["h100-03"].save()
+    h100.decision_signal = "decode"
+    h100.save()
     old, last = now - timedelta(seconds=60), now - timedelta(seconds=10)
     baselines(h100, old, norm=1.0, prefill=1.0, decode=1.0, prefill_time=1.0)
     baselines(h100, last, norm=1.0, prefill=1.0, decode=1.0, prefill_time=1.0)
     baselines(a100, last, norm=1.0, prefill=1.0)
-    write(n["h100-03"], old, norm=0.2, decode=0.1, prefill_time=0.3)
-    write(n["h100-03"], last, norm=-2.04, prefill=-1.0, decode=12.2, prefill_time=0.4)
-    write(n["h100-04"], last, norm=0.5, prefill=6.0, decode=0.2, prefill_time=5.1)
-    write(n["h100-01"], last, norm=0.1, prefill=0.0, decode=-0.3, prefill_time=None)
-    write(n["a100-01"], last, norm=1.5, prefill=2.5)
-    write(n["a100-02"], last, norm=0.7, prefill=-0.2)
+    write(n["h100-03"], old, "prefill_time", norm=0.2, decode=0.1, prefill_time=0.3)
+    write(n["h100-03"], last, "decode", norm=-2.04, prefill=-1.0, decode=12.2, prefill_time=0.4)
+    write(n["h100-04"], last, "prefill_time", norm=0.5, prefill=6.0, decode=0.2, prefill_time=5.1)
+    write(n["h100-01"], last, "decode", norm=0.1, prefill=0.0, decode=-0.3, prefill_time=None)
+    write(n["a100-01"], last, "prefill", norm=1.5, prefill=2.5)
+    write(n["a100-02"], last, "norm", norm=0.7, prefill=-0.2)
     return n
 
 

@@ -29,6 +29,12 @@ def store_baseline(group, ats, value: float, spread: float = 0.05, peers: int = 
                                                      spread=spread, peers=peers) for at in ats])
 
 
+def decides_on(group, signal: str) -> None:
+    """What a tick stores once the detector decides ``group`` on ``signal`` (its Evaluation's)."""
+    group.decision_signal = signal
+    group.save(update_fields=["decision_signal"])
+
+
 def test_group_table_sorts_all_nodes_then_pages(fleet, users):
     group, now = fleet["group"], fleet["now"]
     extra = [do_register_node(group, f"127.0.9.{i}:8000", actor="setup") for i in range(GROUP_PAGE_SIZE)]
@@ -79,6 +85,7 @@ def test_timeline_api_returns_the_group_baseline(fleet, users):
     group, node, now = fleet["group"], fleet["nodes"][0], fleet["now"]
     store_baseline(group, [now - timedelta(minutes=m) for m in (50, 20, 5)], 1.1, peers=7)
     GroupBaseline.objects.create(group=group, signal="decode", at=now - timedelta(minutes=5), baseline=20.0)
+    decides_on(group, "decode")
     body = viewer(users).get(f"/api/v1/nodes/{node.pk}/timeline/?hours=0.5&signal=norm").json()
     assert [(b["baseline"], b["peers"]) for b in body["baseline"]] == [(1.1, 7), (1.1, 7)]
     decode = viewer(users).get(f"/api/v1/nodes/{node.pk}/timeline/?hours=0.5&signal=decode").json()
@@ -117,10 +124,11 @@ def test_pages_show_the_signal_the_detector_decides_on(fleet, users):
     write_history(node, start=now - timedelta(seconds=30), count=3, z=0.6, ema=1.03)  # norm rows
     NodeHistory.objects.bulk_create([
         NodeHistory(node=node, signal="decode", at=now - timedelta(seconds=30 - 10 * i), ema=31.0, z=9.25,
-                    samples=300 + i, weight=0.0, state="quarantined", evidence=11.5 + i)
+                    samples=300 + i, weight=0.0, state="quarantined", evidence=11.5 + i, deciding=True)
         for i in range(3)
     ])
     GroupBaseline.objects.create(group=group, signal="decode", at=now, baseline=14.0, spread=0.7, peers=7)
+    decides_on(group, "decode")
     c = viewer(users)
     page = c.get(f"/groups/{group.name}/").content.decode()
     assert "Signal: <strong>decode</strong>" in page
@@ -163,7 +171,9 @@ def test_preview_replays_the_deciding_signal_and_its_recorded_evidence(fleet):
                                                      spread=0.7, peers=7) for at in ats])
     # Decode 1.3x the baseline (Z 2.6), evidence 3 sd: over the Z and materiality lines, under 8.
     NodeHistory.objects.bulk_create([NodeHistory(node=node, signal="decode", at=at, ema=18.2, z=2.6, samples=100,
-                                                 weight=100.0, state="healthy", evidence=3.0) for at in ats])
+                                                 weight=100.0, state="healthy", evidence=3.0, deciding=True)
+                                     for at in ats])
+    decides_on(group, "decode")
     p = preview_thresholds(group, {"degrade_evidence": 2.5}, now=now + timedelta(seconds=1))
     assert p.signal == "decode" and p.to_dict()["signal"] == "decode"
     assert [t.rule for t in p.current if t.node == node.name] == []
