@@ -114,3 +114,18 @@ def test_the_legend_says_what_each_colour_means_with_units():
     assert cell_color(2, t.degrade_z, t) == "#ef8f00" and cell_color(3, 4.0, t) == "#c62828"
     seed = {css: meaning for css, _, meaning in heatmap_legend(Thresholds(baseline_mode="seed"))}
     assert "×" not in seed["z-degrade"]  # seed mode has no materiality line
+
+
+def test_the_orm_read_of_other_databases_gives_the_rows_of_the_postgresql_read(monkeypatch):
+    """The demo's SQLite reads the history through the ORM; PostgreSQL by plain SQL (epoch seconds)."""
+    from types import SimpleNamespace
+
+    from outlier_admin.dashboard import heatmap as module
+
+    _, nodes, _ = write_group(HEALTHY_PREFILL, HEALTHY_DECODE, minutes=2)
+    end = timezone.now() + timedelta(seconds=1)
+    args = ([n.pk for n in nodes], ("decode", "prefill_time"), end - timedelta(minutes=5), end)
+    sql = sorted(module._history(*args))
+    monkeypatch.setattr(module, "connection", SimpleNamespace(vendor="sqlite"))
+    orm = sorted(module._history(*args))
+    assert len(sql) == 8 * 12 * 2 and sql == orm
