@@ -13,6 +13,10 @@ What a state means for traffic is :data:`detector.states.TRAFFIC`; within ``WEIG
 ``FLOOR`` states get ``min_weight_fraction * base``, ``DRAIN`` states 0; an operator's pin overrides
 all of it, up to ``base`` (the weights document's scale: ``outlier_admin.weights_document.pin_range``). When every node would get 0, the least slow node (lowest Z; forced quarantines last) keeps
 its base weight: sending traffic nowhere is never better than sending it to the best node left.
+
+What is *published* (:func:`published`) is those weights rounded to integers, except under the
+``shadow`` policy: the detector decides and records, and every node it judges is published at its base
+weight as HEALTHY (operator-forced states are published as they are: an operator asked for them).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from detector.thresholds import Thresholds
 S = NodeState
 _FLOOR = lookup(s for s, rule in TRAFFIC.items() if rule is Traffic.FLOOR)
 _DRAIN = lookup(s for s, rule in TRAFFIC.items() if rule is Traffic.DRAIN)
+_FORCED = lookup((S.FORCED_QUARANTINE, S.FORCED_ACTIVE))
 
 
 def weights(a: NodeArrays, t: Thresholds, score: np.ndarray) -> np.ndarray:
@@ -67,3 +72,17 @@ def with_fallback(a: NodeArrays, t: Thresholds, score: np.ndarray, norm_mean: np
     w[pick] = a.base[pick]
     return w, (f"every node is unavailable; sending traffic to the least slow node {a.ids[pick]!r} "
                "instead of nowhere")
+
+
+def published(states: np.ndarray, weights: np.ndarray, base: np.ndarray, *, shadow: bool
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What a gateway is told of each node: ``(state codes, weights, base weights)``, the weights and
+    base rounded half to even (as ``round``). ``shadow``: every node not forced by an operator is
+    published HEALTHY at its base weight (see the module docstring). A ``DRAIN`` state publishes 0."""
+    codes = np.asarray(states).astype(np.int64)
+    base = np.rint(np.asarray(base, dtype=np.float64))
+    weights = np.rint(np.asarray(weights, dtype=np.float64))
+    if shadow:
+        judged = ~_FORCED[codes]
+        codes, weights = np.where(judged, int(S.HEALTHY), codes), np.where(judged, base, weights)
+    return codes, np.where(_DRAIN[codes], 0.0, weights), base

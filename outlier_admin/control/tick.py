@@ -82,7 +82,7 @@ import redis
 from django.conf import settings
 
 from detector import GroupDetector, NodeState, ProgressBatch, SampleBatch, Thresholds, Transition
-from detector.states import TRAFFIC, Traffic
+from detector.weights import published
 from outlier_admin import keys
 from outlier_admin.control import degraded, publish
 from outlier_admin.control.redis_conn import (
@@ -353,25 +353,16 @@ def _apply_entries(gd: GroupDetector, entries: list[tuple[bytes, dict]]) -> None
     apply_progress(gd, entries)
 
 
-_FORCED = [int(NodeState.FORCED_QUARANTINE), int(NodeState.FORCED_ACTIVE)]
-_DRAIN = [int(state) for state, rule in TRAFFIC.items() if rule is Traffic.DRAIN]
 _LABELS = {int(state): state.label for state in NodeState}
 
 
 def published_view(ev: Any, group: ModelGroup, nodes_by_name: dict[str, Node]) -> list[dict[str, Any]]:
     """Per node: the weight (int) and state a gateway must apply.
 
-    ``shadow`` policy: the detector's decisions are recorded but every node is published at its base
-    weight as ``healthy`` — except operator-forced states, which an operator asked for explicitly.
-    Computed over the group's arrays at once (weights rounded half to even, as ``round``).
+    The weights and states are :func:`detector.weights.published` (the ``shadow`` policy publishes
+    every node the detector judges at its base weight as ``healthy``), over the group's arrays at once.
     """
-    codes = np.asarray(ev.states).astype(np.int64)
-    base = np.rint(np.asarray(ev.base_weights, dtype=np.float64))
-    weights = np.rint(np.asarray(ev.weights, dtype=np.float64))
-    if group.policy == Policy.SHADOW:
-        judged = ~np.isin(codes, _FORCED)
-        codes, weights = np.where(judged, int(NodeState.HEALTHY), codes), np.where(judged, base, weights)
-    weights = np.where(np.isin(codes, _DRAIN), 0.0, weights)
+    codes, weights, base = published(ev.states, ev.weights, ev.base_weights, shadow=group.policy == Policy.SHADOW)
     if not (np.isfinite(weights).all() and np.isfinite(base).all()):
         raise ValueError(f"group {group.name}: a weight is not finite")
     w, b = weights.astype(np.int64).tolist(), base.astype(np.int64).tolist()
