@@ -66,7 +66,8 @@ def test_group_page_shows_the_stored_detector_baseline(fleet, users):
     store_baseline(group, [fleet["now"] - timedelta(seconds=20)], 1.234, spread=0.061, peers=7)
     store_baseline(group, [fleet["now"] - timedelta(seconds=10)], 1.042, spread=0.052, peers=6)
     html = c.get(f"/groups/{group.name}/").content.decode()
-    assert "1.042 ± 0.052 over 6 peers" in html and "1.234" not in html
+    # In the unit of the signal's EMA (the fleet's norm: x the cost model's expectation).
+    assert "1.042 ± 0.052 x expected (median ± robust spread σ) over 6 peers" in html and "1.234" not in html
 
 
 def test_node_chart_draws_stored_baseline_and_degrade_bound(fleet, users):

@@ -31,7 +31,8 @@ def test_pages_render_for_viewer(fleet, users):
     group = c.get(f"/groups/{g}/").content.decode()
     assert group.count('class="row-') == 8 and "✖ quarantined" in group and "4.20" in group
     # Persistence as the detector applies it: seconds held in robust mode (not a sample count).
-    assert "quarantine Z</dt><dd>3.5 held 1.0 s</dd>" in group
+    assert "quarantine Z</dt><dd>3.5 σ and at least 1.5× the peers' baseline, held 1.0 s</dd>" in group
+    assert "degrade Z</dt><dd>2.0 σ and at least 1.15× the peers' baseline</dd>" in group
     node = c.get(f"/nodes/{n0.pk}/").content.decode()
     # State bands (one shaded span per run of a state), not a marker per transition.
     assert node.count("<svg") == 5 and 'class="threshold"' in node and 'class="band"' in node
