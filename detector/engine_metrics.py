@@ -334,11 +334,6 @@ def _has_label(labels: str, selector: str) -> bool:
     return False
 
 
-def _sample_total(text: str, name: str) -> float | None:
-    """The sum over label sets of the samples named exactly ``name`` (at a line start), or ``None``."""
-    return _total(_samples(text), name)
-
-
 def parse(text: str) -> EngineCounters | None:
     """The :class:`EngineCounters` of one ``/metrics`` page; ``None`` when no engine of
     :data:`ENGINES` wrote it (vLLM and SGLang: no inter-token histogram). Raises ``ValueError`` on a

@@ -97,12 +97,6 @@ class EwmaArrays:
         self.sq[mask] = 0.0
         self.count[mask] = 0
 
-    def seed_from(self, mask: np.ndarray, mean: np.ndarray, var: np.ndarray, count: int) -> None:
-        """Start the nodes in ``mask`` from a given mean/variance (e.g. after warm-up)."""
-        self.mean[mask] = mean
-        self.sq[mask] = var + mean**2
-        self.count[mask] = count
-
     def append(self, k: int) -> None:
         self.mean = np.concatenate([self.mean, np.zeros(k)])
         self.sq = np.concatenate([self.sq, np.zeros(k)])

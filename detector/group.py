@@ -36,7 +36,6 @@ import numpy as np
 from detector import ejection, evaluation, explain, inflight, snapshot
 from detector import weights as weighing
 from detector.baseline import robust_sd
-from detector.costmodel import CostModel
 from detector.detectors import zscore
 from detector.detectors.cross_p50 import CrossP50Detector
 from detector.detectors.errors import ErrorDetector
@@ -130,11 +129,6 @@ class GroupDetector(NodeActions):
     @property
     def window(self) -> SlidingWindows:
         return self.tail.window
-
-    @property
-    def cost_model(self) -> CostModel | None:
-        """The fitted total-latency model (coefficients: ms/prompt token, ms/output token, ms)."""
-        return self.signals.fit_norm
 
     def __len__(self) -> int:
         return len(self.a)

@@ -174,11 +174,6 @@ class NodeArrays:
         except KeyError:
             raise KeyError(f"unknown node {node!r} in this group") from None
 
-    def positions(self, names: np.ndarray) -> np.ndarray:
-        """Index of each name, -1 for names not in the group (one dict lookup per row)."""
-        get = self.index.get
-        return np.fromiter((get(n, -1) for n in names), dtype=np.int64, count=len(names))
-
     def append(self, node: str) -> int:
         """Add a node with every column at its initial value; returns its index."""
         if node in self.index:

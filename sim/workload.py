@@ -66,11 +66,6 @@ def _lognormal_tokens(rng: np.random.Generator, d: TokenDist, n: int) -> np.ndar
     return np.clip(x, 1, d.max).astype(np.int64)
 
 
-def _mean_multiplier(profile: tuple[tuple[float, float], ...], duration: float) -> float:
-    s_end = warp_inverse(duration, profile)
-    return s_end / duration
-
-
 def warp_inverse(t: float, profile: tuple[tuple[float, float], ...]) -> float:
     """``Λ(t)``: unit-rate time elapsed by real time ``t``."""
     s = 0.0

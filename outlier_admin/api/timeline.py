@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from django.db import connection
 
-from outlier_admin.control.models import GroupBaseline, NodeHistory, Transition
+from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.fleet.models import Node
 
 MAX_POINTS = 2000
@@ -228,11 +228,6 @@ def group_baseline(
             float(np.mean(spread)) if spread else None, min(int(r[3]) for r in chunk),
         ))
     return out
-
-
-def node_transitions(node: Node, start: datetime, end: datetime) -> list[Transition]:
-    """Transitions of ``node`` in ``[start, end)``, oldest first (chart markers)."""
-    return list(Transition.objects.filter(node=node, at__gte=start, at__lt=end).order_by("at"))
 
 
 class RangeError(ValueError):

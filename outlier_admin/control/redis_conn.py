@@ -171,9 +171,6 @@ class GroupLock:
         """Whether the lock key's ``value`` is this holder's token."""
         return self.held and value is not None and value.decode() == self.token
 
-    def still_held(self) -> bool:
-        return self.is_current(self.client.get(self.key))
-
     def extend(self, ttl_ms: int | None = None) -> bool:
         """Reset the lease to ``ttl_ms`` (default: the lock's ttl) if we still hold it."""
         with self.client.pipeline(transaction=True) as pipe:

@@ -252,12 +252,6 @@ def _is_times(token: str) -> bool:
     return bool(parts) and all(_NUMBER.match(part) or part == "-" for part in parts) and token != "-"
 
 
-def combined_fields(line: str) -> dict[str, Any] | None:
-    """The fields of a ``combined`` line with its optional suffix (see module docstring), or None.
-    Lists (retries, upstream groups) are Python lists; ``extra`` holds the ``key=value`` fields."""
-    return _combined(_split(line))
-
-
 def _combined(split: tuple[dict[str, Any], str] | None) -> dict[str, Any] | None:
     if split is None:
         return None
