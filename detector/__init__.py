@@ -19,13 +19,15 @@ Modules, one concept each (read in this order):
 - :mod:`detector.window` — per-node sliding windows and percentiles
 - :mod:`detector.baseline` — peer baseline and Z-score (seed and robust)
 - :mod:`detector.evidence` — per-node CUSUM of excess over the materiality line (gates a weight cut)
-- :mod:`detector.detectors` — independent detectors behind one verdict interface: ``zscore`` (and
-  the deciding signal), ``tail``, ``cross_p50``, ``errors``
+- :mod:`detector.detectors` — independent detectors behind one interface (``Detector``: the columns it
+  owns, its verdicts): ``zscore`` (and the deciding signal), ``tail``, ``cross_p50``, ``errors``
 - :mod:`detector.ejection` — the one ejection layer above them: persistence, cause priority, dry run,
   the safeguard cap, soft degrade with flap damping, restore, probes
 - :mod:`detector.moves` — every state edge taken, checked and recorded
-- :mod:`detector.weights` — from states to weights
-- :mod:`detector.explain` — the evaluation and the explanation of every transition
+- :mod:`detector.evaluation` — the one evaluation sequence, which a tick and the threshold preview
+  both run
+- :mod:`detector.weights` — from states to weights, and what is published (the shadow policy's too)
+- :mod:`detector.explain` — the outcome of a tick and the explanation of every transition
 - :mod:`detector.operator` — canary probes and operator actions on single nodes
 - :mod:`detector.snapshot` — the exact snapshot of a group detector
 - :mod:`detector.group` — :class:`GroupDetector`, which composes the above
