@@ -59,7 +59,7 @@ from sim.traces import healthy_vm_offsets, splitwise_decode_curve, vm_noise_spre
 from sim.vllm import NodeEngine, NodeSettings, scrape_page
 from sim.workload import Requests
 
-EV_RETRY, EV_COMPLETE, EV_TICK, EV_EDGE, EV_JOIN, EV_NODE, EV_STALL = 0, 1, 2, 3, 4, 5, 6
+EV_RETRY, EV_COMPLETE, EV_TICK, EV_EDGE, EV_JOIN, EV_NODE, EV_STALL, EV_OBSERVE = 0, 1, 2, 3, 4, 5, 6, 7
 KV_SWAP_TOKENS_PER_SLOT = 2048  # kv_swap on the step engine: capacity = threshold * slots * this
 KIND_CLIENT, KIND_PROBE = 0, 1
 STATUS_OK, STATUS_TIMEOUT = 200, 0
@@ -131,8 +131,12 @@ class StateLog:
 
     changes: dict[tuple[int, int], list[tuple[float, float, bool]]] = field(default_factory=dict)
     series: dict[tuple[int, int], list[tuple[float, float, float]]] = field(default_factory=dict)
-    # Streamed progress of tracked (faulty) nodes per tick: ``(t, tokens, inter-token seconds)``.
-    progress: dict[tuple[int, int], list[tuple[float, float, float]]] = field(default_factory=dict)
+    # Every step-engine node's streamed progress per scrape period, in scenarios with a faulty node,
+    # whatever the policy reads (the report's oracle bound, :func:`sim.report.bound_samples`): per group
+    # ``(t, tokens, inter-token seconds, running, prompt tokens, kv usage)``, each a list over the
+    # group's nodes in order (what a scrape of their /metrics shows).
+    rows: dict[int, list[tuple[float, list[float], list[float], list[float], list[float], list[float]]]] = \
+        field(default_factory=dict)
 
 
 class GroupContext:
@@ -280,6 +284,7 @@ class Simulation:
         self.probe_tokens: dict[int, tuple[int, int]] = {}  # probes of another size than the scenario's
         self.eng: list[NodeEngine | None] = [self._make_engine(n, pre) for n in range(n_all)]
         self.prog_prev = [(0, 0.0)] * n_all  # per engine node: (itl_count, itl_sum_s) at the last tick
+        self.obs_prev = [(0, 0.0, 0)] * n_all  # the same and prompt tokens at the last observation
         # Client requests.
         req = pre.requests
         n_req = len(req)
@@ -690,15 +695,30 @@ class Simulation:
             self.prog_tok[n] += tokens
         tokens = self.prog_tok[lo:hi]
         token_ms = [x * 1000.0 for x in self.prog_s[lo:hi]]
-        for g, local in self.tracked:
-            if g == gi:
-                self.log.progress.setdefault((gi, local), []).append((now, tokens[local], self.prog_s[lo + local]))
         self.prog_tok[lo:hi] = [0.0] * (hi - lo)
         self.prog_s[lo:hi] = [0.0] * (hi - lo)
         if self.eng[lo] is not None and getattr(pol, "reads_metrics", False):
             pol.on_scrape(now, self.scrape(gi, now))
         else:
             pol.on_progress(now, pol.tick_s or 0.0, tokens, token_ms)
+
+    def observe(self, now: float) -> None:
+        """Log every step-engine node's inter-token counters since the last observation
+        (:attr:`StateLog.rows`). Accounting the finished steps changes no timing."""
+        for gi, g in enumerate(self.scn.groups):
+            lo = self.offset[gi]
+            row = [[0.0] * g.nodes for _ in range(5)]
+            for local in range(g.nodes):
+                eng = self.eng[lo + local]
+                if eng is None:
+                    continue
+                eng.progress_to(now)
+                m = eng.m
+                c0, s0, p0 = self.obs_prev[lo + local]
+                row[0][local], row[1][local] = m.itl.total - c0, m.itl.sum - s0
+                row[2][local], row[3][local], row[4][local] = m.running, m.prompt_tokens - p0, m.kv_usage
+                self.obs_prev[lo + local] = (m.itl.total, m.itl.sum, m.prompt_tokens)
+            self.log.rows.setdefault(gi, []).append((now, *row))
 
     def scrape(self, gi: int, now: float) -> list[tuple[int, Any]]:
         """``GET /metrics`` of every live node of group ``gi`` on the step engine: the page is rendered
@@ -741,6 +761,9 @@ class Simulation:
             if pol.tick_s:
                 self.push(pol.tick_s * (0.5 + phase), EV_TICK, gi)
         self.streaming = scn.streams and any(p.wants_progress and p.tick_s for p in self.policies)
+        self.observe_s = scn.scrape_s or scn.tick_s
+        if scn.faulty and any(e is not None for e in self.eng):
+            self.push(self.observe_s * (0.5 + phase), EV_OBSERVE)
         for fi, f in enumerate(scn.faults):
             if f.kind == "warmup":
                 if f.start_s > 0:
@@ -808,6 +831,10 @@ class Simulation:
                 elif kind == EV_NODE:
                     self.now = t
                     self.eng[a].phase_end(t, b)
+                elif kind == EV_OBSERVE:
+                    self.observe(t)
+                    if t + self.observe_s <= end_all:
+                        self.push(t + self.observe_s, EV_OBSERVE)
                 elif kind == EV_STALL:
                     self.stall_event(a, t)
                 elif kind == EV_TICK:

@@ -18,7 +18,7 @@ import numpy as np
 from sim.engine import Precomputed, Simulation
 from sim.policies import ALL_POLICIES, KNOWN_POLICIES, policy_factory
 from sim.report import (
-    add_floor_ratios,
+    add_bounds,
     cusum_bounds,
     false_alarm_budget,
     own_run_budget,
@@ -44,7 +44,7 @@ def run_scenario(scn: Scenario, policies: Sequence[str] = ALL_POLICIES, *,
 
     The requests, node speeds and per-request noise are drawn once and shared by every policy.
     With ``keep_sims`` the :class:`Simulation` objects are returned under ``"_sims"`` (for plots).
-    Each policy's floors are tuned to its false-alarm budget: ``budgets[policy]`` (from the healthy
+    Each policy's oracle bound is calibrated to its false-alarm rate: ``budgets[policy]`` (from the healthy
     runs of a suite, :func:`healthy_budgets`), else the one its own run measured on its healthy nodes.
     """
     for p in policies:
@@ -89,7 +89,7 @@ def run_scenario(scn: Scenario, policies: Sequence[str] = ALL_POLICIES, *,
     for name in policies:
         block = report["policies"][name]
         budget = (budgets or {}).get(name) or own_run_budget(block)
-        add_floor_ratios(scn, sims[name], block, report["cusum_bound"], budget)
+        add_bounds(scn, sims[name], name, block, budget, unreacted=rr)
     report["speed"] = {"wall_s": {k: round(v, 2) for k, v in timing.items()},
                        "realtime_factor": {k: round(scn.duration_s / v, 1) for k, v in timing.items() if v > 0},
                        "total_wall_s": round(time.perf_counter() - t0, 2)}
@@ -125,7 +125,7 @@ def run_seeds(scn: Scenario, policies: Sequence[str] = ALL_POLICIES, seeds: int 
               progress: Progress | None = None, options: dict[str, Any] | None = None,
               keep_sims: bool = False, budgets: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """:func:`run_scenario` over ``seeds`` seeds, merged (module docstring). ``seeds == 1`` is one run.
-    Without ``budgets`` each run's floors use that run's own false-alarm budget (kept per run); the
+    Without ``budgets`` each run's bounds use that run's own false-alarm budget (kept per run); the
     merged ``floor_budget`` then pools every run's false cuts and healthy node-hours."""
     reports = [run_scenario(scn.with_seed(scn.seed + i), policies, progress=progress, options=options,
                             keep_sims=keep_sims and i == 0, budgets=budgets) for i in range(seeds)]
@@ -137,6 +137,8 @@ def run_seeds(scn: Scenario, policies: Sequence[str] = ALL_POLICIES, seeds: int 
         blocks = [r["policies"][name] for r in reports]
         merged = _merge(blocks)
         merged["faults"] = [_merge([b["faults"][i] for b in blocks]) for i in range(len(blocks[0]["faults"]))]
+        for i, f in enumerate(merged["faults"]):
+            f["bound_violated"] = sum(bool(b["faults"][i].get("bound_violated")) for b in blocks)
         merged["runs"] = [{k: v for k, v in b.items() if k != "timeline"} for b in blocks]
         if not (budgets or {}).get(name):
             merged["floor_budget"] = false_alarm_budget(
@@ -162,4 +164,32 @@ def healthy_budgets(reports: Sequence[dict[str, Any]], policies: Sequence[str]) 
         if runs:
             out[p] = false_alarm_budget(sum(x.get("false_degrades", 0) for x in runs),
                                         sum(x.get("healthy_node_hours", 0.0) for x in runs), f"healthy runs: {names}")
+    return out
+
+
+#: Minder (NSDI '25), faulty-machine detection in production training clusters: its published
+#: precision and F1, the reference the suite's precision and recall are printed next to.
+MINDER = {"precision": 0.904, "f1": 0.893}
+
+
+def precision_recall(reports: Sequence[dict[str, Any]], policies: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per policy, over every run (every seed) of every scenario in ``reports``: cut events on a
+    faulty node at or after its onset are true positives, every other cut event a false positive
+    (``report.cut_counts``); a faulty node never cut in a run is a false negative. ``precision =
+    TP / (TP + FP)`` over cut events, ``recall`` = faulty nodes cut / faulty nodes, ``f1`` their
+    harmonic mean; ``null`` where a denominator is 0."""
+    out: dict[str, dict[str, Any]] = {}
+    for p in policies:
+        runs = [run for r in reports if p in r["policies"] for run in r["policies"][p].get("runs", [r["policies"][p]])]
+        tp = sum(x["cuts"]["true"] for x in runs if "cuts" in x)
+        fp = sum(x["cuts"]["false"] for x in runs if "cuts" in x)
+        faulty = sum(x["cuts"]["faulty_nodes"] for x in runs if "cuts" in x)
+        found = sum(x["cuts"]["faulty_nodes_cut"] for x in runs if "cuts" in x)
+        prec = tp / (tp + fp) if tp + fp else None
+        rec = found / faulty if faulty else None
+        f1 = 2 * prec * rec / (prec + rec) if prec is not None and rec is not None and prec + rec > 0 else None
+        out[p] = {"true_cuts": tp, "false_cuts": fp, "faulty_nodes": faulty, "faulty_nodes_cut": found,
+                  "false_negatives": faulty - found, "precision": None if prec is None else round(prec, 4),
+                  "recall": None if rec is None else round(rec, 4), "f1": None if f1 is None else round(f1, 4),
+                  "runs": len(runs)}
     return out

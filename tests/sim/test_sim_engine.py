@@ -207,18 +207,40 @@ def test_a_gateway_without_ttft_gives_the_detector_total_latency_only():
     assert ev.decision_signal == "decode" and np.isfinite(ev.ema["decode"]).all()
 
 
-def test_floor_of_a_noise_free_fleet_is_its_first_slowed_record():
+def test_oracle_bound_of_a_noise_free_fleet_is_its_first_slowed_record():
     d = tiny(duration_s=60, faults=[{"group": "g", "node": 0, "kind": "thermal_throttle", "slowdown": 3, "start_s": 30}])
     d["groups"][0]["nodes"] = 4
     d["workload"][0]["rate_rps"] = 10
     d["expect"] = {"faulty": [{"group": "g", "node": 0}]}
-    report = run_scenario(parse_scenario(d), ["round_robin"], keep_sims=True)
-    a = report["_sims"]["round_robin"].attempts()
+    report = run_scenario(parse_scenario(d), ["round_robin", "seed_zscore"], keep_sims=True)
+    a = report["_sims"]["seed_zscore"].attempts()
     mine = (a["node"] == 0) & (a["end"] >= 30)
-    # The first record of node 0 to end after the onset was running at it: stretched, so slower.
+    # The first record of node 0 to end after the onset was running at it: stretched, so slower, and
+    # without noise one such record proves the change.
     first = float(np.min(a["end"][mine]))
-    assert report["cusum_bound"][0]["pre_sd"] == 0.0
-    assert report["cusum_bound"][0]["observable_delay_s"] == pytest.approx(first - 30, abs=1e-3)
+    f = report["policies"]["seed_zscore"]["faults"][0]
+    assert f["bound_basis"]["streams"] == ["t_norm"]
+    assert f["bound_s"] == pytest.approx(first - 30, abs=1e-3)
+    # (the seed's population Z never reaches 2 among 4 nodes: sqrt(3), Samuelson; no cut, no ratio)
+    assert f["first_degrade_s"] is None and "delay_vs_bound" not in f
+    assert report["policies"]["round_robin"]["faults"][0]["bound_note"].startswith("the policy reads no")
+
+
+def test_equal_load_itl_takes_out_the_batch_not_the_fault():
+    from sim.report import equal_load_itl
+
+    rng = np.random.default_rng(1)
+    running = rng.integers(4, 60, size=(400, 6)).astype(float)
+    prompt = rng.uniform(0, 2000, size=(400, 6))
+    kv = rng.uniform(0.1, 0.6, size=(400, 6))
+    tok = np.full((400, 6), 100.0)
+    load = 0.01 * running + 0.00005 * prompt / tok * running + 0.2 * kv
+    per_token = 0.012 * np.exp(load) * np.where(np.arange(6) == 0, 2.0, 1.0)
+    healthy = np.arange(6) != 0
+    v = equal_load_itl(tok, per_token * tok, running, prompt, kv, healthy)
+    assert np.abs(v[:, 1:]).max() < 0.02  # a busier healthy node is not slower at its load
+    assert np.allclose(v[:, 0], np.log(2.0), atol=0.02)  # a 2x slower one is 2x at any load
+    assert np.isnan(equal_load_itl(np.zeros((400, 6)), per_token, running, prompt, kv, healthy)).all()
 
 
 class StreamRecorder:
@@ -279,21 +301,6 @@ def test_streamed_progress_counts_every_token_at_its_current_rate():
     # The tick that straddles the onset (10.0 -> 10.2) holds both rates, each for its share of the time.
     straddle = next((tok[0], ms[0]) for now, tok, ms in rows if 10.1 < now < 10.3)
     assert 11.0 < straddle[1] / straddle[0] < 19.0
-
-
-def test_stream_floor_is_the_first_tick_that_proves_the_shift():
-    from sim.report import stream_floor
-
-    rng = np.random.default_rng(3)
-    t = np.round(np.arange(1, 601) * 0.2, 6)  # 120 s of 200 ms ticks, onset at 60 s
-    per_token = 0.014 * np.exp(0.02 * rng.standard_normal(len(t)))
-    slow = per_token * np.where(t > 60.0, 2.0, 1.0)
-    ticks = [(ti, 100.0, 100.0 * p) for ti, p in zip(t, slow, strict=True)]
-    assert stream_floor(ticks, 60.0, None) == pytest.approx(0.2)  # a 35-sd step: one tick proves it
-    small = per_token * np.where(t > 60.0, 1.01, 1.0)  # half an sd: many ticks
-    assert stream_floor([(ti, 100.0, 100.0 * p) for ti, p in zip(t, small, strict=True)], 60.0, None) > 2.0
-    flat = [(ti, 100.0, 100.0 * p) for ti, p in zip(t, per_token, strict=True)]
-    assert stream_floor(flat, 60.0, None) is None  # no shift, no floor
 
 
 # -- fast mode: the step engine replayed (sim/fastmode.py) ------------------------------------
