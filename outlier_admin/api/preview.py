@@ -1,7 +1,9 @@
 """Threshold preview: which transitions new thresholds would have produced over recorded history.
 
-Replays the stored per-node history (the signal the detector decides on — ``decode`` once the gateway
-logs TTFT, else ``norm`` —: EMA, Z, evidence, recorded state; P50/P99 of the tail window) of a group
+Replays the stored per-node history (of the group's deciding signal as the tick stored it — ``decode``
+once the gateway logs TTFT or the servers stream, ``prefill_time`` from their prefill histograms alone,
+else ``norm`` —, with the other queue-free signal's rows: EMA, Z, evidence, recorded state; P50/P99 of
+the tail window) of a group
 against two :class:`detector.Thresholds` — the current ones and the proposed ones — and returns the
 simulated transitions of each, so an operator sees what a change *would have done* before saving it.
 
@@ -295,7 +297,7 @@ _PAD = "\x00pad"  # nodes of the group without history rows: they count toward t
 
 def replay(
     rows: list[Row], t: Thresholds, node_count: int, baselines: dict[datetime, float] | None = None, *,
-    queue_laden: bool = False, also: dict[str, tuple[list[Row], dict[datetime, float]]] | None = None,
+    signal: str = "decode", also: dict[str, tuple[list[Row], dict[datetime, float]]] | None = None,
 ) -> list[SimTransition]:
     """Simulated transitions of ``rows`` (sorted by ``at``) under thresholds ``t``, decided by the
     detector's own ejection layer (:mod:`detector.ejection`): the recorded figures of each history
@@ -308,7 +310,8 @@ def replay(
 
     ``node_count`` sizes the safeguard (the group's nodes, not only those with history);
     ``baselines``: the detector's stored baseline per timestamp (missing: median-EMA estimate);
-    ``queue_laden``: the rows are of ``norm`` in a group without TTFT; ``also``: the other queue-free
+    ``signal``: the rows' signal, the group's deciding one as the tick stored it (``norm`` in a group
+    without a queue-free signal: its latency includes the queue); ``also``: the other queue-free
     signals' rows and stored baselines (``prefill_time`` next to ``decode``): the replay judges each
     node on the larger Z, as the detector does."""
     from detector.detectors import zscore
@@ -331,7 +334,7 @@ def replay(
     a = NodeArrays(names + [f"{_PAD}{k}" for k in range(max(node_count - len(names), 0))])
     a.state[:] = NodeState.HEALTHY
     seen: set[str] = set()
-    k = SIGNALS.index("norm" if queue_laden else "decode")
+    k = SIGNALS.index(signal)
     out: list[SimTransition] = []
     for at in sorted(by_at):
         now = at.timestamp()
@@ -492,12 +495,12 @@ def _replay_window(group: ModelGroup, current: Thresholds, proposed: Thresholds,
     baselines = stored_baselines(group, start, end, signal)
     also = {other: (history_rows(group, start, end, other, max_rows=budget, tail=tail),
                     stored_baselines(group, start, end, other)) for other in others}
-    now_replay = replay(rows, current, n, baselines, queue_laden=signal == "norm", also=also)
+    now_replay = replay(rows, current, n, baselines, signal=signal, also=also)
     recorded = list(Transition.objects.filter(
         group=group, at__gte=start, at__lt=end, shadow=False, reason__in=REPLAYED_REASONS,
         to_state__in=REPLAYED_STATES).values_list("node__name", "to_state")[:10_000])
     return Preview(
         rows=len(rows), nodes=len({r[1] for r in rows}), start=start, end=end, current=now_replay,
-        proposed=replay(rows, proposed, n, baselines, queue_laden=signal == "norm", also=also), signal=signal,
+        proposed=replay(rows, proposed, n, baselines, signal=signal, also=also), signal=signal,
         fidelity=fidelity(recorded, now_replay, {r[1] for r in rows}),
     )

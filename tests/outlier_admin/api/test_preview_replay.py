@@ -29,7 +29,7 @@ def test_without_ttft_quarantine_waits_for_the_drained_rows():
     t = Thresholds(queue_drain_s=10.0)
     baselines = {T0 + timedelta(seconds=i): 1.0 for i in range(40)}
     with_ttft = replay(rows(40), t, node_count=10, baselines=baselines)
-    without = replay(rows(40), t, node_count=10, baselines=baselines, queue_laden=True)
+    without = replay(rows(40), t, node_count=10, baselines=baselines, signal="norm")
     # Both cut the node at once; with TTFT it is quarantined once it has held the line for
     # quarantine_persistence_s (1 s) over 3 evaluations (the third row), without TTFT the same from
     # 10 s after the cut.
@@ -39,7 +39,7 @@ def test_without_ttft_quarantine_waits_for_the_drained_rows():
     # Persistence as a count (quarantine_persistence_s = 0): the 10th row over the line.
     count = t.replace(quarantine_persistence_s=0.0)
     assert quarantined_at(replay(rows(40), count, node_count=10, baselines=baselines)) == 9.0
-    assert quarantined_at(replay(rows(40), count, node_count=10, baselines=baselines, queue_laden=True)) == 19.0
+    assert quarantined_at(replay(rows(40), count, node_count=10, baselines=baselines, signal="norm")) == 19.0
 
 
 def test_the_replay_holds_persistence_in_seconds_as_a_tick_does():
@@ -95,3 +95,14 @@ def test_a_node_the_safeguard_holds_is_told_by_the_moves_flag_not_its_text():
         ("slow", "quarantined", "tail_ratio", 2.0)]
     held = replay(rows, t, node_count=3, baselines=ones)
     assert [(x.node, x.to_state, x.rule) for x in held] == [("slow", "degraded", "safeguard_blocked")]
+
+
+def test_a_group_deciding_on_prefill_time_is_replayed_on_it():
+    """A group whose only queue-free signal is the servers' prefill time: its rows are replayed as
+    prefill time, which cuts a slow node but never quarantines it (detector.detectors.zscore), not as
+    decode, which would."""
+    t = Thresholds()
+    baselines = {T0 + timedelta(seconds=i): 1.0 for i in range(40)}
+    as_prefill = replay(rows(40), t, node_count=10, baselines=baselines, signal="prefill_time")
+    assert [(x.node, x.to_state) for x in as_prefill] == [("slow", "degraded")]
+    assert quarantined_at(replay(rows(40), t, node_count=10, baselines=baselines, signal="decode")) == 2.0
