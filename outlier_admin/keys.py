@@ -42,10 +42,14 @@ def group_of(key: str | bytes) -> str | None:
     return None
 
 
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally by a Redis glob (``SCAN MATCH``)."""
+    return "".join("\\" + c if c in "*?[]{}\\" else c for c in text)
+
+
 def group_pattern(group: str) -> str:
-    """A ``SCAN MATCH`` pattern for every per-group key of ``group`` (glob characters escaped)."""
-    escaped = "".join("\\" + c if c in "*?[]\\" else c for c in group)
-    return f"{PREFIX}\\{{{escaped}\\}}:*"
+    """A ``SCAN MATCH`` pattern for every per-group key of ``group``."""
+    return f"{PREFIX}{_glob_escape('{' + group + '}')}:*"
 
 
 # --- per group: the tick's and the ingest's keys ------------------------------------------------------------
@@ -155,6 +159,21 @@ def legacy_weights(group: str) -> str:
 def legacy_weights_prefix() -> str:
     """``outlier:weights:``: the agent's ``--key-prefix`` default (the legacy key is prefix + group)."""
     return _LEGACY_WEIGHTS_PREFIX
+
+
+def pre_cluster_names(group: str) -> dict[str, str]:
+    """``{current name: name before the hash-tagged layout}`` of the group's lasting keys (stream with its
+    consumer group, state, marks, probes, config snapshot, outbox, degraded mark, scrape counters): read
+    only by ``manage.py migrate_redis_keys``, which renames them once at the upgrade."""
+    return {new(group): f"{PREFIX}{old}:{group}" for new, old in (
+        (stream, "stream"), (state, "state"), (inputs, "inputs"), (probes, "probes"),
+        (config_snapshot, "config"), (outbox, "outbox"), (degraded, "degraded"), (itl, "itl"))}
+
+
+def pre_cluster_dedup_pattern(group: str) -> str:
+    """``SCAN MATCH`` pattern of the group's de-duplication sets before the hash-tagged layout
+    (``outlier:dedup:<group>:<window>``); the window is the part after the last ``:``."""
+    return f"{PREFIX}dedup:{_glob_escape(group)}:*"
 
 
 def applied(group: str) -> str:
