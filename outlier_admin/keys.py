@@ -121,11 +121,6 @@ def itl(group: str) -> str:
     return f"{group_tag(group)}itl"
 
 
-def replica_ack(group: str) -> str:
-    """Written just before a ``WAIT`` for the group's writes (on its primary); read by nobody."""
-    return f"{group_tag(group)}replica-ack"
-
-
 # --- per group: the gateway contract ---------------------------------------------------------------------
 
 
@@ -190,9 +185,10 @@ TICK_LAST = f"{PREFIX}tick:last"
 TICKERS = f"{PREFIX}tickers"
 #: Hash ticker id -> the groups it owns (for operators and tests), written by each ticker.
 TICKER_GROUPS = f"{PREFIX}tickers:groups"
-#: Set of the group names a degraded tick may tick (``control.degraded``), written while SQL is up.
+#: Set of the group names a degraded tick may tick (``control.degraded``), written while SQL is up; on a
+#: single Redis only (on a cluster ``degraded.known_groups`` scans the snapshots instead).
 GROUPS = f"{PREFIX}groups"
-#: Written before a ``WAIT`` on a single Redis or Sentinel (no group at hand); read by nobody.
+#: Written before a ``WAIT`` (``control.redis_conn.replicas_acked``; single Redis or Sentinel); read by nobody.
 REPLICA_ACK = f"{PREFIX}replica-ack"
 
 #: List of alert deliveries Alertmanager refused, retried by the event scan (``observability.alerts``).

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from outlier_admin import keys
+from tests.harness.redis_cluster import slot_of
 
 ROOT = Path(__file__).resolve().parents[2]
 SKIP_DIRS = {".venv", ".git", "node_modules", "build", "dist", "__pycache__", "staticfiles"}
@@ -80,42 +81,26 @@ def test_no_source_but_keys_py_spells_an_outlier_key():
     assert offenders == [], "name Redis keys in outlier_admin/keys.py and import them:\n" + "\n".join(offenders)
 
 
-def _slot(key: str) -> int:
-    """Redis Cluster's hash slot of ``key`` (CRC16/XMODEM of the hash tag, mod 16384)."""
-    start = key.find("{")
-    if start >= 0:
-        end = key.find("}", start + 1)
-        if end > start + 1:
-            key = key[start + 1:end]
-    crc = 0
-    for byte in key.encode():
-        crc ^= byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
-            crc &= 0xFFFF
-    return crc % 16384
-
-
 def test_slot_function_matches_redis_reference_values():
     # From the Redis Cluster specification: CRC16("123456789") = 0x31C3; 0x31C3 % 16384 = 12739.
-    assert _slot("123456789") == 12739
-    assert _slot("{user1000}.following") == _slot("{user1000}.followers") == _slot("user1000")
+    assert slot_of("123456789") == 12739
+    assert slot_of("{user1000}.following") == slot_of("{user1000}.followers") == slot_of("user1000")
 
 
 @pytest.mark.parametrize("group", ["llama-70b", "a100.pool@eu/1", "g"])
-def test_everything_a_tick_or_an_ingest_touches_for_a_group_shares_its_slot(group):
+def test_everything_a_tick_or_an_ingest_touches_for_a_group_shares_itsslot_of(group):
     per_group = [keys.stream(group), keys.state(group), keys.inputs(group), keys.tick_lock(group),
                  keys.tick_queued(group), keys.dedup(group, 7), keys.dedup(group, 6), keys.probes(group),
                  keys.probe_inflight(group, "127.0.0.1:8000"), keys.config_snapshot(group), keys.outbox(group),
-                 keys.degraded(group), keys.itl(group), keys.replica_ack(group), keys.weights(group),
+                 keys.degraded(group), keys.itl(group), keys.weights(group),
                  keys.weights_channel(group)]
-    assert {_slot(k) for k in per_group} == {_slot(group)}
+    assert {slot_of(k) for k in per_group} == {slot_of(group)}
     assert all(keys.group_of(k) == group for k in per_group)
     assert len(set(per_group)) == len(per_group)
 
 
 def test_two_groups_are_two_slots_and_fleet_wide_keys_belong_to_no_group():
-    assert _slot(keys.stream("g1")) != _slot(keys.stream("g2"))
+    assert slot_of(keys.stream("g1")) != slot_of(keys.stream("g2"))
     for key in (keys.TICK_LAST, keys.TICKERS, keys.TICKER_GROUPS, keys.GROUPS, keys.ALERTS_ACTIVE, keys.obs("lock"),
                 keys.SCRAPER_ALIVE, keys.DEMO_LEASE, keys.LEGACY_WEIGHTS_CHANNEL):
         assert keys.group_of(key) is None, key
