@@ -308,33 +308,54 @@ def bench_ingest(seconds: float = 20.0, batch: int = 5000, nodes: int = 100, pos
     return out
 
 
-class _FleetPages:
-    """Model-server ``/metrics`` of simulated nodes: ``streams`` requests decoding at ``token_s`` per
-    token each, counters advanced by the wall clock at every scrape (the inter-token histogram's
-    ``_sum`` grows by ``streams x dt``, its ``_count`` by ``streams x dt / token_s``). ``slow[path]``
-    multiplies a node's token time (the fault)."""
+class _EnginePages:
+    """Model-server ``/metrics`` of simulated nodes as the simulator's vLLM V1 step engines render
+    them (:mod:`sim.vllm`, :meth:`sim.metrics.EngineMetrics.render`): ``groups`` groups of ``nodes``
+    h100 tp8 engines serving the Azure LLM 2023 conversation trace at ``rate_per_node`` requests/s
+    per node (round robin), one :class:`sim.engine.Simulation` advanced to the wall clock at every
+    scrape. A fault is the scenario's ``thermal_throttle`` of node 3 of group ``k`` from
+    ``onsets_s[k]`` on (output tokens/s at equal load divided by ``slow``, ``scenarios/SCHEMA.md``):
+    it starts at its instant, mid-interval, requests already running slow from there, and the batch,
+    the prompt mix and the step jitter are the engine's, not a constant."""
 
-    def __init__(self, streams: int = 8, token_s: float = 0.014) -> None:
+    def __init__(self, groups: int, nodes: int, onsets_s: list[float], slow: float, rate_per_node: float = 2.0,
+                 seed: int = 7) -> None:
         import threading
 
-        self.streams, self.token_s = streams, token_s
-        self.slow: dict[str, float] = {}
-        self._state: dict[str, list[float]] = {}  # path -> [last t, itl_sum_s, itl_count]
+        from sim.engine import Precomputed, Simulation
+        from sim.policies import policy_factory
+        from sim.scenario import parse_scenario
+        from sim.workload import build_requests
+
+        names = [f"g{k}" for k in range(groups)]
+        doc = {
+            "name": "bench-fastpath-drill", "seed": seed, "duration_s": max(onsets_s, default=0.0) + 120.0,
+            "groups": [{"name": g, "nodes": nodes, "prefill_ms_per_token": 0.12, "decode_ms_per_token": 14.0,
+                        "max_concurrency": 24} for g in names],
+            "workload": [{"group": g, "rate_rps": rate_per_node * nodes, "trace": "azure_llm_2023_conv"}
+                         for g in names],
+            "faults": [{"group": names[k], "node": 3, "kind": "thermal_throttle", "start_s": at, "slowdown": slow}
+                       for k, at in enumerate(onsets_s)],
+        }
+        scn = parse_scenario(doc, source="bench.fastpath")
+        self.sim = Simulation(scn, Precomputed.build(scn, build_requests(scn)), policy_factory("round_robin")).begin()
+        self.t0 = time.time()
         self._lock = threading.Lock()
-        self._rng = np.random.default_rng(7)
+
+    def start(self) -> None:
+        """Simulated time 0 is now."""
+        self.t0 = time.time()
 
     def page(self, path: str) -> bytes:
-        now = time.time()
+        """``/g<k>/n<i>/metrics``: that engine's page at the current wall-clock instant."""
+        parts = path.strip("/").split("/")
+        k, i = int(parts[0][1:]), int(parts[1][1:])
         with self._lock:
-            st = self._state.setdefault(path, [now, 0.0, 0.0])
-            dt = max(now - st[0], 0.0)
-            tok = self.token_s * self.slow.get(path, 1.0) * float(self._rng.lognormal(0.0, 0.03))
-            st[0], st[1], st[2] = now, st[1] + self.streams * dt, st[2] + self.streams * dt / tok
-            body = ("# TYPE vllm:inter_token_latency_seconds histogram\n"
-                    f'vllm:inter_token_latency_seconds_sum{{model_name="m"}} {st[1]:.6f}\n'
-                    f'vllm:inter_token_latency_seconds_count{{model_name="m"}} {st[2]:.3f}\n'
-                    f'vllm:num_requests_running{{model_name="m"}} {self.streams}\n')
-        return body.encode()
+            now = time.time() - self.t0
+            self.sim.advance(now)
+            eng = self.sim.eng[self.sim.offset[k] + i]
+            eng.progress_to(now)
+            return eng.m.render().encode()
 
     def serve(self) -> tuple[Any, int]:
         import threading
@@ -357,7 +378,7 @@ class _FleetPages:
                 pass
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True, name="fleet-pages").start()
+        threading.Thread(target=server.serve_forever, daemon=True, name="engine-pages").start()
         return server, server.server_address[1]
 
 
@@ -366,11 +387,11 @@ def bench_drill(onsets: int = 10, nodes: int = 8, warmup_s: float = 25.0, gap_s:
     """End to end at the production defaults (scrapes every ``METRICS_SCRAPE_INTERVAL_MS``, ticks on
     new rows and every ``TICK_INTERVAL_MS``): ``onsets`` groups of ``nodes`` simulated model servers,
     scraped over HTTP by ``manage.py scrape_metrics`` and ticked by ``manage.py run_ticker`` (two
-    processes); after ``warmup_s`` one node of each group in turn decodes ``slow`` x slower. ``cut_s``
-    and ``quarantine_s``: fault onset -> its weight below base / its state ``quarantined`` in
-    the weights document (polled every 20 ms). A false cut: any other node below its base
-    weight at any poll (healthy nodes of every group, faulted ones excluded once their fault began).
-    The pages carry only the families the detector reads (not real-size)."""
+    processes); after ``warmup_s`` one node of each group in turn is throttled to ``1 / slow`` of its
+    output tokens/s (:class:`_EnginePages`: the pages are the step engine's, full vLLM V1 pages).
+    ``cut_s`` and ``quarantine_s``: fault onset -> its weight below base / its state ``quarantined``
+    in the weights document (polled every 20 ms). A false cut: any other node below its base
+    weight at any poll (healthy nodes of every group, faulted ones excluded once their fault began)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -381,7 +402,7 @@ def bench_drill(onsets: int = 10, nodes: int = 8, warmup_s: float = 25.0, gap_s:
     from outlier_admin.control.actions import do_create_group, do_register_node
     from outlier_admin.control.publish import read_weights
 
-    pages = _FleetPages()
+    pages = _EnginePages(onsets, nodes, [warmup_s + k * gap_s for k in range(onsets)], slow)
     server, port = pages.serve()
     stamp = int(time.time())
     groups = []
@@ -401,14 +422,14 @@ def bench_drill(onsets: int = 10, nodes: int = 8, warmup_s: float = 25.0, gap_s:
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for cmd in (["scrape_metrics"], *(["run_ticker", "--id", f"drill-{stamp}-{x}", "--match",
                                                 f"fp-drill-{stamp}-*"] for x in "ab"))]
+    pages.start()
     cut, quarantine, false_cuts, faulted = [], [], set(), set()
     try:
-        time.sleep(warmup_s)
         for k, name in enumerate(groups):
             faulty = f"127.0.0.{k + 2}:9003"
+            onset = pages.t0 + warmup_s + k * gap_s  # the engine throttles the node at this instant
+            time.sleep(max(0.0, onset - time.time()))
             faulted.add(faulty)
-            onset = time.time()
-            pages.slow[f"/g{k}/n3/metrics"] = slow
             t_cut = t_q = None
             while time.time() - onset < gap_s and t_q is None:
                 for other in groups:
@@ -438,7 +459,7 @@ def bench_drill(onsets: int = 10, nodes: int = 8, warmup_s: float = 25.0, gap_s:
                 "p95": round(float(np.percentile(got, 95)), 2) if got else None, "missed": len(xs) - len(got)}
 
     return {"cut_s": stat(cut), "quarantine_s": stat(quarantine), "false_cuts": sorted(false_cuts),
-            "onsets": onsets, "nodes_per_group": nodes, "slowdown": slow,
+            "onsets": onsets, "nodes_per_group": nodes, "slowdown": slow, "pages": "sim step engine (vLLM V1)",
             "scrape_interval_ms": settings.METRICS_SCRAPE_INTERVAL_MS, "tick_interval_ms": settings.TICK_INTERVAL_MS}
 
 
