@@ -21,7 +21,6 @@ from django.conf import settings
 from outlier_admin import keys
 from outlier_admin.gateway_client import (  # Django-free: the agents use it too
     is_cluster,
-    on_redirection,
     redis_from_url,
 )
 
@@ -38,15 +37,7 @@ def client_for(url: str) -> redis.Redis:
     ``redis.Redis.from_url``. A cluster client's ``MOVED``/``ASK`` redirections are counted in
     ``outlier_redis_cluster_redirections_total``."""
     client = redis_from_url(url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=30)
-    if is_cluster(client):
-        on_redirection(_count_redirection)
     return client
-
-
-def _count_redirection(kind: str) -> None:
-    from outlier_admin.observability.metrics import REDIS_REDIRECTIONS
-
-    REDIS_REDIRECTIONS.labels(kind).inc()
 
 
 def get_redis() -> redis.Redis:

@@ -352,8 +352,8 @@ def run(cfg: Any, client: Any, httpd: Any) -> int:
         node_name,
     )
     from outlier_admin.gateway_client import GatewayClient
-    from outlier_admin.ingest.modelserver import scrape_all as scrape_model_servers
     from outlier_admin.ingest.pipeline import directory, submit
+    from outlier_admin.ingest.scraper import scrape_round as scrape_model_servers
     from outlier_admin.observability.events import scan_events
     from outlier_admin.observability.hooks import observe_ingest, observe_tick
 

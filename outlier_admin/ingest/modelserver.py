@@ -20,7 +20,7 @@ the tick hands them to :meth:`detector.GroupDetector.ingest_progress`.
 
 Who scrapes is :mod:`outlier_admin.ingest.scraper` (asyncio, every node every
 ``METRICS_SCRAPE_INTERVAL_MS``): the ``scrape_metrics`` service at fleet scale, or one round per
-Celery beat entry (:func:`scrape_all`) for the demo and small deployments.
+Celery beat entry (:func:`~outlier_admin.ingest.scraper.scrape_round`) for the demo and small deployments.
 """
 
 from __future__ import annotations
@@ -103,12 +103,3 @@ def record_scrape(r: redis.Redis, node: Node, text: str, now: float) -> list[Any
     row, cur = advance(node.name, prev, now, cur)
     write_scrapes(r, [(node.group.name, node.name, now, cur, row)])
     return row
-
-
-def scrape_all() -> int:
-    """One round over every node with a ``metrics_url`` (concurrent, each with its timeout); returns
-    the progress rows queued (a node that streamed nothing since its last scrape queues none). Does
-    nothing while a ``scrape_metrics`` service holds the scrapes (:func:`scraper.service_alive`)."""
-    from outlier_admin.ingest.scraper import scrape_round
-
-    return scrape_round()

@@ -30,7 +30,6 @@ unknown.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import logging
 import threading
@@ -186,17 +185,14 @@ class _Directory:
 directory = _Directory()
 
 
-def auto_create_pattern(name: str) -> str | None:
-    """The operator's ``AUTO_CREATE_GROUPS`` pattern that lets ingest create group ``name``, or None."""
-    return next((p for p in settings.AUTO_CREATE_GROUPS if fnmatch.fnmatchcase(name, p)), None)
-
-
 def _group_id(name: str) -> tuple[int | None, str | None]:
     """``(group_id, None)`` for an existing group (or one an operator pattern lets ingest create),
     ``(None, reason)`` otherwise."""
     found = directory.group(name)
     if found is not None:
         return found[0], None
+    from outlier_admin.control.actions import auto_create_pattern
+
     pattern = auto_create_pattern(name)
     if pattern is None:
         return None, "unknown_group"

@@ -54,11 +54,23 @@ from detector.records import (
     status_ok,
 )
 from outlier_admin.fleet.names import NameError_, validate_group_name, validate_node_id
-from outlier_admin.ingest.logformats import ParseError
 
 # Re-exported: the log parsers and the tests name them here.
-__all__ = ["HTTP_STATUS", "MIN_LATENCY_MS", "REQUEST_ID_MAX", "REQUIRED", "RecordError", "limits", "normalize",
-           "parse_ts", "request_id_ok", "status_ok"]
+__all__ = ["HTTP_STATUS", "MIN_LATENCY_MS", "REQUEST_ID_MAX", "REQUIRED", "ParseError", "RecordError", "limits",
+           "normalize", "parse_ts", "request_id_ok", "status_ok"]
+
+
+class ParseError(ValueError):
+    """A line or record that cannot become a sample. ``reason`` is a short code (``bad_json``);
+    ``fmt`` the key in :data:`outlier_admin.ingest.logformats.FORMATS` of the format the line looks
+    like ("" when none). Here, with the record format, so that the parsers import this module and it
+    imports none of them."""
+
+    def __init__(self, reason: str, detail: str = "", *, fmt: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+        self.fmt = fmt
 
 
 class RecordError(ParseError):

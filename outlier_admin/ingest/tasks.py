@@ -14,9 +14,9 @@ def scrape_all_dcgm() -> int:
 
 @shared_task(name="ingest.scrape_all_metrics", ignore_result=True, expires=5)
 def scrape_all_metrics() -> int:
-    from outlier_admin.ingest.modelserver import scrape_all
+    from outlier_admin.ingest.scraper import scrape_round
 
-    return scrape_all()
+    return scrape_round()
 
 
 @shared_task(name="ingest.tail_all_logs", ignore_result=True)

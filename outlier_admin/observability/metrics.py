@@ -116,6 +116,12 @@ REDIS_REDIRECTIONS = Counter(
     "retried by redis-py: a burst is a resharding or a failover under way.", ["kind"], registry=EVENTS,
 )
 
+
+def count_redirection(kind: str) -> None:
+    """The listener of a Redis Cluster client's redirections (``gateway_client.on_redirection``),
+    registered once per process by the observability app."""
+    REDIS_REDIRECTIONS.labels(kind).inc()
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: The body of a refused scrape (web ``/metrics`` and the Celery workers' server alike).
 UNAUTHORIZED_MESSAGE = "metrics need 'Authorization: Bearer <METRICS_TOKEN>'"

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
 
+from outlier_admin.api.problem import problem_response
+
 log = logging.getLogger(__name__)
 
 #: Seconds a client should wait before sending the request again (a PostgreSQL restart or failover
@@ -69,12 +71,10 @@ def _wants_json(request: HttpRequest) -> bool:
 
 
 def unavailable_response(request: HttpRequest) -> HttpResponse:
-    """The 503 answer: the API's problem (:mod:`outlier_admin.api.errors`) under ``/api/`` (or for
+    """The 503 answer: the API's problem (:mod:`outlier_admin.api.problem`) under ``/api/`` (or for
     JSON clients), else the standalone HTML page. Neither touches the database (the page is rendered without the request:
     context processors would read the session and the user from SQL)."""
     if _wants_json(request):
-        from outlier_admin.api.errors import problem_response
-
         resp = problem_response(503, MESSAGE, code="database_unavailable", instance=request.path,
                                 retry_after_s=RETRY_AFTER_S)
     else:

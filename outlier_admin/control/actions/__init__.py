@@ -31,6 +31,7 @@ from outlier_admin.control.actions.access import (
 from outlier_admin.control.actions.core import REASON_MAX, ActionError, Actor, audit
 from outlier_admin.control.actions.groups import (
     GROUP_EDITABLE,
+    auto_create_pattern,
     do_create_group,
     do_retire_group,
     do_set_auto_register,
@@ -77,6 +78,7 @@ __all__ = [
     "Actor",
     "ThresholdError",
     "audit",
+    "auto_create_pattern",
     "check_override",
     "do_activate",
     "do_approve_proposal",

@@ -10,6 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from outlier_admin.control.actions.core import ActionError, Actor, _checked, _reason, audit
+from outlier_admin.control.actions.groups import auto_create_pattern
 from outlier_admin.fleet.models import ApiToken, ModelGroup
 from outlier_admin.fleet.names import validate_group_name
 
@@ -24,8 +25,6 @@ def do_create_token(*, name: str, scope: str, actor: Actor, user: Any = None,
     (``AUTO_CREATE_GROUPS``): a typo would otherwise scope a gateway's token to nothing."""
     if not name or not name.strip():
         raise ActionError("a token needs a name")
-    from outlier_admin.ingest.pipeline import auto_create_pattern
-
     scoped: list[str] = []
     for group in groups or ():
         group = _checked(validate_group_name, group.strip() if isinstance(group, str) else group)

@@ -4,8 +4,10 @@ Part of :mod:`outlier_admin.control.actions` (its docstring states the rules eve
 
 from __future__ import annotations
 
+import fnmatch
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from outlier_admin.control.actions.core import (
@@ -198,3 +200,8 @@ def do_update_group(group: ModelGroup, changes: dict[str, Any], *, actor: Actor,
         audit("group.update", actor, group=locked, reason=reason, detail={"diff": _save_changes(locked, clean)})
     group.refresh_from_db()
     return group
+
+
+def auto_create_pattern(name: str) -> str | None:
+    """The operator's ``AUTO_CREATE_GROUPS`` pattern that lets ingest create group ``name``, or None."""
+    return next((p for p in settings.AUTO_CREATE_GROUPS if fnmatch.fnmatchcase(name, p)), None)

@@ -39,18 +39,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from outlier_admin.ingest.logformats import jsondecode  # orjson when installed, else the standard library
-
-
-class ParseError(ValueError):
-    """A line or record that cannot become a sample. ``reason`` is a short code (``bad_json``);
-    ``fmt`` the key in :data:`FORMATS` of the format the line looks like ("" when none)."""
-
-    def __init__(self, reason: str, detail: str = "", *, fmt: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
-        self.fmt = fmt
-
+from outlier_admin.ingest.records import ParseError
 
 # A line longer than this is refused before any pattern reads it (reason LINE_TOO_LONG). The one
 # owner of the rule: the tailer and the shipper import it to skip such a line in the file without

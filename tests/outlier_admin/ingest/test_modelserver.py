@@ -9,7 +9,8 @@ import pytest
 
 from detector.engine_metrics import parse
 from outlier_admin import keys
-from outlier_admin.ingest.modelserver import record_scrape, scrape_all
+from outlier_admin.ingest.modelserver import record_scrape
+from outlier_admin.ingest.scraper import scrape_round
 from tests.conftest import FIXTURES
 from tests.outlier_admin.helpers import http_server
 
@@ -66,9 +67,9 @@ def test_scrapes_reach_the_detector_as_decode_samples(metrics_server, redis_clie
     do_register_node(group, "127.0.0.1:8000", actor="t", metrics_url=metrics_server)
     do_register_node(group, "127.0.0.2:8000", actor="t")  # no metrics_url: not scraped
     Metrics.text = itl_text(10.0, 1000)
-    assert scrape_all() == 0  # the first scrape only sets the base
+    assert scrape_round() == 0  # the first scrape only sets the base
     Metrics.text = itl_text(10.7, 1050)  # 50 tokens at 14 ms
-    assert scrape_all() == 1
+    assert scrape_round() == 1
     res = run_tick("g")
     assert res.progress == 1
     gd, _, _ = _load_detector(redis_client, ModelGroup.objects.get(name="g"), res.at)
@@ -84,12 +85,12 @@ def test_a_bad_scrape_is_kept_with_its_reason(metrics_server, redis_client):
     group = do_create_group("g", actor="t")
     node = do_register_node(group, "127.0.0.1:8000", actor="t", metrics_url=metrics_server)
     Metrics.text = "# TYPE up gauge\nup 1\n"  # a /metrics without the histogram (not a model server?)
-    assert scrape_all() == 0
+    assert scrape_round() == 0
     bad = RejectedInput.objects.get()
     assert bad.reason == "scrape_failed" and "inter-token" in bad.detail and bad.source == f"metrics:{node}"
     node.metrics_url = "http://127.0.0.1:9/metrics"  # nothing listens there
     node.save()
-    assert scrape_all() == 0 and RejectedInput.objects.count() == 2
+    assert scrape_round() == 0 and RejectedInput.objects.count() == 2
 
 
 @pytest.mark.django_db
@@ -111,6 +112,6 @@ def test_a_node_that_streamed_nothing_queues_no_row(metrics_server, redis_client
 
     do_register_node(do_create_group("g", actor="t"), "127.0.0.1:8000", actor="t", metrics_url=metrics_server)
     Metrics.text = itl_text(10.0, 1000)
-    scrape_all()
-    assert scrape_all() == 0  # same counters: an idle node
+    scrape_round()
+    assert scrape_round() == 0  # same counters: an idle node
     assert redis_client.xlen(keys.stream("g")) == 0
