@@ -106,7 +106,8 @@ def _vs_bound(f: dict[str, Any], runs: int) -> str:
         where = f" in {bad}/{runs} runs" if runs else ""
         return f" (faster than its bound{where}: bound wrong)"
     if f.get("delay_vs_bound") is not None:
-        return f" ({_fmt(f['delay_vs_bound'])}x bound)"
+        err = f.get("bound_error")
+        return f" ({_fmt(f['delay_vs_bound'])}x bound" + (f", bound error {100 * err:.0f} %)" if err else ")")
     return ""
 
 
@@ -209,7 +210,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
     scenarios = [load_scenario(f) for f in files]  # validate all before spending minutes on the first
     tables = {}
     summary: dict[str, Any] = {}
-    # The healthy runs (no faulty node) first: each policy's floors elsewhere are tuned to the
+    # The healthy runs (no faulty node) first: each policy's bounds elsewhere are calibrated to the
     # false-alarm rate it showed in them (report.false_alarm_budget).
     order = sorted(scenarios, key=lambda scn: bool(scn.faulty))
     healthy_reports: list[dict[str, Any]] = []
