@@ -28,8 +28,10 @@ module decides, in this order at every evaluation:
    sequential evidence (:mod:`detector.evidence`) over ``degrade_evidence * 2^flaps`` — flap damping,
    as BGP's (RFC 2439): each cut the node came back from since it was last healthy for
    ``backoff_cap_s`` doubles the evidence the next one needs (per-token time grows with the batch, so
-   a node cut to the floor weight looks fast, is restored and is cut again) — or quarantine strength.
-   Leaving DEGRADED needs a clear margin (hysteresis).
+   a node cut to the floor weight looks fast, is restored and is cut again) — or quarantine strength
+   over :data:`~detector.thresholds.STRONG_CUT_SAMPLES` samples (one row can be one stall).
+   Leaving DEGRADED (or PENDING_APPROVAL) needs a clear margin (hysteresis) held for
+   ``degrade_exit_dwell_s``, and a degraded node's weight stays under base meanwhile.
 6. **Restore.** A recovering node advances one step per ``recovery_step_s`` while it stays under the
    line; a bad step sends it back to quarantine with the probe interval doubled (Envoy's ejection
    backoff, capped at ``backoff_cap_s``; the count decays after ``backoff_cap_s`` healthy).
@@ -61,10 +63,9 @@ from detector.detectors.zscore import Decision, Lines, ZScoreDetector
 from detector.moves import Moves, lookup
 from detector.nodes import NodeArrays
 from detector.states import SAFEGUARD_COUNTED, NodeState, Reason, safeguard_cap
-from detector.thresholds import Thresholds
+from detector.thresholds import MAX_FLAP_DOUBLINGS, STRONG_CUT_SAMPLES, Thresholds
 
 S = NodeState
-MAX_FLAP_DOUBLINGS = 5  # flap damping: at most 32x degrade_evidence
 _HELD_OUT = lookup(SAFEGUARD_COUNTED)
 _ACTIVE = lookup((S.HEALTHY, S.DEGRADED))
 _PROBED = lookup((S.QUARANTINED, S.PROBING))
@@ -163,14 +164,19 @@ def persistent_z(a: NodeArrays, t: Thresholds, d: Decision, over_q: np.ndarray, 
 
 def degrade_wanted(a: NodeArrays, t: Thresholds, lines: Lines) -> np.ndarray:
     """Over the degrade line with the evidence behind it (robust mode; seed mode, which has no
-    materiality, asks for ``degrade_persistence`` samples in a row), or at quarantine strength."""
+    materiality, asks for ``degrade_persistence`` samples in a row), or at quarantine strength with
+    :data:`~detector.thresholds.STRONG_CUT_SAMPLES` samples' evidence over the quarantine line (seed
+    mode: at once)."""
     a.over_d = np.where(lines.over_d, a.over_d + a.new_samples, 0)
     if t.baseline_mode == "robust":
         # (tolerance: p capped increments of h/p sum to a hair under h in floating point)
         held = zscore.evidence(a) >= evidence_line(t, a.flaps) * (1 - 1e-9)
+        per_sample = t.degrade_evidence / t.degrade_persistence  # the most one sample adds (its cap)
+        strong = lines.over_q & (a.evidence_q >= STRONG_CUT_SAMPLES * per_sample * (1 - 1e-9))
     else:
         held = a.over_d >= t.degrade_persistence
-    return lines.over_d & (held | lines.over_q)
+        strong = lines.over_q
+    return lines.over_d & (held | strong)
 
 
 @dataclass
@@ -231,25 +237,34 @@ def eject(a: NodeArrays, t: Thresholds, now: float, verdicts: list[Verdict], d: 
     return Ejection(cause=cause, blocked=blocked_mask, safeguard_reason=safeguard_reason)
 
 
-def soft_degrade(a: NodeArrays, now: float, degrade_now: np.ndarray, lines: Lines, ej: Ejection,
+def soft_degrade(a: NodeArrays, t: Thresholds, now: float, degrade_now: np.ndarray, lines: Lines, ej: Ejection,
                  moves: Moves) -> None:
     """Step 5: cut, or give back, the weight of nodes in service; clear a pending proposal whose
-    condition went away."""
+    condition went away. Both leave only once the deciding signal has been under the exit line
+    (``~lines.still_d``) for ``degrade_exit_dwell_s`` without a break (``clear_since``: when the
+    current stretch under it began): a cut node runs a smaller batch and reads less slow than it is,
+    and a dip of its EMA is no recovery."""
     state = a.state
     moves((state == S.HEALTHY) & degrade_now, S.DEGRADED, Reason.Z_DEGRADE)
-    back = (state == S.DEGRADED) & ~lines.still_d & ~ej.blocked & ~moves.moved
+    held = (state == S.DEGRADED) | (state == S.PENDING_APPROVAL)
+    under = held & ~lines.still_d
+    a.clear_since = np.where(under, np.where(np.isnan(a.clear_since), now, a.clear_since), np.nan)
+    dwelt = under & (now - a.clear_since >= t.degrade_exit_dwell_s - 1e-9)
+    back = (state == S.DEGRADED) & dwelt & ~ej.blocked & ~moves.moved
     a.flaps[back] += 1
     a.evidence[back] = 0.0  # back under the line: a new cut needs new evidence
     a.evidence_prefill[back] = 0.0
     a.evidence_q[back] = 0.0
     a.healthy_since[back] = now
     moves(back, S.HEALTHY, Reason.Z_RECOVERED)
-    # The same margin as leaving DEGRADED: a pending node whose Z dipped just under the degrade line
-    # (2.99 against 3.0 at entry) is still the slow node the operator is being asked about; clearing
-    # it there put it back at full weight and superseded the proposal, only to open a new one later.
-    cleared = (state == S.PENDING_APPROVAL) & ~lines.still_d & (ej.cause < 0)
+    # The same margin and dwell as leaving DEGRADED: a pending node whose Z dipped under the degrade
+    # line (2.99 against 3.0 at entry, then 1.8 at the floor weight) is still the slow node the
+    # operator is being asked about; clearing it there put it back at full weight and superseded the
+    # proposal, only to open a new one later. Its proposal stands while it waits.
+    cleared = (state == S.PENDING_APPROVAL) & dwelt & (ej.cause < 0) & ~moves.moved
     a.pending_since[cleared] = np.nan
     moves(cleared, S.HEALTHY, Reason.CONDITION_CLEARED)
+    a.clear_since[moves.moved] = np.nan  # a node that moved starts its next stretch afresh
 
 
 def restore(a: NodeArrays, t: Thresholds, now: float, judged: np.ndarray, failing: np.ndarray,

@@ -82,7 +82,7 @@ def evaluate(a: NodeArrays, t: Thresholds, now: float, view: PeerView, detectors
             verdicts.append(v)
     degrade_now = ejection.degrade_wanted(a, t, lines)
     ej = ejection.eject(a, t, now, verdicts, d, moves, explain)
-    ejection.soft_degrade(a, now, degrade_now, lines, ej, moves)
+    ejection.soft_degrade(a, t, now, degrade_now, lines, ej, moves)
     due = np.zeros(len(a), dtype=bool)
     if judged is not None:
         ejection.restore(a, t, now, judged=judged, failing=ungated, over_d=lines.over_d, moves=moves)

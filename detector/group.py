@@ -58,24 +58,10 @@ from detector.samples import (
 )
 from detector.signals import QUEUE_FREE, SIGNALS, SignalModel
 from detector.states import NodeState, Transition
-from detector.thresholds import Thresholds
+from detector.thresholds import POOL_MAX_STEPS, POOL_OBSERVATION_S, ROWS_FRESH_S, Thresholds
 from detector.window import SlidingWindows
 
 DEFAULT_BASE_WEIGHT = 100.0
-#: A node with a progress row (tokens streamed) this recently has its decode measured by its rows,
-#: not by its completed requests (:meth:`GroupDetector.ingest`): 20 scrapes at 250 ms, 5 at 1 s; a
-#: node whose scrapes fail for longer is judged on its requests again.
-ROWS_FRESH_S = 5.0
-#: The time one pooled observation of a node's completed requests stands for (the model servers'
-#: scrape period, ``METRICS_SCRAPE_INTERVAL_MS``): the EMA's ``alpha`` is tuned per streamed row, one
-#: every 250 ms. A tick's pooled mean enters the EMA once per this much time since the node's last
-#: one (at most its number of requests, and :data:`POOL_MAX_STEPS`), so the EMA moves at the same
-#: speed in seconds whatever the tick cadence: one observation per 1 s tick made its time constant
-#: four times longer at the production beat than at 250 ms (a 3x node from access logs was
-#: quarantined 5.5 s after onset at 1 s ticks, 2.5 s now).
-POOL_OBSERVATION_S = 0.25
-#: At most this many steps per tick (2 s): after a gap, one mean does not replace the EMA's history.
-POOL_MAX_STEPS = 8
 S = NodeState
 
 

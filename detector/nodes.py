@@ -19,7 +19,8 @@ Columns, by the part of the detector that owns them:
   ``q_hits``/``q_count`` (this tick's evidence samples over the quarantine line / in all), ``evidence_q``
   (the CUSUM over the quarantine line: strength, next to that duration), ``over_d``, ``evidence``
   (the CUSUM on decode, or on norm when the group has no queue-free signal), ``evidence_prefill`` (on
-  the queue-free prefill time), ``flaps``, ``cut_at``;
+  the queue-free prefill time), ``flaps``, ``cut_at``, ``clear_since`` (when a degraded or pending
+  node's deciding signal last went under the exit line and stayed there; NaN: it is not under it);
 - the engine: ``running`` (the node's last reported running batch; NaN: never reported), ``rows_at``
   (when its last progress row arrived: its decode is then measured by the rows, not by its requests),
   ``stall_from`` (when its in-flight streams stopped making progress; NaN: they did not,
@@ -94,6 +95,7 @@ FIELDS: dict[str, tuple[type, float]] = {
     "pool_n_norm": (np.int64, 0),
     "pool_at": (np.float64, NAN),
     "stall_from": (np.float64, NAN),
+    "clear_since": (np.float64, NAN),
 }
 #: Signals whose completed-request samples are pooled per node and tick (``pool_sum_<s>``: the sum of
 #: their logs, ``pool_n_<s>``: their count; :meth:`detector.group.GroupDetector.ingest`).
@@ -155,6 +157,7 @@ class NodeArrays:
     pool_n_norm: np.ndarray
     pool_at: np.ndarray
     stall_from: np.ndarray
+    clear_since: np.ndarray
 
     def __init__(self, ids: Iterable[str] = ()) -> None:
         self.ids: list[str] = list(ids)

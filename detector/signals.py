@@ -81,7 +81,7 @@ from detector.samples import (
     prefill_time_ms,
     seed_norm,
 )
-from detector.thresholds import Thresholds
+from detector.thresholds import BATCH_EXTRAPOLATION, LATENCY_ONLY_CLIP, REFERENCE_SD, Thresholds
 
 SIGNALS: tuple[str, ...] = ("norm", "prefill", "decode", "prefill_time")
 #: The signals measured after the wait for a batch slot: they decide (detectors.zscore).
@@ -95,15 +95,6 @@ CURVE_FEATURES: tuple[str, ...] = ("b", "w", "p", "k")
 #: Healthy rows with a batch needed before the decode curve is fitted (at most four coefficients: a few
 #: dozen rows fix them; the robust fit ignores the odd stall).
 BATCH_CURVE_MIN_ROWS = 60
-#: The decode curve is extrapolated at most to this multiple of the largest healthy load seen (P99 of
-#: each feature).
-BATCH_EXTRAPOLATION = 2.0
-#: A latency-only sample counts at most this many times the typical latency, either way (see the
-#: module docstring).
-LATENCY_ONLY_CLIP = 2.0
-#: The relative per-request spread a latency-only sample is weighed against when the group has no
-#: token-normalised fit to measure it on (a learned cost model leaves 0.1-0.3).
-REFERENCE_SD = 0.25
 
 
 class SignalModel:

@@ -1,30 +1,31 @@
-"""Per-group detector configuration: one validated, immutable object.
+"""Per-group detector configuration: one validated, immutable object, and every constant the detector
+uses, each with the reason for its value.
 
-Every number the detector uses lives here, with the seeds' defaults and a documented range. A value
+Every number lives here: an operator may tune a field of :class:`Thresholds` (its range is checked);
+the module constants below are the numbers an operator has no reason to touch (they follow from the
+signals' physics or the statistics), stated once and imported by the modules that use them. A value
 outside its range raises :class:`ThresholdError` naming the field and the range, so an operator who
 types ``quarantine_z=1`` into a form learns why it was refused instead of quarantining half a fleet.
 
-Defaults and where they come from:
+Where the defaults come from (the fields' docstrings give each argument in full):
 
 - ``ema_alpha = 0.15`` (seed 000: "0.15-0.2 filters single hiccups but notices 5-8 slow requests").
-- ``ema_clip = 4`` is ours: the per-sample clip of the EMA input (no single record moves a node far).
 - ``degrade_z = 2.0``, ``quarantine_z = 3.5``, ``quarantine_persistence = 10`` samples (seed 000; seed
-  mode). Robust mode states persistence in time: ``quarantine_persistence_s = 1.0`` s of samples at
-  quarantine strength (ours; over twice a node-wide stall, see the field), with
-  ``quarantine_min_evaluations = 3`` evaluations as its sample floor.
-- ``window_size = 1000``, ``tail_min_samples = 100``, ``tail_ratio = 3.0``, ``tail_windows = 3`` of
-  ``tail_window_s = 30`` s, ``cross_p50_ratio = 2.0`` (seed 001).
-- ``consecutive_errors = 5``, ``success_rate_stdev = 1.9``, ``success_rate_min_hosts = 5``,
-  ``success_rate_min_requests = 100`` (Envoy outlier detection defaults).
-- ``max_quarantine_fraction = 0.30`` (seed 000's safeguard).
-- ``spread_floor`` and the two ``materiality`` ratios are ours: they keep a very uniform group from
-  turning a 1% difference into a huge Z (see :mod:`detector.baseline`).
-- ``degrade_evidence = 8`` and ``evidence_allowance = 0.5`` (per-request sd) are ours: the CUSUM that
-  gates a weight cut (:mod:`detector.evidence`). In the simulator's healthy 64-node hour they took
-  false weight cuts from 2,778 to 13 while the seed drill's throttled nodes were still cut within
-  1.4-2.8 s.
-- ``queue_drain_s = 10`` is ours: without TTFT, latency quarantines a node only on requests dispatched
-  this long after its weight cut (the same hour without TTFT: 173 false quarantines before, 0 after).
+  mode); ``window_size``, ``tail_*``, ``cross_p50_ratio`` (seed 001); the error detectors (Envoy
+  outlier detection defaults); ``max_quarantine_fraction = 0.30`` (seed 000's safeguard).
+- The materiality lines (1.15x to cut on decode, 1.5x to cut on prefill time alone or to quarantine)
+  from the spread of healthy machines (Azure VM-noise data: across VMs sd(log) 0.062, so the slowest
+  of 64 healthy VMs sits 1.12-1.2x over the median) and from how prefill time moves with load.
+- The weight-cut evidence (``degrade_evidence``, ``evidence_allowance``, ``degrade_persistence``) from
+  Page's CUSUM: the allowance is half the shift it is tuned to find, the line sets the run length
+  between false alarms of a node sitting at the materiality line (Siegmund's approximation).
+- The times (``quarantine_persistence_s``, ``degrade_exit_dwell_s``, ``queue_drain_s``,
+  ``degraded_alert_s``) from what they must outlast: a node-wide stall, the EMA's time constant and a
+  cut node's shrinking batch, a queue's drain, an operator's reaction.
+
+None of them was chosen by fitting a shipped scenario: ``bench/sweep.py`` runs the simulator's suite
+with each of them at half and twice its value, and ``docs/detector-sweep.md`` shows which figures
+move.
 """
 
 from __future__ import annotations
@@ -37,6 +38,67 @@ from typing import Any, Literal
 #: The ejecting detectors by reason code, in the ejection layer's priority order (errors first: they
 #: are unambiguous). ``dry_run`` names a subset.
 DETECTORS: tuple[str, ...] = ("consecutive_errors", "success_rate", "z_quarantine", "tail_ratio", "cross_p50")
+
+# --- constants (not operator settings), each with its reason ------------------------------------------
+
+#: Flap damping (RFC 2439's idea): each cut a node came back from doubles the evidence its next cut
+#: needs, at most this many times (32x ``degrade_evidence``). The cap bounds how late a real fault is
+#: cut after flaps: a 2x-slow node gains ``degrade_evidence / degrade_persistence`` (2.7 sd) of
+#: evidence per sample, so even 32x the line (256 sd) is reached in ~96 samples, 24 s of 250 ms
+#: scrapes, while a healthy node that flapped five times must now look slow for that long.
+MAX_FLAP_DOUBLINGS = 5
+#: At quarantine strength a weight cut comes before the full evidence (the node is too slow to wait
+#: for), but after this many samples' worth of it over the quarantine line, not on one: one progress
+#: row is one step-time measurement of 250 ms, and one stall of the whole node (a long prompt's
+#: chunk, a host hiccup, a GC pause) makes one row 4x slow, which moves the EMA by
+#: ``alpha * (4 - 1)`` = 0.45 baselines, over the 1.5x line at once. Two rows in a row is 0.5 s of a
+#: slow GPU at the production scrape; stalls of healthy nodes are shorter than one row.
+STRONG_CUT_SAMPLES = 2
+#: The tail detector's guard: a node's P99/P50 counts only over this multiple of the group's median
+#: ratio. With ``tail_min_samples`` = 100 requests a P99 is the mean of the top one or two, so its
+#: relative error is tens of percent; 1.5x is over twice that, and under a surge every node's tail
+#: widens together (a group condition, not a node fault).
+TAIL_PEER_FACTOR = 1.5
+#: The decode curve (:mod:`detector.signals`) is extrapolated at most to this multiple of the largest
+#: healthy load seen (P99 of each feature): its reservoir holds the last ``cost_model_reservoir``
+#: healthy rows (16 s of a 64-node group at 250 ms scrapes), so a surge that doubles every batch is in
+#: it within that time; beyond twice, a linear curve is a guess.
+BATCH_EXTRAPOLATION = 2.0
+#: A latency-only record (no token counts) counts at most this many times the typical latency, either
+#: way: without tokens a long request and a slow one look alike (prompt and completion lengths span two
+#: orders of magnitude), so no one request may count for more than a node twice as slow, which is
+#: already over the 1.5x quarantine line.
+LATENCY_ONLY_CLIP = 2.0
+#: The relative per-request spread a latency-only sample is weighed against when the group has no
+#: token-normalised fit to measure it on: a learned cost model leaves 0.1-0.3 (log) per request
+#: (per-request noise of prompt mix and batch), this is the middle of that range.
+REFERENCE_SD = 0.25
+#: A node with a progress row this recently has its decode measured by its rows, not by its completed
+#: requests (:meth:`detector.group.GroupDetector.ingest`): 20 scrapes at 250 ms, 5 at 1 s (a missed
+#: scrape or two is not a failed scraper); a node whose scrapes fail for longer is judged on its
+#: requests again.
+ROWS_FRESH_S = 5.0
+#: The time one pooled observation of a node's completed requests stands for: the model servers'
+#: scrape period (``METRICS_SCRAPE_INTERVAL_MS``), the step the EMA's ``alpha`` is stated in. A tick's
+#: pooled mean enters the EMA once per this much time since the node's last one, so the EMA moves at
+#: the same speed in seconds whatever the tick cadence (one observation per 1 s tick made its time
+#: constant four times longer at the production beat than at 250 ms).
+POOL_OBSERVATION_S = 0.25
+#: At most this many EMA steps per pooled observation (2 s at :data:`POOL_OBSERVATION_S`): after a gap
+#: in a node's requests, one mean must not replace the EMA's history (at ``alpha`` 0.15, eight steps
+#: keep 27 % of it).
+POOL_MAX_STEPS = 8
+#: Leaving DEGRADED needs the EMA back under ``1 + EXIT_MATERIALITY_FRACTION * (materiality - 1)``
+#: times the baseline (and Z under ``degrade_z - degrade_hysteresis``): half-way between "as its
+#: peers" and the cut line. An EMA at 0.15 averages about a dozen samples, so a node sitting at the
+#: line swings by about its own noise around it; half the materiality is two to three such swings
+#: below it, which a node that is still slow does not reach by chance.
+EXIT_MATERIALITY_FRACTION = 0.5
+#: A degraded node's weight halves for every this many Z over ``degrade_z`` (seed 000's soft
+#: degrade, ``base * 2^-(Z - 2)``): a node one spread further out gets half the traffic, so its share
+#: falls as fast as the evidence that it is slow grows, down to ``min_weight_fraction``.
+WEIGHT_HALVING_Z = 1.0
+
 
 
 class ThresholdError(ValueError):
@@ -94,9 +156,23 @@ class Thresholds:
     min_peers: int = _f(3, lo=2, hi=10_000, integer=True)
     spread_floor: float = _f(0.05, lo=0.0, hi=1.0)
     """Robust mode: ``spread >= spread_floor * baseline`` (relative floor on the peer spread)."""
-    degrade_materiality: float = _f(1.15, lo=1.0, hi=100.0)
-    """Robust mode: no weight cut unless ``EMA >= degrade_materiality * baseline``. Healthy peers
-    differ by 3-6% (sd), so the slowest of 64 healthy nodes sits ~10-15% above the median."""
+    degrade_materiality: float = _f(1.15, lo=1.0, hi=100.0, lo_open=True)
+    """Robust mode: no weight cut unless ``EMA >= degrade_materiality * baseline``. Healthy machines
+    differ by sd(log) 0.03-0.06 (Azure VM-noise data, across VMs 0.062), so the slowest of 64 healthy
+    nodes sits 1.12-1.2x over the median: the line is at the edge of that spread, and the evidence
+    (``degrade_evidence``) decides whether a node is over it or only near it. A degraded node's
+    weight is at most ``base / degrade_materiality`` (:mod:`detector.weights`): it is at least that
+    much slower, so at that share it is given no more work per second than a healthy peer (Little's
+    law keeps its queue no deeper than theirs), and it is never published at full weight."""
+    prefill_materiality: float = _f(1.5, lo=1.0, hi=100.0, lo_open=True)
+    """Robust mode: the queue-free prefill time decides a cut only at ``EMA >= prefill_materiality *
+    baseline`` (decode keeps ``degrade_materiality``). Under chunked prefill a prefill shares every
+    step's token budget with the decodes and with other prefills, so a healthy node's prefill time
+    grows with its load (the decodes it carries), and a progress row holds only the one or two
+    prefills that finished in its 250 ms: its EMA wanders over 1.15x on healthy nodes, where decode's
+    does not (the demo's healthy fleet was cut 55 times on prefill time in 50 minutes, twice on
+    decode). A fault that slows prefill alone (a degraded link under long prompts) slows it several
+    times; one that slows the whole GPU shows on decode too."""
     quarantine_materiality: float = _f(1.5, lo=1.0, hi=100.0)
     """Robust mode: no quarantine unless ``EMA >= quarantine_materiality * baseline``. Milder
     slowdowns are drained by the degrade weight (Z = 6 -> 1/16 of base) without leaving service."""
@@ -105,13 +181,23 @@ class Thresholds:
     """A degraded node returns to healthy once ``Z < degrade_z - degrade_hysteresis`` (no flapping)."""
     quarantine_z: float = _f(3.5, lo=0.5, hi=100.0)
     degrade_persistence: int = _f(3, lo=1, hi=100_000, integer=True)
-    """The fewest samples that can cut a node's weight (immediate at quarantine strength)."""
+    """The fewest samples that can cut a node's weight: one sample adds at most
+    ``degrade_evidence / degrade_persistence + evidence_allowance`` to the CUSUM (the cap, so that no
+    single row or request, however slow, decides alone); at quarantine strength
+    :data:`STRONG_CUT_SAMPLES` of them over the quarantine line cut at once."""
     degrade_evidence: float = _f(8.0, lo=0.5, hi=10_000.0)
-    """Robust mode: a weight cut also needs the node's CUSUM of per-request excess over
-    ``degrade_materiality`` (in per-request sd) to reach this line (:mod:`detector.evidence`)."""
+    """Robust mode: a weight cut also needs the node's CUSUM of per-sample excess over the
+    materiality line (in the group's per-sample sd) to reach this line ``h`` (:mod:`detector.evidence`).
+    By Siegmund's approximation the run length of Page's CUSUM with allowance ``k`` between false
+    alarms of a node whose mean sits exactly on the line is ``(e^{2k(h+1.166)} - 2k(h+1.166) - 1) /
+    2k^2``: 19,000 samples at ``h = 8, k = 0.5``, 80 minutes of 250 ms rows for the rare healthy node
+    that is as slow as the line, and far longer for any node under it (every sample of the median
+    node drifts down by ``log(materiality) / sd + k`` ~ 3). A node 1.3x slower climbs ~2 per sample
+    and is cut within a second; one 1.2x slower, within about ten."""
     evidence_allowance: float = _f(0.5, lo=0.0, hi=100.0)
-    """Robust mode: per-request allowance ``k`` of that CUSUM (sd): a node must be this far above the
-    materiality line on average to accumulate evidence."""
+    """Robust mode: per-sample allowance ``k`` of that CUSUM (sd): Page's CUSUM is quickest for a
+    shift of ``2k``, so 0.5 tunes it to a node one per-sample sd over the materiality line (a node
+    1.2x slower, at the 0.05 row spread of a healthy group), the mildest slowdown worth a cut."""
     quarantine_persistence: int = _f(10, lo=1, hi=100_000, integer=True)
     """Seed mode (and robust mode with ``quarantine_persistence_s = 0``): samples (counted at each
     evaluation) with ``Z >= quarantine_z`` before quarantine; a leaky count: each sample under the
@@ -125,19 +211,41 @@ class Thresholds:
     count of samples is a different time at every cadence (10 requests of a busy node arrive in
     50 ms; 10 progress rows take 2.5 s at 250 ms scrapes, 10 s at 1 s), so the duration is stated
     in seconds and the cadence only sets how finely it is measured. Held time counts only while the
-    node's new samples themselves are over the quarantine line (not only its EMA, which a 0.4 s stall
-    keeps over it for about a second after the stall ended). At 1.0 s, over twice a 0.4 s stall: the
-    seed drill's 3x throttle is quarantined ~1.3-1.8 s after onset at 250 ms scrapes, and the
-    simulator's periodic 0.4 s stall (``periodic-stall-16``) is never quarantined. The range stops
-    at 600 s (a longer hold is no longer detection)."""
+    node's new samples themselves are over the quarantine line (not only its EMA, which a stall
+    keeps over it for about a second after the stall ended). 1.0 s is over twice the longest
+    node-wide stall of a healthy machine (a full GC, an ECC page retirement, a host-side hiccup:
+    hundreds of milliseconds), and four scrapes at the production cadence, so a node out of
+    service has been slow for longer than anything that passes on its own. The range stops at
+    600 s (a longer hold is no longer detection)."""
     queue_drain_s: float = _f(10.0, lo=0.0, hi=3600.0)
     """Robust mode, gateway logs no TTFT (the latency includes the queue): quarantine counts only
-    requests dispatched this long after the node's weight was cut, when its queue has drained."""
+    requests dispatched this long after the node's weight was cut, when its queue has drained. Cut
+    to a fraction of its share, a node's queue drains at its full service rate: a queue a healthy
+    node builds by chance holds a few requests, each served in 1-5 s (a few hundred output tokens at
+    10-20 ms), so 10 s empties it; a slow GPU is still slow after that."""
+    degrade_exit_dwell_s: float = _f(30.0, lo=0.0, hi=3600.0)
+    """A DEGRADED or PENDING_APPROVAL node returns to HEALTHY only once its deciding signal has been
+    under the exit line (``Z < degrade_z - degrade_hysteresis`` or the EMA under half the
+    materiality, :data:`EXIT_MATERIALITY_FRACTION`) for this long without a break. A node cut to a
+    fraction of its share runs a smaller batch, and a smaller batch decodes each token faster, so a
+    still-faulty node reads less slow while it is cut (a PCIe-degraded node under approval dipped to
+    Z 1.8, went back to full weight and was cut again, four times in 25 minutes). Its EMA's time
+    constant is ``scrape / alpha`` ~ 1.7 s, so a chance dip lasts a second or two; 30 s is over
+    fifteen of them and about a hundred rows at the production scrape. A healthy node cut by
+    mistake costs at most that much of its share, once."""
+    degraded_alert_s: float = _f(600.0, lo=10.0, hi=7 * 86_400.0)
+    """A node held DEGRADED (cut, not quarantined) for longer than this raises an operator signal
+    (the ``OutlierNodeNeedsHardwareCheck`` alert, a "needs hardware check" line on the first screen):
+    a GPU that stays slow must get repaired, not only avoided. Ten minutes is past any transient
+    the detector knows (a queue drains in seconds, a surge is a group condition, a drift that grows
+    is quarantined), and short enough that a throttled card is looked at within the hour."""
     quarantine_min_evaluations: int = _f(3, lo=1, hi=10_000, integer=True)
     """...seen over the line at this many evaluations with new samples (seed 000: 3 evaluations): the
     sample floor of the time rule (one slow sample of a node that reports rarely covers a long time)."""
     min_weight_fraction: float = _f(0.05, lo=0.0, hi=1.0, lo_open=True)
-    """Floor of a degraded / pending node's weight, as a fraction of base: it keeps being sampled."""
+    """Floor of a degraded / pending node's weight, as a fraction of base: it keeps being sampled (at
+    5 % of its share, a node serving 3 requests/s still answers one every seven seconds, and its
+    streamed rows keep coming for the requests it holds)."""
 
     # --- tail ratio (seed 001) and cross-node P50 ---------------------------------------------------
     tail_min_samples: int = _f(100, lo=10, hi=100_000, integer=True)

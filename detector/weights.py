@@ -3,10 +3,11 @@
 What a state means for traffic is :data:`detector.states.TRAFFIC`; within ``WEIGHTED`` states:
 
 - HEALTHY, FORCED_ACTIVE: ``base``;
-- DEGRADED: ``base * 2^-(Z - degrade_z)`` (the seed's soft degrade), clipped to
-  ``[min_weight_fraction * base, base]``; ``Z`` is the largest of any signal, so a node judged slow
-  that also built a queue gets little new work until it drains (why, with figures:
-  :mod:`detector.detectors.zscore`);
+- DEGRADED: ``base * 2^-(Z - degrade_z)`` (the seed's soft degrade, halving per
+  :data:`~detector.thresholds.WEIGHT_HALVING_Z`), clipped to ``[min_weight_fraction * base,
+  base / degrade_materiality]``: strictly under base while the node is held degraded. ``Z`` is
+  the largest of any signal, so a node judged slow that also built a queue gets little new work
+  until it drains (why, with figures: :mod:`detector.detectors.zscore`);
 - WARMING: a linear ramp from ``warmup_min_weight_fraction`` to 1 over ``warmup_samples`` (slow start);
 - RECOVERING: ``recovery_steps[step] * base``;
 
@@ -26,7 +27,7 @@ import numpy as np
 from detector.moves import lookup
 from detector.nodes import NodeArrays
 from detector.states import TRAFFIC, NodeState, Traffic
-from detector.thresholds import Thresholds
+from detector.thresholds import WEIGHT_HALVING_Z, Thresholds
 
 S = NodeState
 _FLOOR = lookup(s for s, rule in TRAFFIC.items() if rule is Traffic.FLOOR)
@@ -39,8 +40,11 @@ def weights(a: NodeArrays, t: Thresholds, score: np.ndarray) -> np.ndarray:
     w = base.copy()
     floor = t.min_weight_fraction * base
     deg = state == S.DEGRADED
-    factor = np.power(2.0, -(np.nan_to_num(score, nan=t.degrade_z) - t.degrade_z))
-    w[deg] = np.clip(base * factor, floor, base)[deg]
+    factor = np.power(2.0, -(np.nan_to_num(score, nan=t.degrade_z) - t.degrade_z) / WEIGHT_HALVING_Z)
+    # At most base / materiality (thresholds.degrade_materiality): a degraded node whose Z dips under
+    # the degrade line while it is held is still cut, never back at full weight before it leaves.
+    ceiling = base / t.degrade_materiality
+    w[deg] = np.clip(base * factor, np.minimum(floor, ceiling), ceiling)[deg]
     warming = state == S.WARMING
     ramp = t.warmup_min_weight_fraction + (1 - t.warmup_min_weight_fraction) * np.minimum(
         a.warm_samples / max(t.warmup_samples, 1), 1.0

@@ -9,7 +9,7 @@ Per node, once per window (default 30 s), over its last ``window_size`` samples:
 - ratio back at or below the threshold -> ``HEALTHY`` (seed 001's *Recovered*).
 
 One guard the seed lacks: a ratio only counts when it also stands out from the peers' ratios
-(``> peer_factor * median ratio``, default 1.5). Under a surge every node queues and every node's tail
+(``> peer_factor * median ratio``, :data:`~detector.thresholds.TAIL_PEER_FACTOR`). Under a surge every node queues and every node's tail
 widens; that is a group condition for admission control, not a node fault.
 
 We run it on the *normalised* signal (latency / cost model), not on raw latency as the seed does:
@@ -34,7 +34,7 @@ from detector.detectors.cross_p50 import cross_p50_slow
 from detector.detectors.verdict import Judging, Verdict
 from detector.nodes import NodeArrays
 from detector.states import Reason
-from detector.thresholds import Thresholds
+from detector.thresholds import TAIL_PEER_FACTOR, Thresholds
 from detector.window import SlidingWindows
 
 
@@ -55,7 +55,7 @@ def tail_step(
     min_samples: int,
     ratio: float,
     windows: int,
-    peer_factor: float = 1.5,
+    peer_factor: float = TAIL_PEER_FACTOR,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One window's evaluation for every node; returns the new ``(status, suspect_windows)``."""
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -16,7 +16,8 @@ latency:
   Prefill time cuts a node's weight on its evidence but is never at quarantine strength on its own
   (no quarantine, no cut at once on one strong reading): under chunked prefill a request's prefill
   shares each step's token budget with the decodes and with other prefills, so it also grows with
-  load (in the simulator's vLLM engine, enough to quarantine healthy nodes);
+  load (in the simulator's vLLM engine, enough to quarantine healthy nodes), so it takes part only
+  near its own, higher cut line (``prefill_materiality``, 1.5x; under it decode decides);
   TTFT and total latency include the queue, and near saturation a node's queue grows by chance:
   cutting it on them pushes its load onto peers whose queues then grow (a cascade a healthy fleet at
   70% load does not survive). A node without enough queue-free samples yet waits rather than be
@@ -27,8 +28,9 @@ latency:
   only for a node cut that long ago and still over the degrade line;
 - seed mode judges its one signal as it is.
 
-``excess`` is the deciding signal's ``EMA / baseline``: the materiality lines (1.15x to degrade, 1.5x
-to quarantine) keep a very uniform group from turning a 1% difference into a huge Z.
+``excess`` is the deciding signal's ``EMA / baseline``: the materiality lines (1.15x to cut on decode,
+1.5x to cut on prefill time or to quarantine, :func:`materiality`) keep a very uniform group from
+turning a 1% difference into a huge Z.
 
 **How much** a node judged slow is cut is the one place where the queue counts: a degraded node's
 weight follows the largest Z of any signal (``weight_score``), so a slow GPU that has also built a
@@ -59,7 +61,7 @@ from detector.moves import lookup
 from detector.nodes import NodeArrays
 from detector.signals import QUEUE_FREE, SIGNALS, SignalModel
 from detector.states import BASELINE_STATES, OUT_OF_SERVICE, NodeState, Reason
-from detector.thresholds import Thresholds
+from detector.thresholds import EXIT_MATERIALITY_FRACTION, Thresholds
 
 S = NodeState
 _OUT = lookup(OUT_OF_SERVICE)
@@ -168,7 +170,15 @@ def decide(view: PeerView, a: NodeArrays, t: Thresholds, now: float) -> Decision
         rows = np.array([SIGNALS.index(s) for s in _queue_free_with_baseline(view.baseline)], dtype=np.int64)
         queue_free = np.full(n, len(rows) > 0)
         if len(rows):
-            q_score, arg = _nan_max(view.z[rows])
+            z = view.z[rows]
+            if PREFILL_TIME in rows:
+                # Prefill time takes part only once it is near its own line (prefill_materiality):
+                # under it, a node's prefill time moves with its load, and decode speaks for it.
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    near = view.ema[PREFILL_TIME] / base[PREFILL_TIME] >= exit_line(t.prefill_materiality)
+                z = z.copy()
+                z[rows == PREFILL_TIME] = np.where(near, z[rows == PREFILL_TIME], np.nan)
+            q_score, arg = _nan_max(z)
             q_which = np.where(arg >= 0, rows[np.maximum(arg, 0)], -1)
         else:
             q_score, q_which = score, which
@@ -177,7 +187,7 @@ def decide(view: PeerView, a: NodeArrays, t: Thresholds, now: float) -> Decision
             q_excess = np.where(q_which >= 0, view.ema[k, cols] / base[k], np.nan)
     queue_laden = ~queue_free & (t.baseline_mode == "robust")
     cut_long = np.isfinite(a.cut_at) & (now - a.cut_at >= t.queue_drain_s)
-    drained_over = cut_long & np.isfinite(q_score) & (q_score >= t.degrade_z) & (q_excess >= t.degrade_materiality)
+    drained_over = cut_long & np.isfinite(q_score) & (q_score >= t.degrade_z) & (q_excess >= materiality(q_which, t))
     return Decision(score=q_score, excess=q_excess, which=q_which, weight_score=score, queue_free=queue_free,
                     queue_laden=queue_laden, new=np.where(queue_laden, a.new_drained, a.new_samples),
                     drained_over=drained_over, name=_group_signal(view, t), may_quarantine=q_which != PREFILL_TIME)
@@ -213,13 +223,26 @@ class Lines:
     still_d: np.ndarray  # not clearly back under it (hysteresis: leaving DEGRADED needs a margin)
 
 
+def materiality(which: np.ndarray, t: Thresholds) -> np.ndarray:
+    """Each node's cut line on its deciding signal (``which``, an index into
+    :data:`~detector.signals.SIGNALS`): ``prefill_materiality`` on prefill time, else
+    ``degrade_materiality``."""
+    return np.where(which == PREFILL_TIME, t.prefill_materiality, t.degrade_materiality)
+
+
+def exit_line(m: float | np.ndarray) -> float | np.ndarray:
+    """The excess under which a cut node counts as back (:data:`EXIT_MATERIALITY_FRACTION` of the way
+    from its peers to its cut line ``m``)."""
+    return 1.0 + EXIT_MATERIALITY_FRACTION * (m - 1.0)
+
+
 def lines(d: Decision, t: Thresholds) -> Lines:
     finite = np.isfinite(d.score)
+    m = materiality(d.which, t)
     return Lines(
         over_q=finite & (d.score >= t.quarantine_z) & (d.excess >= t.quarantine_materiality) & d.may_quarantine,
-        over_d=finite & (d.score >= t.degrade_z) & (d.excess >= t.degrade_materiality),
-        still_d=finite & (d.score >= t.degrade_z - t.degrade_hysteresis)
-        & (d.excess >= 1.0 + (t.degrade_materiality - 1.0) / 2),
+        over_d=finite & (d.score >= t.degrade_z) & (d.excess >= m),
+        still_d=finite & (d.score >= t.degrade_z - t.degrade_hysteresis) & (d.excess >= exit_line(m)),
     )
 
 
@@ -255,7 +278,7 @@ def evidence(a: NodeArrays) -> np.ndarray:
 
 def feed_evidence(a: NodeArrays, t: Thresholds, last: dict[str, float], node: np.ndarray, v: np.ndarray, s: str,
                   sigma: float | np.ndarray | None = None) -> None:
-    """Feed each sample's excess over the degrade materiality line into its node's CUSUM of signal
+    """Feed each sample's excess over its signal's cut line (:func:`materiality`) into its node's CUSUM of signal
     ``s`` (``evidence_prefill`` for ``prefill_time``, ``evidence`` otherwise), against the last
     tick's baseline, in units of ``sigma`` (default: the group's per-request spread of ``s``; per
     sample when an array). ``node`` is grouped by node, time order within."""
@@ -273,6 +296,7 @@ def feed_evidence(a: NodeArrays, t: Thresholds, last: dict[str, float], node: np
         a.q_hits += np.bincount(node[ok & (v >= base * t.quarantine_materiality)], minlength=n)
         x_q = excess_over_line(v[ok], base, t.quarantine_materiality, sigma[ok])
         a.evidence_q = cusum_update(a.evidence_q, node[ok], x_q, allowance=t.evidence_allowance, cap=cap)
-    x = excess_over_line(v[ok], base, t.degrade_materiality, sigma[ok])
+    line = t.prefill_materiality if s == "prefill_time" else t.degrade_materiality
+    x = excess_over_line(v[ok], base, line, sigma[ok])
     column = "evidence_prefill" if s == "prefill_time" else "evidence"
     setattr(a, column, cusum_update(getattr(a, column), node[ok], x, allowance=t.evidence_allowance, cap=cap))

@@ -8,6 +8,7 @@ import itertools
 import math
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -95,23 +96,76 @@ def test_one_batch_equals_the_same_samples_in_pieces(seed, cuts, slow):
         (t.node, t.from_state, t.to_state, t.reason) for t in b.transitions]
 
 
-def test_a_pending_node_leaves_only_clearly_under_the_line_as_a_degraded_one_does():
-    """Issue 26 item 3: a node pending approval went back to healthy at Z 2.99 (its line 3.0 in that
-    group), its proposal superseded, only for a new one to open later. A pending node clears with the
-    same margin as a degraded one (``degrade_hysteresis``); in between it keeps its proposal."""
+def _soft_step(a: NodeArrays, t: Thresholds, now: float, score: np.ndarray, excess: float = 1.3) -> None:
+    """One evaluation's soft degrade for nodes whose deciding signal reads ``score`` (Z) and
+    ``excess`` (EMA / baseline), no cut wanted and nothing ejected."""
     from detector.detectors.zscore import lines
     from detector.ejection import Ejection, soft_degrade
 
-    t = Thresholds(require_approval=True)  # degrade_z 2.0, hysteresis 0.5, materiality 1.15
+    d = _decision(np.asarray(score, dtype=float))
+    d.excess[:] = excess
+    n = len(a)
+    soft_degrade(a, t, now, np.zeros(n, dtype=bool), lines(d, t),
+                 Ejection(cause=np.full(n, -1, dtype=np.int8), blocked=np.zeros(n, dtype=bool),
+                          safeguard_reason=None), Moves(a.state))
+
+
+def test_a_pending_node_leaves_only_clearly_under_the_line_as_a_degraded_one_does():
+    """Issue 26 item 3: a node pending approval went back to healthy at Z 2.99 (its line 3.0 in that
+    group), its proposal superseded, only for a new one to open later. A pending node clears with the
+    same margin and dwell as a degraded one (``degrade_hysteresis``, ``degrade_exit_dwell_s``); in
+    between it keeps its proposal."""
+    t = Thresholds(require_approval=True)  # degrade_z 2.0, hysteresis 0.5, materiality 1.15, dwell 30 s
     # Z just under the degrade line, half-way down the margin, and clearly back.
-    score = np.array([1.99, 1.6, 1.4])
-    d = _decision(score)
-    d.excess[:] = 1.3
+    score = [1.99, 1.6, 1.4]
     for start in (S.PENDING_APPROVAL, S.DEGRADED):
         a = NodeArrays([f"n{i}" for i in range(3)])
         a.state[:] = start
-        moves = Moves(a.state)
-        soft_degrade(a, 100.0, np.zeros(3, dtype=bool), lines(d, t),
-                     Ejection(cause=np.full(3, -1, dtype=np.int8), blocked=np.zeros(3, dtype=bool),
-                              safeguard_reason=None), moves)
+        for now in np.arange(100.0, 100.0 + t.degrade_exit_dwell_s, 1.0):
+            _soft_step(a, t, now, score)
+            assert [NodeState(int(s)) for s in a.state] == [start] * 3, (start, now)
+        _soft_step(a, t, 100.0 + t.degrade_exit_dwell_s, score)
         assert [NodeState(int(s)) for s in a.state] == [start, start, S.HEALTHY], start
+
+
+#: The demo's PCIe-degraded a100-02 under the approval policy (issue 26 item 3), one reading every 5 s:
+#: cut at Z 12, then at the floor weight its smaller batch read faster: Z 2.5 and 1.8, dips under the
+#: exit line (1.2) of 10 s and 20 s (it went back to weight 100 for 11 s and 37 s), once 2.99, and
+#: up again whenever it had traffic.
+DEMO_Z = [12.0, 12.0, 2.5, 2.5, 1.8, 1.8, 1.2, 1.2, 1.2, 6.0, 12.0, 2.5, 1.8, 1.2, 1.2, 1.2, 1.2, 1.2, 1.8,
+          2.99, 2.99, 12.0, 9.0, 1.8, 2.5, 12.0] * 4
+
+
+@pytest.mark.parametrize("start", [S.PENDING_APPROVAL, S.DEGRADED])
+def test_the_demos_flapping_sequence_holds_the_node_and_never_gives_it_full_weight(start):
+    """Replaying the demo's Z series, 5 s apart: the node stays where the detector put it (no
+    ``condition_cleared``/``z_recovered`` while its dips are shorter than the dwell), and a degraded node's weight is
+    under base at every reading, also while its Z is under ``degrade_z``. Before: it left at the first
+    reading under the exit line (1.2) and a degraded one was published at 100/100 at every reading
+    under 2.0 (1.8)."""
+    from detector.weights import weights
+
+    t = Thresholds(require_approval=start == S.PENDING_APPROVAL)
+    a = NodeArrays(["a100-02"])
+    a.base[:] = 100.0
+    a.state[:] = start
+    for k, z in enumerate(DEMO_Z):
+        _soft_step(a, t, 1000.0 + 5.0 * k, [z], excess=1.0 + 0.05 * z)
+        assert NodeState(int(a.state[0])) == start, (k, z)
+        w = float(weights(a, t, np.array([z]))[0])
+        assert w < 100.0, (k, z, w)
+
+
+def test_a_node_that_recovered_leaves_after_the_dwell_and_a_relapse_restarts_it():
+    """Under the exit line for the dwell, without a break: a reading back over it restarts the count."""
+    t = Thresholds()
+    a = NodeArrays(["n0"])
+    a.state[:] = S.DEGRADED
+    _soft_step(a, t, 0.0, [1.0], excess=1.0)
+    _soft_step(a, t, t.degrade_exit_dwell_s - 1.0, [1.0], excess=1.0)
+    _soft_step(a, t, t.degrade_exit_dwell_s - 0.5, [2.2], excess=1.3)  # a relapse
+    _soft_step(a, t, t.degrade_exit_dwell_s, [1.0], excess=1.0)
+    _soft_step(a, t, 2 * t.degrade_exit_dwell_s - 0.5, [1.0], excess=1.0)
+    assert NodeState(int(a.state[0])) == S.DEGRADED
+    _soft_step(a, t, 2 * t.degrade_exit_dwell_s, [1.0], excess=1.0)
+    assert NodeState(int(a.state[0])) == S.HEALTHY

@@ -79,7 +79,7 @@ def test_a_steadily_slightly_slower_node_is_not_cut_but_a_throttled_one_is():
 def _cuts_of_a_flapping_node(seconds: float) -> list:
     """Node 3 is 35% slower at full weight and at par once cut (a smaller batch decodes faster)."""
     fleet = Fleet(16, seed=12)
-    gd = GroupDetector(Thresholds(), fleet.nodes)
+    gd = GroupDetector(Thresholds(degrade_exit_dwell_s=0.0), fleet.nodes)
     run(gd, fleet, 0, 30)
     cuts, t = [], 30.0
     for _ in range(round(seconds / 0.2)):
@@ -92,6 +92,7 @@ def _cuts_of_a_flapping_node(seconds: float) -> list:
 
 
 def test_flap_damping_doubles_the_evidence_each_new_cut_needs(monkeypatch):
+    # Flap damping on its own: without the exit dwell (which alone spaces the cuts 30 s apart).
     damped = _cuts_of_a_flapping_node(300)
     assert [c.detail.split("cut at ")[1].split(",")[0] for c in damped[:4]] == ["8", "16", "32", "64"]
     monkeypatch.setattr(ejection_module, "MAX_FLAP_DOUBLINGS", 0)  # no damping: the line stays at 8
