@@ -10,7 +10,7 @@ unreachable, the tick (:mod:`outlier_admin.control.tick`, the same pipeline) run
   stored there) and are applied by the first normal tick after it returns;
 - the weights ``version`` continues from the detector state's (the group lock makes ticks of a group
   sequential), and :func:`drain` lifts ``ModelGroup.weights_version`` to it so the version stays
-  monotonic once PostgreSQL is back;
+  monotonic once PostgreSQL is back (with the tick's own writer, :func:`~outlier_admin.control.rows.write_rows`);
 - the rows a normal tick would write go to a Redis list (:func:`outlier_admin.keys.outbox`) (one JSON item per
   tick) **in the same MULTI/EXEC as the weights document and the detector state**: the samples are
   applied and their rows kept together or not at all; only then are the stream entries acknowledged.
@@ -47,7 +47,7 @@ from detector import GroupDetector
 from outlier_admin import keys
 from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.control.models import Transition as TransitionRow
-from outlier_admin.control.rows import rows_of_tick
+from outlier_admin.control.rows import BASELINE_COLUMNS, HISTORY_COLUMNS, TickRows, rows_of_tick, write_rows
 from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.gateway_client import is_cluster
 from outlier_admin.observability.outage import DB_OUTAGE_ERRORS
@@ -180,13 +180,7 @@ def drain(r: redis.Redis, group: ModelGroup, *, max_items: int = 200) -> int:
     flag, items = pipe.execute()
     if flag is None and not items:
         return 0
-    inserted = 0
     with transaction.atomic():
-        if flag is not None:
-            published = int(flag)
-            ModelGroup.objects.filter(pk=group.pk, weights_version__lt=published).update(weights_version=published)
-            if group.weights_version < published:
-                group.weights_version = published
         pending: dict[str, list[Model]] = {label: [] for label in _MODELS}
         proposals: list[dict[str, Any]] = []
         for raw in items:
@@ -195,12 +189,12 @@ def drain(r: redis.Redis, group: ModelGroup, *, max_items: int = 200) -> int:
                 label, obj = _decode_row(row)
                 pending[label].append(obj)
             proposals.extend(item["proposals"])
-        for label, objs in pending.items():
-            if not objs:
-                continue
-            fresh = _not_yet_written(label, objs)
-            _MODELS[label].objects.bulk_create(fresh, batch_size=2000)
-            inserted += len(fresh)
+        fresh = {label: _not_yet_written(label, objs) if objs else [] for label, objs in pending.items()}
+        rows = TickRows(fresh["transition"], _records(fresh["history"], HISTORY_COLUMNS),
+                        _records(fresh["baseline"], BASELINE_COLUMNS))
+        inserted = len(rows)
+        if rows or flag is not None:  # the version degraded ticks published, raised with the rows
+            write_rows(group, int(flag or 0), rows)
         _mark_applied(items)
         if proposals:
             from outlier_admin.control.actions import do_propose_quarantine
@@ -220,6 +214,11 @@ def drain(r: redis.Redis, group: ModelGroup, *, max_items: int = 200) -> int:
     if items:
         log.info("outbox of %s drained: %d items, %d rows written", group.name, len(items), inserted)
     return inserted
+
+
+def _records(objs: list[Model], columns: tuple[str, ...]) -> list[tuple]:
+    """Rows decoded from the outbox as the writer's records (laid out as ``columns``)."""
+    return [tuple(getattr(o, c) for c in columns) for o in objs]
 
 
 def _mark_applied(items: list[bytes]) -> None:

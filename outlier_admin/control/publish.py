@@ -11,7 +11,7 @@ never half of one)::
 
 - ``version`` increases by one at every publish (every tick), even when no weight changed: it
   doubles as a heartbeat. It is written to Redis first and then recorded in PostgreSQL
-  (``ModelGroup.weights_version``, lifted in the tick's SQL transaction, or by the outbox drain
+  (``ModelGroup.weights_version``, lifted by :func:`record_version` in the tick's SQL write, or by the outbox drain
   after an outage), so the decision reaches the gateways before any SQL write and the version stays
   monotonic across Redis restarts (:func:`next_version`: one more than both).
 - ``weight`` is an integer on the base-weight scale; out-of-service nodes (``quarantined``,
@@ -40,6 +40,9 @@ from typing import Any
 
 import orjson
 from django.conf import settings
+from django.db.models import QuerySet, Value
+from django.db.models.functions import Greatest
+from django.db.models.sql import UpdateQuery
 
 from outlier_admin import keys
 from outlier_admin.control.redis_conn import get_redis
@@ -59,11 +62,37 @@ def next_version(published: int | None, stored: int) -> int:
     return max(int(published or 0), int(stored or 0)) + 1
 
 
-def record_version(group: ModelGroup, version: int) -> None:
-    """Lift ``ModelGroup.weights_version`` to ``version`` (never lowers it) — *after* the document is
-    in Redis, in the tick's SQL transaction."""
-    ModelGroup.objects.filter(pk=group.pk, weights_version__lt=version).update(weights_version=version)
+def _version_update(group: ModelGroup, version: int, fields: dict[str, Any]) -> tuple[QuerySet, dict[str, Any]]:
+    """The rule, stated once: ``weights_version`` is only ever raised (``GREATEST``), and ``fields``
+    (the tick's time, its figures) are set with it."""
+    return (ModelGroup.objects.filter(pk=group.pk),
+            {"weights_version": Greatest("weights_version", Value(version)), **fields})
+
+
+def record_version(group: ModelGroup, version: int, **fields: Any) -> None:
+    """Lift ``ModelGroup.weights_version`` to ``version`` (never lowers it) and set ``fields`` with it,
+    *after* the document is in Redis. The one function that raises the stored version: the tick's
+    PostgreSQL statement embeds the same UPDATE (:func:`version_update_sql`), the ORM path and the
+    outage drain call this (both through :func:`outlier_admin.control.rows.write_rows`)."""
+    rows, values = _version_update(group, version, fields)
+    rows.update(**values)
+    lifted(group, version, **fields)
+
+
+def version_update_sql(group: ModelGroup, version: int, **fields: Any) -> tuple[str, tuple[Any, ...]]:
+    """:func:`record_version`'s UPDATE as SQL and its parameters, for a caller that runs it inside one
+    statement of its own (the tick's write on PostgreSQL); it calls :func:`lifted` once it ran."""
+    rows, values = _version_update(group, version, fields)
+    query = rows.query.chain(UpdateQuery)
+    query.add_update_values(values)
+    return query.get_compiler(rows.db).as_sql()
+
+
+def lifted(group: ModelGroup, version: int, **fields: Any) -> None:
+    """``group`` (the instance) brought to what :func:`record_version` wrote to its row."""
     group.weights_version = max(group.weights_version, version)
+    for name, value in fields.items():
+        setattr(group, name, value)
 
 
 def build_document(group: str, version: int, nodes: list[dict[str, Any]], *, safeguard: bool,

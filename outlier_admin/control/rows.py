@@ -3,20 +3,26 @@ kept in the Redis outbox (:mod:`outlier_admin.control.degraded`): transitions, n
 baselines, detector proposals, and the node rows' new state/weight/last-seen.
 
 One owner for these shapes, imported by the tick pipeline and by the outbox (neither imports the
-other's private functions)."""
+other's private functions), and the one writer of them (:func:`write_rows`)."""
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+import orjson
+from django.db import connection
+from django.db.models import Model
 
 from detector import NodeState, Transition
 from detector.signals import SIGNALS
 from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.control.models import Transition as TransitionRow
+from outlier_admin.control.publish import lifted, record_version, version_update_sql
 from outlier_admin.fleet.models import ModelGroup, Node
 
 
@@ -182,3 +188,106 @@ def node_changes(view: list[dict[str, Any]], states: dict[str, str], by_name: di
         if node.state != state or node.weight != weight or seen_moved:
             out.append((node.pk, state, int(weight), ts(seen) if seen else old))
     return out
+
+
+# --- the one writer ---------------------------------------------------------------------------------
+
+
+@functools.cache
+def _insert(model: type[Model], columns: tuple[str, ...], alias: str) -> str:
+    """``INSERT INTO <model> (columns) SELECT ...`` from a JSON array parameter of rows laid out as
+    ``columns``, in the array's order (``RETURNING id`` then returns them in that order)."""
+    qn = connection.ops.quote_name
+    fields = {f.column: f for f in model._meta.concrete_fields}
+    exprs = []
+    for k, column in enumerate(columns):
+        f = fields[column]
+        kind = f.db_type(connection)
+        if f.get_internal_type() in ("CharField", "TextField", "SlugField"):
+            exprs.append(f"{alias}.v->>{k}")  # no cast: a value too long fails as the ORM's insert would
+        elif kind == "jsonb":
+            exprs.append(f"({alias}.v->{k})::jsonb")
+        else:
+            exprs.append(f"({alias}.v->>{k})::{kind}")
+    return (f"INSERT INTO {qn(model._meta.db_table)} ({', '.join(qn(c) for c in columns)}) "
+            f"SELECT {', '.join(exprs)} FROM json_array_elements(%s::json) WITH ORDINALITY AS {alias}(v, k) "
+            f"ORDER BY {alias}.k")
+
+
+_TRANSITION_COLUMNS = tuple(f.column for f in TransitionRow._meta.concrete_fields if not f.primary_key)
+_TRANSITION_ATTNAMES = tuple(f.attname for f in TransitionRow._meta.concrete_fields if not f.primary_key)
+_JSON = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+
+
+def _json(rows: list[Any]) -> str:
+    return orjson.dumps(rows, option=_JSON).decode()
+
+
+@dataclass
+class TickRows:
+    """What one tick (or one drain of the outbox) writes to SQL: transition rows, history and baseline
+    records (:data:`HISTORY_COLUMNS`, :data:`BASELINE_COLUMNS`) and node changes ``(pk, state,
+    weight, last_seen)``."""
+
+    transitions: list[TransitionRow] = field(default_factory=list)
+    history: list[tuple] = field(default_factory=list)
+    baselines: list[tuple] = field(default_factory=list)
+    nodes: list[tuple[int, str, int, datetime | None]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.transitions) + len(self.history) + len(self.baselines)
+
+
+def write_rows(group: ModelGroup, version: int, rows: TickRows, **fields: Any) -> list[int]:
+    """The one writer of a tick's rows, for the tick (:class:`~outlier_admin.control.sql_store.SqlStore`)
+    and the outage drain (:func:`~outlier_admin.control.degraded.drain`): insert the transitions,
+    history and baselines, update the node rows that moved, and raise the group's version with
+    ``fields`` set (:func:`~outlier_admin.control.publish.record_version`: the tick's time and
+    figures). On PostgreSQL one statement (no ``BEGIN``/``COMMIT`` needed); elsewhere (the demo's
+    SQLite) through the ORM. Returns the transitions' primary keys, in order."""
+    if connection.vendor != "postgresql":
+        return _write_rows_orm(group, version, rows, fields)
+    transitions, history, baselines, nodes = rows.transitions, rows.history, rows.baselines, rows.nodes
+    qn = connection.ops.quote_name
+    ctes: list[str] = []
+    params: list[Any] = []
+    if history:
+        ctes.append(f"history AS ({_insert(NodeHistory, HISTORY_COLUMNS, 'h')})")
+        params.append(_json(history))
+    if baselines:
+        ctes.append(f"baselines AS ({_insert(GroupBaseline, BASELINE_COLUMNS, 'b')})")
+        params.append(_json(baselines))
+    if nodes:
+        ctes.append(f"nodes AS (UPDATE {qn(Node._meta.db_table)} AS n SET state = u.v->>1, "
+                    "weight = (u.v->>2)::integer, last_seen = (u.v->>3)::timestamptz "
+                    "FROM json_array_elements(%s::json) AS u(v) WHERE n.id = (u.v->>0)::bigint)")
+        params.append(_json(nodes))
+    group_update, group_params = version_update_sql(group, version, **fields)
+    if transitions:
+        ctes.append(f"tick AS ({group_update})")
+        params += group_params
+        primary = f"{_insert(TransitionRow, _TRANSITION_COLUMNS, 't')} RETURNING id"
+        params.append(_json([[getattr(t, a) for a in _TRANSITION_ATTNAMES] for t in transitions]))
+    else:
+        primary = group_update
+        params += group_params
+    sql = (f"WITH {', '.join(ctes)} " if ctes else "") + primary
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        ids = [r[0] for r in cur.fetchall()] if transitions else []
+    lifted(group, version, **fields)
+    return ids
+
+
+def _write_rows_orm(group: ModelGroup, version: int, rows: TickRows, fields: dict[str, Any]) -> list[int]:
+    """:func:`write_rows` through the ORM (a database other than PostgreSQL: the demo's SQLite)."""
+    transitions, history, baselines, nodes = rows.transitions, rows.history, rows.baselines, rows.nodes
+    TransitionRow.objects.bulk_create(transitions)
+    NodeHistory.objects.bulk_create([NodeHistory(**dict(zip(HISTORY_COLUMNS, h, strict=True))) for h in history],
+                                    batch_size=500)
+    GroupBaseline.objects.bulk_create([GroupBaseline(**dict(zip(BASELINE_COLUMNS, b, strict=True)))
+                                       for b in baselines])
+    Node.objects.bulk_update([Node(id=pk, state=state, weight=weight, last_seen=seen)
+                              for pk, state, weight, seen in nodes], ["state", "weight", "last_seen"], batch_size=500)
+    record_version(group, version, **fields)
+    return [t.pk for t in transitions]

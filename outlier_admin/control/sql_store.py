@@ -8,8 +8,9 @@ What a tick costs in SQL, on PostgreSQL:
   instances of the last tick serve again (no row is converted, no model instantiated); otherwise
   only the nodes whose row changed are updated. Every tick still reads: nodes are registered,
   retired and edited by other processes, and the version in SQL outlives a Redis restart;
-- **one write**: the transitions, the node history and group baselines, the node rows that changed
-  and the group's version and tick time in one statement (data-modifying ``WITH``; rows passed as one
+- **one write** (:func:`outlier_admin.control.rows.write_rows`, the outage drain's writer too): the
+  transitions, the node history and group baselines, the node rows that changed and the group's
+  version and tick time in one statement (data-modifying ``WITH``; rows passed as one
   JSON parameter each, not one bind parameter per value), atomic by itself, so no ``BEGIN`` /
   ``COMMIT``. A tick that applied operator inputs, opens a proposal or closes one also runs the
   ORM's statements for those, then in one transaction with it.
@@ -29,18 +30,14 @@ from typing import Any
 import orjson
 import redis
 from django.db import connection
-from django.db.models import Model, Value
-from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from detector import GroupDetector, NodeState
 from outlier_admin import keys
 from outlier_admin.control import degraded, operator_inputs
-from outlier_admin.control.models import CanaryProbe, GroupBaseline, NodeHistory
-from outlier_admin.control.models import Transition as TransitionRow
+from outlier_admin.control.models import CanaryProbe
 from outlier_admin.control.rows import (
-    BASELINE_COLUMNS,
-    HISTORY_COLUMNS,
+    TickRows,
     baseline_records,
     group_figures,
     history_records,
@@ -48,6 +45,7 @@ from outlier_admin.control.rows import (
     rows_of_tick,
     transition_row,
     ts,
+    write_rows,
 )
 from outlier_admin.fleet.models import ModelGroup, Node
 
@@ -175,94 +173,6 @@ def load_group(name: str) -> tuple[ModelGroup, str]:
 # --- writing a tick's rows in one statement -----------------------------------------------------------
 
 
-@functools.cache
-def _insert(model: type[Model], columns: tuple[str, ...], alias: str) -> str:
-    """``INSERT INTO <model> (columns) SELECT ...`` from a JSON array parameter of rows laid out as
-    ``columns``, in the array's order (``RETURNING id`` then returns them in that order)."""
-    qn = connection.ops.quote_name
-    fields = {f.column: f for f in model._meta.concrete_fields}
-    exprs = []
-    for k, column in enumerate(columns):
-        f = fields[column]
-        kind = f.db_type(connection)
-        if f.get_internal_type() in ("CharField", "TextField", "SlugField"):
-            exprs.append(f"{alias}.v->>{k}")  # no cast: a value too long fails as the ORM's insert would
-        elif kind == "jsonb":
-            exprs.append(f"({alias}.v->{k})::jsonb")
-        else:
-            exprs.append(f"({alias}.v->>{k})::{kind}")
-    return (f"INSERT INTO {qn(model._meta.db_table)} ({', '.join(qn(c) for c in columns)}) "
-            f"SELECT {', '.join(exprs)} FROM json_array_elements(%s::json) WITH ORDINALITY AS {alias}(v, k) "
-            f"ORDER BY {alias}.k")
-
-
-_TRANSITION_COLUMNS = tuple(f.column for f in TransitionRow._meta.concrete_fields if not f.primary_key)
-_TRANSITION_ATTNAMES = tuple(f.attname for f in TransitionRow._meta.concrete_fields if not f.primary_key)
-_JSON = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
-
-
-def _json(rows: list[Any]) -> str:
-    return orjson.dumps(rows, option=_JSON).decode()
-
-
-def write_rows(group: ModelGroup, version: int, stamp: datetime, transitions: list[TransitionRow],
-               history: list[tuple], baselines: list[tuple],
-               nodes: list[tuple[int, str, int, datetime | None]], figures: dict[str, Any] | None = None) -> list[int]:
-    """Insert the tick's transitions, history and baselines, update the node rows that moved and the
-    group's version (never lowered), tick time and ``figures`` (:func:`~outlier_admin.control.rows.
-    group_figures`: the deciding signal and the safeguard): one statement on PostgreSQL. Returns the
-    transitions' primary keys, in order."""
-    qn = connection.ops.quote_name
-    ctes: list[str] = []
-    params: list[Any] = []
-    if history:
-        ctes.append(f"history AS ({_insert(NodeHistory, HISTORY_COLUMNS, 'h')})")
-        params.append(_json(history))
-    if baselines:
-        ctes.append(f"baselines AS ({_insert(GroupBaseline, BASELINE_COLUMNS, 'b')})")
-        params.append(_json(baselines))
-    if nodes:
-        ctes.append(f"nodes AS (UPDATE {qn(Node._meta.db_table)} AS n SET state = u.v->>1, "
-                    "weight = (u.v->>2)::integer, last_seen = (u.v->>3)::timestamptz "
-                    "FROM json_array_elements(%s::json) AS u(v) WHERE n.id = (u.v->>0)::bigint)")
-        params.append(_json(nodes))
-    figures = figures or {}
-    sets = "".join(f", {qn(ModelGroup._meta.get_field(f).column)} = %s" for f in figures)
-    group_update = (f"UPDATE {qn(ModelGroup._meta.db_table)} SET weights_version = GREATEST(weights_version, %s), "
-                    f"last_tick_at = %s{sets} WHERE id = %s")
-    group_params = [version, stamp, *figures.values(), group.pk]
-    if transitions:
-        ctes.append(f"tick AS ({group_update})")
-        params += group_params
-        rows = [[getattr(t, a) for a in _TRANSITION_ATTNAMES] for t in transitions]
-        primary = f"{_insert(TransitionRow, _TRANSITION_COLUMNS, 't')} RETURNING id"
-        params.append(_json(rows))
-    else:
-        primary = group_update
-        params += group_params
-    sql = (f"WITH {', '.join(ctes)} " if ctes else "") + primary
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        return [r[0] for r in cur.fetchall()] if transitions else []
-
-
-def _write_rows_orm(group: ModelGroup, version: int, stamp: datetime, transitions: list[TransitionRow],
-                    history: list[tuple], baselines: list[tuple],
-                    nodes: list[tuple[int, str, int, datetime | None]], figures: dict[str, Any] | None = None
-                    ) -> list[int]:
-    """:func:`write_rows` through the ORM (a database other than PostgreSQL: the demo's SQLite)."""
-    TransitionRow.objects.bulk_create(transitions)
-    NodeHistory.objects.bulk_create([NodeHistory(**dict(zip(HISTORY_COLUMNS, h, strict=True))) for h in history],
-                                    batch_size=500)
-    GroupBaseline.objects.bulk_create([GroupBaseline(**dict(zip(BASELINE_COLUMNS, b, strict=True)))
-                                       for b in baselines])
-    Node.objects.bulk_update([Node(id=pk, state=state, weight=weight, last_seen=seen)
-                              for pk, state, weight, seen in nodes], ["state", "weight", "last_seen"], batch_size=500)
-    ModelGroup.objects.filter(pk=group.pk).update(weights_version=Greatest("weights_version", Value(version)),
-                                                  last_tick_at=stamp, **(figures or {}))
-    return [t.pk for t in transitions]
-
-
 class SqlStore:
     """The tick's store with PostgreSQL up (see the module docstring)."""
 
@@ -336,10 +246,9 @@ class SqlStore:
             history = history_records(out.ev, out.node_ids, at, None if out.write_all else moved)
             # The baseline every Z of this write was measured against, one row per signal.
             baselines = baseline_records(out.ev, group.pk, at) if history else []
-            write = write_rows if connection.vendor == "postgresql" else _write_rows_orm
-            figures = group_figures(out.ev)
-            ids = write(group, out.version, stamp, transition_rows, history, baselines,
-                        node_changes(out.view, out.states, by_name, out.last_seen), figures)
+            rows = TickRows(transition_rows, history, baselines,
+                            node_changes(out.view, out.states, by_name, out.last_seen))
+            ids = write_rows(group, out.version, rows, last_tick_at=stamp, **group_figures(out.ev))
             for row, pk in zip(transition_rows, ids, strict=True):
                 row.pk = pk
             for t in transitions:
@@ -351,9 +260,6 @@ class SqlStore:
                 pr.applied_at = stamp
             if probes:
                 CanaryProbe.objects.bulk_update(probes, ["passed", "normalised_latency", "applied_at"])
-            group.weights_version = max(group.weights_version, out.version)
-            for f, v in figures.items():
-                setattr(group, f, v)
         if out.marks:
             # Stamped applied above, or by the drain if the write went to the outbox.
             clear_marks(r, group.name, out.marks)
