@@ -4,11 +4,24 @@ in REDIS_URL only, never FLUSHALL)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+# Property tests run beside four other engineers' suites on two cores: a per-example deadline (the
+# default is 200 ms) measures the machine, not the code, so there is none; examples come from a fixed
+# seed, so a failure reproduces; each test keeps its own max_examples. HYPOTHESIS_PROFILE=explore
+# draws fresh random examples, ten times as many, to look for new failures.
+hypothesis_settings.register_profile("outlier", deadline=None, derandomize=True,
+                                     suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.register_profile("explore", parent=hypothesis_settings.get_profile("outlier"),
+                                     derandomize=False, max_examples=1000)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "outlier"))
 
 
 @pytest.fixture

@@ -27,7 +27,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pyt
 ROOT = Path(__file__).resolve().parents[2]
 GROUPS = [f"t{i}" for i in range(8)]
 LOCK_TTL_MS = 2000
-HEARTBEAT_MS = 6000  # long: a tick within a second of a row can only be event-driven
+HEARTBEAT_MS = 60_000  # past the waits below: a tick within them is event-driven (rows, a new owner)
+STALE_AFTER_S = 300  # control.checks: lock TTL + 2 heartbeats within half a document's lifetime
 
 
 @pytest.fixture
@@ -36,7 +37,8 @@ def tickers(redis_client, settings, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("TICK_INTERVAL_MS", "TICK_LOCK_TTL_MS")}
     env.update(DJANGO_SETTINGS_MODULE="outlier_admin.settings", REDIS_URL=settings.REDIS_URL, OUTLIER_TESTING="1",
                DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-               TICK_LOCK_TTL_MS=str(LOCK_TTL_MS), TICK_INTERVAL_MS=str(HEARTBEAT_MS), LOG_LEVEL="WARNING",
+               TICK_LOCK_TTL_MS=str(LOCK_TTL_MS), TICK_INTERVAL_MS=str(HEARTBEAT_MS),
+               WEIGHTS_STALE_AFTER_S=str(STALE_AFTER_S), LOG_LEVEL="WARNING",
                WORKER_METRICS_PORT="0")
     procs: dict[str, subprocess.Popen] = {}
 
@@ -69,27 +71,27 @@ def test_groups_are_sharded_ticked_on_rows_and_move_when_a_ticker_dies(tickers, 
         return {k.decode(): int(v) for k, v in redis_client.hgetall(TICKER_GROUPS_KEY).items()}
 
     assert wait_for(lambda: owned() == expected, 5), owned()  # each renewal recomputes its share
-    owned = owned()
-    assert owned["wa"] > 0 and owned["wb"] > 0 and sum(owned.values()) == len(GROUPS)
+    shares = owned()
+    assert shares["wa"] > 0 and shares["wb"] > 0 and sum(shares.values()) == len(GROUPS)
 
-    # Event-driven: rows reach the document well before the 6 s heartbeat.
+    # Event-driven: the rows reach the document with the heartbeat a minute away (the waits below
+    # only guard against a hang; bench.pipeline measures the row-to-tick latency).
     target = GROUPS[0]
+    others = {g: read_weights(g)["version"] for g in GROUPS[1:]}
     before = read_weights(target)["version"]
-    time.sleep(0.3)  # off the startup burst
     fed_at = time.time()
     recs = make_records(fed_at, group=target, nodes=4, per_node=5, rng=np.random.default_rng(1))
     assert submit([(i + 1, r, None) for i, r in enumerate(recs)], source="test").accepted == len(recs)
-    assert wait_for(lambda: read_weights(target)["version"] > before, 3), "ticked on the new rows"
-    assert time.time() - fed_at < 2.0
+    assert wait_for(lambda: read_weights(target)["version"] > before, 30), "ticked on the new rows"
+    assert {g: read_weights(g)["version"] for g in GROUPS[1:]} == others, "only the group with new rows"
 
-    # SIGKILL one ticker: its groups move to the survivor within the lock TTL (+ one poll).
+    # SIGKILL one ticker: its groups move to the survivor (after the lock's TTL), which ticks each
+    # of them at once as new to it, long before any heartbeat.
     victim_groups = [g for g in GROUPS if owner_of(g, ["wa", "wb"]) == "wa"]
     procs_killed_at = time.time()
     victim.send_signal(signal.SIGKILL)
-    moved = wait_for(lambda: all(read_weights(g)["generated_at"] > procs_killed_at for g in victim_groups),
-                  LOCK_TTL_MS / 1000.0 + 3)
-    took = time.time() - procs_killed_at
-    assert moved, f"the dead ticker's groups were not ticked again within {took:.1f} s"
-    assert took <= LOCK_TTL_MS / 1000.0 + 1.0
+    moved = wait_for(lambda: all(read_weights(g)["generated_at"] > procs_killed_at for g in victim_groups), 30)
+    assert moved, "the dead ticker's groups were not ticked again"
+    assert wait_for(lambda: owned().get("wb") == len(GROUPS), 10), owned()  # (the dead one's entry stays)
     assert tickers_alive(redis_client) == ["wb"]
 

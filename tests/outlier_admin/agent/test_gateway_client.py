@@ -183,10 +183,10 @@ def test_run_loop_reacts_to_pubsub_and_to_the_clock(redis_client, group):
     thread.start()
     try:
         _wait(lambda: len(updates) >= 1)
-        t0 = time.time()
         publish(redis_client, weights_document(group, 2, SERVERS, quarantined=("b",), stale_after_s=1.5))
+        # Delivered while the next poll is 30 s away (the wait gives up after 3 s): only the
+        # pub/sub notification can have brought it.
         _wait(lambda: any(u.version == 2 for u in updates))
-        assert time.time() - t0 < 1.0  # pub/sub, not the 30 s poll
         _wait(lambda: updates[-1].mode == MODE_FAIL_OPEN, timeout=4.0)
         assert [n.weight for n in updates[-1].nodes] == [100, 100, 100]
     finally:

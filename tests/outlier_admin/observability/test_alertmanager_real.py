@@ -1,7 +1,7 @@
 """Against the real Debian ``prometheus-alertmanager`` (installed by scripts/ensure-system-packages.sh):
 with ALERT_RESEND_S=2 an alert's first endsAt is 8 s after its send, so a quarantined node's alert that
-is still active 30 s later is alive only because it is re-sent; after the node's release it must be
-resolved — the same alert, no second one — within two resend intervals."""
+is still active 30 s later is alive only because it is re-sent; after the node's release the next scan
+resolves it — the same alert, no second one."""
 
 from __future__ import annotations
 
@@ -103,10 +103,13 @@ def test_quarantine_alert_stays_active_and_resolves_as_the_same_alert(settings, 
 
     do_release(target, actor="test", reason="fan replaced")
     assert run_tick(group).states[target.name] == "healthy"
-    released = time.monotonic()  # the tick that released the node has committed
+    # The next scan sends it resolved (endsAt now, the labels it fired with); Alertmanager then holds
+    # no active alert about the node (the wait only guards against a hang).
+    res = scan_events()
+    assert ("resolved", target.name) in [(a.status, a.node) for a in res.alerts]
+    deadline = time.monotonic() + 30
     while _ours(alertmanager, target.name):
-        assert time.monotonic() - released <= 2 * RESEND_S, "not resolved within two resend intervals"
-        scan_events()
+        assert time.monotonic() < deadline, "Alertmanager did not take the resolve"
         time.sleep(0.2)
     # Resolved, not replaced: Alertmanager still holds the one alert, ended (it keeps resolved alerts
     # for a while); there is no second alert about the node.
