@@ -49,7 +49,10 @@ def _no_detail(reason: Reason, i: int) -> str:
 @dataclass
 class Outcome:
     """What :func:`evaluate` decided: the deciding signal per node, the lines, every verdict (before
-    dry run and the cap), what the cap let through, the probes due and the safeguard's figures."""
+    dry run and the cap), what the cap let through, the probes due, the safeguard's figures, and each
+    node's ``evidence`` toward a weight cut as the verdicts saw it, before the end of the tick resets
+    it for a node that left service: the history records this value, so a replay of the tick (the
+    threshold preview) sees the evidence a quarantine was decided on."""
 
     decision: Decision
     lines: Lines
@@ -57,6 +60,7 @@ class Outcome:
     ejection: ejection.Ejection
     probes_due: np.ndarray
     safeguard: Safeguard
+    evidence: np.ndarray
 
 
 def evaluate(a: NodeArrays, t: Thresholds, now: float, view: PeerView, detectors: Sequence[Detector],
@@ -81,6 +85,7 @@ def evaluate(a: NodeArrays, t: Thresholds, now: float, view: PeerView, detectors
                 ungated |= ejection.enforced(v, t)
             verdicts.append(v)
     degrade_now = ejection.degrade_wanted(a, t, lines)
+    evidence = zscore.evidence(a)
     ej = ejection.eject(a, t, now, verdicts, d, moves, explain)
     ejection.soft_degrade(a, t, now, degrade_now, lines, ej, moves)
     due = np.zeros(len(a), dtype=bool)
@@ -90,4 +95,5 @@ def evaluate(a: NodeArrays, t: Thresholds, now: float, view: PeerView, detectors
     ejection.end_of_tick(a, now)
     safeguard = Safeguard(limit=ejection.cap(t, len(a)), counted=int(_COUNTED[a.state].sum()),
                           held=int(ej.blocked.sum()))
-    return Outcome(decision=d, lines=lines, verdicts=verdicts, ejection=ej, probes_due=due, safeguard=safeguard)
+    return Outcome(decision=d, lines=lines, verdicts=verdicts, ejection=ej, probes_due=due, safeguard=safeguard,
+                   evidence=evidence)

@@ -67,7 +67,8 @@ class Evaluation:
     fallback_reason: str | None = None
     probes_due: list[str] = field(default_factory=list)
     peers: dict[str, int] = field(default_factory=dict)  # nodes in each signal's baseline
-    # Per node: the sequential evidence that gates a weight cut (robust mode; see detector.evidence),
+    # Per node: the sequential evidence that gates a weight cut, as the tick's verdicts saw it (robust
+    # mode; see detector.evidence and detector.evaluation.Outcome),
     # measured on ``decision_signal`` (decode once the gateway logs TTFT or streams, else norm; None in
     # seed mode, which judges the highest Z of any signal).
     evidence: np.ndarray = field(default_factory=lambda: np.zeros(0))

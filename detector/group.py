@@ -394,7 +394,7 @@ class GroupDetector(NodeActions):
             p50=a.p50.copy(), p99=a.p99.copy(), counts=counts["norm"].copy(), transitions=records,
             safeguard=ej.safeguard_reason is not None, safeguard_reason=ej.safeguard_reason,
             fallback=fallback_reason is not None, fallback_reason=fallback_reason,
-            probes_due=[a.ids[i] for i in np.flatnonzero(due)], peers=view.peers, evidence=zscore.evidence(a),
+            probes_due=[a.ids[i] for i in np.flatnonzero(due)], peers=view.peers, evidence=out.evidence,
             decision_signal=d.name, verdicts={v.reason.value: v.eject.copy() for v in out.verdicts},
             deciding=d.which.copy(), cap=out.safeguard,
         )
