@@ -42,7 +42,8 @@ class NodeHistory(models.Model):
     weight = models.FloatField(default=0)
     state = models.CharField(max_length=32)
     evidence = models.FloatField(null=True)
-    deciding = models.BooleanField(default=False)
+    # A database default too: rows written by SQL that predates the column (benchmarks' COPY) stay valid.
+    deciding = models.BooleanField(default=False, db_default=False)
     downsampled = models.BooleanField(default=False)
 
     class Meta:

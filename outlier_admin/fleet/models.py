@@ -60,10 +60,10 @@ class ModelGroup(models.Model):
     # What the last tick decided for the group as a whole (its Evaluation; control.rows.group_figures):
     # the signal it decided on ("" before the first tick, and in seed mode) and the safeguard's figures
     # (detector.states.Safeguard; limit NULL before the first tick). Read by the API and the dashboard.
-    decision_signal = models.CharField(max_length=16, blank=True, default="")
+    decision_signal = models.CharField(max_length=16, blank=True, default="", db_default="")
     safeguard_limit = models.IntegerField(null=True, blank=True)
-    safeguard_counted = models.IntegerField(default=0)
-    safeguard_held = models.IntegerField(default=0)
+    safeguard_counted = models.IntegerField(default=0, db_default=0)
+    safeguard_held = models.IntegerField(default=0, db_default=0)
     created_at = models.DateTimeField(default=timezone.now)
     created_via = models.CharField(max_length=32, default="manual")
     # Retired for good (control.actions.do_retire_group): its nodes are retired, ingest refuses its

@@ -10,7 +10,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="modelgroup",
             name="decision_signal",
-            field=models.CharField(blank=True, default="", max_length=16),
+            field=models.CharField(blank=True, db_default="", default="", max_length=16),
         ),
         migrations.AddField(
             model_name="modelgroup",
@@ -20,11 +20,11 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="modelgroup",
             name="safeguard_counted",
-            field=models.IntegerField(default=0),
+            field=models.IntegerField(db_default=0, default=0),
         ),
         migrations.AddField(
             model_name="modelgroup",
             name="safeguard_held",
-            field=models.IntegerField(default=0),
+            field=models.IntegerField(db_default=0, default=0),
         ),
     ]
