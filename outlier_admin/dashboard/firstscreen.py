@@ -25,6 +25,7 @@ import redis
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
+from detector.thresholds import Thresholds
 from outlier_admin import keys
 from outlier_admin.api.queries import attention_rank
 from outlier_admin.control.models import (
@@ -38,6 +39,7 @@ from outlier_admin.control.models import (
 from outlier_admin.control.redis_conn import get_redis
 from outlier_admin.dashboard.tables import STATE_ICONS
 from outlier_admin.fleet.models import ModelGroup, Node
+from outlier_admin.observability.alerts import held_degraded_since
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +126,9 @@ class Problem:
     detail: str
     z: float | None
     gateways: GroupGateways
+    #: Held degraded past its group's ``degraded_alert_s`` (:func:`~outlier_admin.observability.alerts.
+    #: held_degraded_since`, the rule of the ``OutlierNodeHardwareCheck`` alert): "needs hardware check".
+    hardware_check: bool = False
 
 
 @dataclass(frozen=True)
@@ -249,6 +254,14 @@ def first_screen(gateways: dict[str, GroupGateways] | None = None, now: float | 
     pending = {p.node_id: p for p in QuarantineProposal.objects.filter(
         status="pending", node__in=[n.pk for n in nodes])}
     screen.overrides = overrides_in_force()
+    at = datetime.fromtimestamp(now, UTC) if now is not None else timezone.now()
+    cache: dict[int, Thresholds] = {}
+
+    def thresholds_of(group: ModelGroup) -> Thresholds:
+        if group.pk not in cache:
+            cache[group.pk] = group.thresholds()
+        return cache[group.pk]
+
     rows = []
     for n in nodes:
         t = transitions.get(n.last_transition)
@@ -267,8 +280,9 @@ def first_screen(gateways: dict[str, GroupGateways] | None = None, now: float | 
             cause, detail, since = "new or restarted: warming up before it is judged", "", n.registered_at
         else:
             cause, detail, since = "no transition recorded into this state", "", None
+        check = current and held_degraded_since(n.state, since, thresholds_of(n.group).degraded_alert_s, at)
         rows.append(Problem(n, STATE_ICONS.get(n.state, "○"), since, cause, detail,
-                            t.z if current and forced is None else None, screen.gateways[n.group.name]))
+                            t.z if current and forced is None else None, screen.gateways[n.group.name], check))
     rows.sort(key=lambda r: (attention_rank(r.node.state), -(r.z if r.z is not None else float("inf")),
                              r.node.group.name, r.node.name))
     screen.problems, screen.more = rows[:MAX_PROBLEMS], max(0, len(rows) - MAX_PROBLEMS)

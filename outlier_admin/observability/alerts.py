@@ -11,6 +11,9 @@ computes the set of conditions that hold now from the database and the weights d
                                  (``recovering``); ``info``
 ``OutlierProposalWaiting``       a quarantine proposal waits for a human (``source`` label)
 ``OutlierSafeguardTripped``      a group's weights document has ``safeguard`` set; ``critical``
+``OutlierNodeHardwareCheck``     a node held ``degraded`` (cut, not quarantined) for longer than
+                                 its group's ``degraded_alert_s`` (:func:`held_degraded_since`): a
+                                 GPU that stays slow must get repaired, not only avoided
 ==============================  ===============================================================
 
 (a ``shadow`` group publishes its nodes ``healthy``, so its decisions raise no alert). Every alert in
@@ -310,6 +313,27 @@ def _group_path(group: Any) -> str:
         return reverse("dashboard:overview")
 
 
+def held_degraded_since(state: str, since: datetime | None, degraded_alert_s: float,
+                        now: datetime | None = None) -> bool:
+    """Whether a node in ``state`` since ``since`` (its transition into it) has been held degraded
+    for longer than ``degraded_alert_s`` (the group's threshold): the one rule behind the
+    ``OutlierNodeHardwareCheck`` alert and the first screen's "needs hardware check" line."""
+    if state != "degraded" or since is None:
+        return False
+    return ((now or datetime.now(UTC)) - since).total_seconds() > degraded_alert_s
+
+
+def _degraded_since(nodes: list[Any]) -> dict[int, datetime]:
+    """Each node's last transition into ``degraded`` (one query)."""
+    from django.db.models import Max
+
+    from outlier_admin.control.models import Transition
+
+    rows = (Transition.objects.filter(node__in=[n.pk for n in nodes], to_state="degraded")
+            .values("node_id").annotate(at=Max("at")))
+    return {r["node_id"]: r["at"] for r in rows}
+
+
 def active_alerts(now: float | None = None) -> list[Alert]:
     """Every alert whose condition holds now (see module docstring), ``starts_at`` empty (the first
     send sets it). Reads live nodes, pending proposals and the weights documents."""
@@ -332,6 +356,23 @@ def active_alerts(now: float | None = None) -> list[Alert]:
         out.append(Alert(name, "firing", severity, g, summary, f"state {n.state}, weight {n.weight}",
                          node=n.name, labels={"cause": cause} if cause else {},
                          annotations={"state": n.state}, path=_node_path(n.pk)))
+    degraded = list(Node.objects.filter(retired=False, state="degraded").select_related("group")
+                    .order_by("group__name", "name"))
+    since = _degraded_since(degraded) if degraded else {}
+    at = datetime.fromtimestamp(now, UTC) if now is not None else datetime.now(UTC)
+    for n in degraded:
+        limit = n.group.thresholds().degraded_alert_s
+        start = since.get(n.pk)
+        if held_degraded_since(n.state, start, limit, at):
+            g = n.group.name
+            out.append(Alert("OutlierNodeHardwareCheck", "firing", "warning", g,
+                             f"{g}/{n.name} needs a hardware check: held degraded for "
+                             f"{(at - start).total_seconds() / 60:.0f} min",
+                             f"cut to weight {n.weight}/{n.base_weight} since {start:%Y-%m-%d %H:%M:%S} UTC, "
+                             f"longer than degraded_alert_s ({limit:g} s): it stays slow without being bad "
+                             "enough to quarantine; check its GPU (clocks, throttling, PCIe link, ECC).",
+                             node=n.name, annotations={"state": n.state, "since": rfc3339(start)},
+                             path=_node_path(n.pk)))
     pending = (QuarantineProposal.objects.filter(status=ProposalStatus.PENDING, node__retired=False)
                .select_related("group", "node").order_by("created_at"))
     for p in pending:

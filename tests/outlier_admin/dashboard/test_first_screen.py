@@ -209,3 +209,20 @@ def test_the_first_screen_lists_every_override_in_force_with_who_why_and_until(f
 def test_no_override_in_force_says_so(fleet, users, redis_client):
     html = viewer(users).get("/").content.decode()
     assert "Operator overrides in force (0)" in html and "None: every node follows the detector." in html
+
+
+def test_a_node_held_degraded_past_degraded_alert_s_says_needs_hardware_check(incident, users):
+    """Issue 25: the first screen says which cut node needs a hardware check: held degraded longer than
+    its group's ``degraded_alert_s`` (the ``OutlierNodeHardwareCheck`` alert's rule). Node 2 was cut 3
+    minutes ago: not yet; after 11 minutes, yes; the node waiting for approval never (its proposal is
+    the signal)."""
+    group, nodes, now = incident["group"], incident["nodes"], incident["now"]
+    client = viewer(users)
+    assert "needs hardware check" not in client.get("/").content.decode()
+    Transition.objects.filter(node=nodes[2], to_state="degraded").update(at=now - timedelta(minutes=11))
+    html = client.get("/").content.decode()
+    row = html.split(f">{nodes[2].name}</a>")[1].split("</tr>")[0]
+    assert "needs hardware check: held degraded for 11" in row
+    assert html.count("needs hardware check") == 1
+    ModelGroup.objects.filter(pk=group.pk).update(threshold_overrides={"degraded_alert_s": 3600})
+    assert "needs hardware check" not in client.get("/").content.decode()

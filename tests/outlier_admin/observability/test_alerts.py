@@ -199,3 +199,35 @@ def test_a_failing_webhook_loses_nothing(settings, fleet, redis_client, receiver
     assert scan_events(now=T0 + 2).alerts == []  # nothing new ...
     assert [b["node"] for _, b in receiver.received] == ["n1"]  # ... but the kept alert was re-delivered
     assert redis_client.llen(alerts.FAILED_KEY) == 0
+
+
+def test_a_node_held_degraded_past_degraded_alert_s_needs_a_hardware_check(settings, fleet, redis_client, receiver):
+    """Issue 25: a GPU that stays slow (cut, never bad enough to quarantine) must get repaired, not only
+    avoided. The alert fires once the node has been degraded for longer than its group's
+    ``degraded_alert_s`` (600 s by default), and resolves when it leaves ``degraded``."""
+    from datetime import UTC, datetime
+
+    _configure(settings, receiver)
+    group, nodes = fleet
+    assert group.thresholds().degraded_alert_s == 600.0
+    Transition.objects.create(group=group, node=nodes[1], at=datetime.fromtimestamp(T0, UTC), from_state="healthy",
+                              to_state="degraded", reason="z_degrade", signal="decode", z=4.2, baseline=14.0, ema=19.6)
+    _state(nodes[1], "degraded", weight=30)
+    assert scan_events(now=T0 + 599).alerts == []
+    [a] = scan_events(now=T0 + 601).alerts
+    assert (a.name, a.status, a.node, a.severity) == ("OutlierNodeHardwareCheck", "firing", "n1", "warning")
+    assert "needs a hardware check" in a.summary and "30/100" in a.description
+    assert a.annotations["since"] == alerts.rfc3339(T0)
+    _state(nodes[1], "healthy", weight=100)
+    assert [(a.name, a.status) for a in scan_events(now=T0 + 602).alerts] == [("OutlierNodeHardwareCheck", "resolved")]
+
+
+def test_held_degraded_since_is_the_one_rule():
+    from datetime import UTC, datetime
+
+    since = datetime.fromtimestamp(T0, UTC)
+    at = datetime.fromtimestamp(T0 + 601, UTC)
+    assert alerts.held_degraded_since("degraded", since, 600.0, at)
+    assert not alerts.held_degraded_since("degraded", since, 601.0, at)
+    assert not alerts.held_degraded_since("pending_approval", since, 600.0, at)  # its proposal alerts
+    assert not alerts.held_degraded_since("degraded", None, 600.0, at)
