@@ -146,7 +146,7 @@ def transitions(moves: list[Move], a: NodeArrays, t: Thresholds, now: float, vie
             spread=nan_to_none(view.spread[sig]) if sig else None, ema=nan_to_none(view.ema[w, i]) if sig else None,
             p50=nan_to_none(a.p50[i]), p99=nan_to_none(a.p99[i]),
             samples=int(counts[sig][i]) if sig else 0, weight=float(weights[i]),
-            detail=m.detail or detail(m.reason, a, i, t), thresholds=thr,
+            detail=m.detail or detail(m.reason, a, i, t), thresholds=thr, safeguard_hold=m.safeguard_hold,
         ))
     return out
 

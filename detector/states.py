@@ -199,7 +199,9 @@ def check_edge(src: NodeState, dst: NodeState) -> None:
 
 @dataclass(frozen=True)
 class Transition:
-    """One state change and the evidence for it: enough for an operator to see *why*."""
+    """One state change and the evidence for it: enough for an operator to see *why*.
+    ``safeguard_hold``: the detector wanted the node out and the safeguard cap kept it in service at
+    the floor weight instead."""
 
     node: str
     at: float
@@ -217,6 +219,7 @@ class Transition:
     weight: float | None = None
     detail: str = ""
     thresholds: dict[str, Any] = field(default_factory=dict)
+    safeguard_hold: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -10,6 +10,7 @@ from detector.detectors.verdict import Judging, Verdict
 from detector.detectors.zscore import PeerView
 from detector.ejection import enter_quarantine
 from detector.evaluation import evaluate
+from detector.explain import transitions
 from detector.moves import Moves
 from detector.nodes import FIELDS, NodeArrays
 from detector.signals import SIGNALS
@@ -63,6 +64,10 @@ def test_the_cap_counts_proposals_and_a_held_node_is_flagged_on_its_move():
     # 30 % of 10 is 3, and two proposals and a quarantine fill it: node 5 is held at the floor weight.
     assert out.safeguard == Safeguard(limit=3, counted=3, held=1) and out.safeguard.engaged
     assert [(m.i, m.src, m.dst, m.safeguard_hold) for m in moves.taken] == [(5, S.HEALTHY, S.DEGRADED, True)]
+    # The record of the move says so too (the dashboard and the API read it there).
+    records = transitions(moves.taken, a, Thresholds(), 10.0, view(10, [0, 1]), out.decision,
+                          {s: np.zeros(10) for s in SIGNALS}, np.zeros(10))
+    assert [(r.node, r.safeguard_hold, r.to_dict()["safeguard_hold"]) for r in records] == [("n5", True, True)]
 
     a = group_of_ten()
     moves = Moves(a.state)
