@@ -30,6 +30,7 @@ data: sd(log latency) 0.03-0.19), so a 1% difference is never an outlier. The st
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,3 +90,64 @@ def robust_zscores(
     spread = max(robust_sd(values), spread_floor * abs(baseline), 1e-12)
     z = np.where(judged, (ema - baseline) / spread, np.nan)
     return PeerBaseline(z=z, baseline=baseline, spread=spread, peers=peers)
+
+
+_FIELDS = ("baseline", "spread", "request_sd", "request_rel_sd", "row_rel_sd", "pool_rel_sd")
+
+
+@dataclass
+class Reference:
+    """What a signal's later samples are judged against, as the last evaluation (or batch) left it;
+    NaN until known. ``baseline``/``spread``: the peers' (:func:`robust_zscores`); ``request_sd``
+    (``norm`` only) and ``request_rel_sd``: the healthy peers' per-request spread, absolute and
+    relative; ``row_rel_sd`` / ``pool_rel_sd``: the relative spread of progress rows and of pooled
+    per-batch means (EW-averaged across batches)."""
+
+    baseline: float = math.nan
+    spread: float = math.nan
+    request_sd: float = math.nan
+    request_rel_sd: float = math.nan
+    row_rel_sd: float = math.nan
+    pool_rel_sd: float = math.nan
+
+    def rel_sd(self, kind: str) -> float:
+        """The relative spread of ``kind`` (``row_rel_sd``, ``pool_rel_sd``) once one is known, else
+        the per-request one."""
+        value = getattr(self, kind)
+        return self.request_rel_sd if math.isnan(value) else value
+
+
+class References:
+    """Every signal's :class:`Reference` (a group detector's, kept in its snapshot)."""
+
+    def __init__(self) -> None:
+        self._by_signal: dict[str, Reference] = {}
+
+    def of(self, signal: str) -> Reference:
+        """``signal``'s reference (all NaN when nothing is known of it yet); read only."""
+        return self._by_signal.get(signal, _UNKNOWN)
+
+    def at(self, signal: str) -> Reference:
+        """``signal``'s reference, to write into."""
+        ref = self._by_signal.get(signal)
+        if ref is None:
+            ref = self._by_signal[signal] = Reference()
+        return ref
+
+    def to_dict(self) -> dict[str, float]:
+        """``{"<field>:<signal>": value}`` of every known value (the snapshot's layout)."""
+        return {f"{name}:{s}": getattr(ref, name) for s, ref in self._by_signal.items() for name in _FIELDS
+                if not math.isnan(getattr(ref, name))}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, float]) -> References:
+        """From :meth:`to_dict`'s layout (keys it does not know, from older snapshots, are ignored)."""
+        out = cls()
+        for key, value in data.items():
+            name, _, signal = key.partition(":")
+            if name in _FIELDS and signal:
+                setattr(out.at(signal), name, float(value))
+        return out
+
+
+_UNKNOWN = Reference()

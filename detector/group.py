@@ -35,7 +35,7 @@ import numpy as np
 
 from detector import ejection, evaluation, explain, inflight, snapshot
 from detector import weights as weighing
-from detector.baseline import robust_sd
+from detector.baseline import References, robust_sd
 from detector.detectors import zscore
 from detector.detectors.cross_p50 import CrossP50Detector
 from detector.detectors.errors import ErrorDetector
@@ -85,7 +85,7 @@ class GroupDetector(NodeActions):
         self.signals = SignalModel(t)
         self.tail = TailDetector(0, t.window_size, now)
         self.errors = ErrorDetector(now)
-        self._last: dict[str, float] = {}
+        self._last = References()
         self._pending: list[Transition] = []
         self.rejected_total: dict[str, int] = {}
         self.accepted_total = 0
@@ -177,7 +177,7 @@ class GroupDetector(NodeActions):
         learn = state != S.WARMING
         learned, node = lat.take(learn), lat_node[learn]
         signals = self.signals.per_request(learned, running=a.running[node])
-        self.tail.ingest(node, signals, self._last.get("baseline:decode", math.nan))
+        self.tail.ingest(node, signals, self._last.of("decode").baseline)
         # A node whose model server is scraped has its decode measured by its progress rows: every
         # token of these requests, queue-free and compared at equal load (batch, prefill work, KV),
         # where a request's own decode is corrected for its node's batch only. The requests would
@@ -194,7 +194,7 @@ class GroupDetector(NodeActions):
                 a.column(f"pool_sum_{s}")[:] += np.bincount(node[ok], weights=np.log(x[ok]), minlength=n)
                 a.column(f"pool_n_{s}")[:] += np.bincount(node[ok], minlength=n)
             if s not in pooled or s not in QUEUE_FREE:  # queue-laden EMAs stay per request
-                self.signals.update(s, node, x, self._last.get(f"baseline:{s}", math.nan),
+                self.signals.update(s, node, x, self._last.of(s).baseline,
                                     self.signals.sample_weights(s, learned))
         per_node = np.bincount(node, minlength=n)
         a.new_samples += per_node
@@ -248,7 +248,7 @@ class GroupDetector(NodeActions):
         node = rows.node
         feeding = zscore.evidence_signals(t, self._last)
         for s, x in self.signals.per_row(rows).items():
-            base = self._last.get(f"baseline:{s}", math.nan)
+            base = self._last.of(s).baseline
             censored = np.zeros(len(x), bool)
             if s == "decode" and np.isfinite(bound).any():
                 # A stalled row: its streams waited at least `bound` for a token (detector.inflight).
@@ -264,7 +264,7 @@ class GroupDetector(NodeActions):
                 # Every stream of a node shares its step time (one batch), so a row is one
                 # observation: its unit is how much rows differ across the group, not a per-request
                 # spread / sqrt(k).
-                sigma = self._last.get(f"row_rel_sd:{s}", self._last.get(f"request_rel_sd:{s}", math.nan))
+                sigma = self._last.of(s).rel_sd("row_rel_sd")
                 zscore.feed_evidence(a, t, self._last, node, x, s, sigma)
         a.new_samples += np.bincount(node, minlength=len(a))  # one sample of time per row
         return IngestResult(accepted, rejected, unknown, ignored=int(empty.sum()))
@@ -311,21 +311,22 @@ class GroupDetector(NodeActions):
             pooled_now[nodes] = True
             total[:] = 0.0
             n[:] = 0
-            base = self._last.get(f"baseline:{s}", math.nan)
+            base = self._last.of(s).baseline
             if s in QUEUE_FREE:
                 self.signals.update(s, np.repeat(nodes, steps), np.repeat(mean, steps), base)
             if s in feeding:
-                self._row_spread(s, nodes, mean, base, key=f"pool_rel_sd:{s}")
-                sigma = self._last.get(f"pool_rel_sd:{s}", self._last.get(f"request_rel_sd:{s}", math.nan))
+                self._row_spread(s, nodes, mean, base, kind="pool_rel_sd")
+                sigma = self._last.of(s).rel_sd("pool_rel_sd")
                 zscore.feed_evidence(a, t, self._last, nodes, mean, s, sigma)
         a.pool_at[pooled_now] = now
 
-    def _row_spread(self, s: str, node: np.ndarray, x: np.ndarray, base: float, key: str | None = None) -> None:
+    def _row_spread(self, s: str, node: np.ndarray, x: np.ndarray, base: float, kind: str = "row_rel_sd") -> None:
         """The group's relative spread of progress rows of signal ``s``: robust (:func:`~detector.baseline.robust_sd` of
         ``log(row / baseline)``) over the rows of healthy nodes in this batch, EW-averaged across
         batches and floored at ``spread_floor``. It holds everything that makes one healthy node's
         row differ from another's: the shared step time's noise, batch sizes, hardware spread.
-        (``key``: where to keep it; per-batch means of requests keep theirs apart.)"""
+        (``kind``: which :class:`~detector.baseline.Reference` spread it is; per-batch means of requests
+        keep theirs apart.)"""
         t = self.thresholds
         healthy = (self.a.state[node] == S.HEALTHY) & np.isfinite(x)
         if not (math.isfinite(base) and base > 0) or healthy.sum() < t.min_peers:
@@ -335,9 +336,10 @@ class GroupDetector(NodeActions):
         if len(r) < t.min_peers:
             return
         sd = max(robust_sd(r), t.spread_floor)
-        key = key or f"row_rel_sd:{s}"
-        old = self._last.get(key, sd)
-        self._last[key] = old + t.ema_alpha * (sd - old)
+        ref = self._last.at(s)
+        old = getattr(ref, kind)
+        old = sd if math.isnan(old) else old
+        setattr(ref, kind, old + t.ema_alpha * (sd - old))
 
     def _admit(self, names: np.ndarray, valid: np.ndarray, rejected: list[tuple[int, RejectReason]]
                ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, RejectReason]], list[str]]:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from detector import ejection, explain
+from detector.baseline import References
 from detector.detectors.tail import TailDetector
 from detector.nodes import NodeArrays
 from detector.samples import SampleBatch
@@ -37,7 +38,7 @@ class NodeActions:
     thresholds: Thresholds
     signals: SignalModel
     tail: TailDetector
-    _last: dict[str, float]
+    _last: References
     _pending: list[Transition]
     ingest: Callable[[SampleBatch], object]
 
@@ -51,8 +52,9 @@ class NodeActions:
         healthy peers: judging a single request against the spread of *averages* fails a healthy node
         a third of the time."""
         t = self.thresholds
-        base = self._last.get("baseline:norm", math.nan)
-        spread = max(self._last.get("spread:norm", math.nan), self._last.get("request_sd:norm", 0.0))
+        ref = self._last.of("norm")
+        base = ref.baseline
+        spread = max(ref.spread, 0.0 if math.isnan(ref.request_sd) else ref.request_sd)
         if not (math.isfinite(base) and math.isfinite(spread)):
             base = 1.0 if t.normalization == "learned" else math.nan  # "as predicted" is 1.0
             spread = t.spread_floor * base

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from detector import explain
+from detector.baseline import References
 from detector.nodes import NodeArrays
 from detector.thresholds import Thresholds
 
@@ -46,7 +47,7 @@ def dump(gd: Any) -> bytes:
     meta = {
         "version": STATE_FORMAT_VERSION, "thresholds": _thresholds_dict(gd.thresholds), "nodes": gd.a.ids,
         "last_tail_at": gd.tail.last_window_at, "interval_started": gd.errors.interval_started,
-        "last": gd._last, "pending": [tr.to_dict() for tr in gd._pending],
+        "last": gd._last.to_dict(), "pending": [tr.to_dict() for tr in gd._pending],
         "rejected_total": gd.rejected_total, "accepted_total": gd.accepted_total, **gd.signals.meta(),
     }
     arrays, meta["packed"] = pack(arrays)
@@ -79,8 +80,7 @@ def load(cls: type[G], data: bytes) -> G:
     w = gd.tail.window
     w.values, w.pos, w.filled = z["w.values"].copy(), z["w.pos"].copy(), z["w.filled"].copy()
     gd.tail.last_window_at, gd.errors.interval_started = meta["last_tail_at"], meta["interval_started"]
-    gd._last = meta["last"]
-    gd._last.pop("fit_at", None)  # kept by the signal model now
+    gd._last = References.from_dict(meta["last"])  # an older snapshot's "fit_at" is ignored
     gd._pending = [explain.transition_from_dict(d) for d in meta["pending"]]
     gd.rejected_total = meta["rejected_total"]
     gd.accepted_total = meta["accepted_total"]

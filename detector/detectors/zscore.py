@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detector.baseline import robust_zscores, seed_zscores
+from detector.baseline import References, robust_zscores, seed_zscores
 from detector.detectors.verdict import Judging, Verdict
 from detector.evidence import cusum_update, excess_over_line
 from detector.moves import lookup
@@ -87,7 +87,7 @@ def fresh_nodes(a: NodeArrays, t: Thresholds, now: float) -> np.ndarray:
     return np.isfinite(a.last_seen) & (a.last_seen >= now - t.stale_after_s)
 
 
-def peer_view(sig: SignalModel, a: NodeArrays, t: Thresholds, now: float, last: dict[str, float]) -> PeerView:
+def peer_view(sig: SignalModel, a: NodeArrays, t: Thresholds, now: float, last: References) -> PeerView:
     """Baselines and Z of every signal. Records in ``last`` what later samples are judged against:
     each baseline and spread, and the per-request spread of healthy peers (the median EW sd: a canary
     probe is one request, and the evidence CUSUM counts in per-request units)."""
@@ -107,14 +107,14 @@ def peer_view(sig: SignalModel, a: NodeArrays, t: Thresholds, now: float, last: 
         z_rows.append(pb.z)
         ema_rows.append(np.where(e.count > 0, e.mean, np.nan))
         base[s], spread[s], peers[s] = pb.baseline, pb.spread, pb.peers
-        last[f"baseline:{s}"] = pb.baseline
-        last[f"spread:{s}"] = pb.spread
+        ref = last.at(s)
+        ref.baseline, ref.spread = pb.baseline, pb.spread
         if s != "prefill" and t.baseline_mode == "robust" and pb.peers:
             sd = np.sqrt(e.variance()[eligible])
             if s == "norm":
-                last[f"request_sd:{s}"] = float(np.median(sd))
+                ref.request_sd = float(np.median(sd))
             rel = float(np.median(sd / e.mean[eligible]))
-            last[f"request_rel_sd:{s}"] = max(rel, t.spread_floor)
+            ref.request_rel_sd = max(rel, t.spread_floor)
     empty = np.zeros((len(SIGNALS), 0))
     return PeerView(z=np.vstack(z_rows) if n else empty, ema=np.vstack(ema_rows) if n else empty,
                     baseline=base, spread=spread, peers=peers, fresh=fresh)
@@ -262,12 +262,12 @@ class ZScoreDetector:
 # --- sequential evidence on the deciding signal ------------------------------------------------------
 
 
-def evidence_signals(t: Thresholds, last: dict[str, float]) -> tuple[str, ...]:
+def evidence_signals(t: Thresholds, last: References) -> tuple[str, ...]:
     """The signals whose samples feed the evidence CUSUMs: the queue-free ones with a baseline, else
     ``norm`` (robust mode only; seed mode has no evidence)."""
     if t.baseline_mode != "robust":
         return ()
-    qf = tuple(s for s in QUEUE_FREE if math.isfinite(last.get(f"baseline:{s}", math.nan)))
+    qf = tuple(s for s in QUEUE_FREE if math.isfinite(last.of(s).baseline))
     return qf or ("norm",)
 
 
@@ -276,15 +276,15 @@ def evidence(a: NodeArrays) -> np.ndarray:
     return np.maximum(a.evidence, a.evidence_prefill)
 
 
-def feed_evidence(a: NodeArrays, t: Thresholds, last: dict[str, float], node: np.ndarray, v: np.ndarray, s: str,
+def feed_evidence(a: NodeArrays, t: Thresholds, last: References, node: np.ndarray, v: np.ndarray, s: str,
                   sigma: float | np.ndarray | None = None) -> None:
     """Feed each sample's excess over its signal's cut line (:func:`materiality`) into its node's CUSUM of signal
     ``s`` (``evidence_prefill`` for ``prefill_time``, ``evidence`` otherwise), against the last
     tick's baseline, in units of ``sigma`` (default: the group's per-request spread of ``s``; per
     sample when an array). ``node`` is grouped by node, time order within."""
-    base = last.get(f"baseline:{s}", math.nan)
+    base = last.of(s).baseline
     if sigma is None:
-        sigma = last.get(f"request_rel_sd:{s}", math.nan)
+        sigma = last.of(s).request_rel_sd
     sigma = np.broadcast_to(np.asarray(sigma, dtype=np.float64), v.shape)
     if not (math.isfinite(base) and base > 0):
         return

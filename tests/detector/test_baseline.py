@@ -60,3 +60,16 @@ def test_robust_sd_is_scaled_mad_and_ignores_a_minority_of_outliers():
     spoiled = x.copy()
     spoiled[: 6_000] = 1000.0
     assert robust_sd(spoiled) < 4.0 < 100 < float(np.std(spoiled))
+
+
+def test_references_round_trip_through_the_snapshot_layout_and_read_nan_when_unknown():
+    from detector.baseline import References
+
+    refs = References()
+    assert math.isnan(refs.of("decode").baseline) and refs.to_dict() == {}  # reading adds nothing
+    refs.at("norm").baseline, refs.at("norm").request_rel_sd = 900.0, 0.12
+    assert refs.of("norm").rel_sd("row_rel_sd") == 0.12  # no row spread yet: the per-request one
+    refs.at("norm").row_rel_sd = 0.05
+    assert refs.of("norm").rel_sd("row_rel_sd") == 0.05
+    back = References.from_dict({**refs.to_dict(), "fit_at": 12.0})  # an older snapshot's key ignored
+    assert back.to_dict() == {"baseline:norm": 900.0, "request_rel_sd:norm": 0.12, "row_rel_sd:norm": 0.05}
