@@ -120,7 +120,8 @@ def test_a_cleared_proposal_is_superseded_and_cannot_be_approved(redis_client, a
     rng, t0 = np.random.default_rng(7), time.time()
     k = _until(t0, rng, lambda r: r.states[SLOW] == "pending_approval", slow=True, start=0)
     p = QuarantineProposal.objects.get(node__name=SLOW, status="pending")
-    _until(t0, rng, lambda r: r.states[SLOW] != "pending_approval", slow=False, start=k)
+    # Fast again: cleared once its Z has been under the exit line for degrade_exit_dwell_s (30 s).
+    _until(t0, rng, lambda r: r.states[SLOW] != "pending_approval", slow=False, start=k, limit=60)
     p.refresh_from_db()
     assert p.status == "superseded" and p.decided_actor == "system:detector"
     assert p.transition.from_state == "pending_approval" and p.transition.reason == "condition_cleared"
