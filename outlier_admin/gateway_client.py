@@ -405,9 +405,11 @@ def cluster_from_url(url: str, **kwargs: Any) -> Any:
     """A ``redis.cluster.RedisCluster`` for a ``redis+cluster://`` URL. redis-py follows ``MOVED`` and
     ``ASK`` itself (counted in :data:`REDIRECTIONS`); ``kwargs`` (socket timeouts,
     ``health_check_interval``) apply to every node's connections. The constructor asks the listed
-    nodes for the slot map: with none reachable it raises ``redis.RedisClusterException`` after the
-    connect timeout (see :func:`cluster_problem` for a start-up check that names each node)."""
+    nodes for the slot map: with none reachable it raises, after the connect timeout,
+    ``redis.ConnectionError`` naming the nodes (see :func:`cluster_problem` for a
+    start-up check that names each node)."""
     from redis.cluster import ClusterNode, RedisCluster
+    from redis.exceptions import RedisClusterException
 
     spec = parse_cluster_url(url)
     _count_redirections()
@@ -416,7 +418,10 @@ def cluster_from_url(url: str, **kwargs: Any) -> Any:
         node_kwargs["username"] = spec.username
     if spec.password:
         node_kwargs["password"] = spec.password
-    return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in spec.nodes], **node_kwargs)
+    try:
+        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in spec.nodes], **node_kwargs)
+    except RedisClusterException as exc:  # not a RedisError: callers that handle those would miss it
+        raise redis.ConnectionError(f"{spec.describe()}: {exc}") from None
 
 
 def is_cluster(client: Any) -> bool:

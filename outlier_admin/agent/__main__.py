@@ -15,13 +15,15 @@ import sys
 import threading
 from collections.abc import Sequence
 
+import redis
+
 from outlier_admin.agent.base import Applier, ApplyError
 from outlier_admin.agent.core import Agent
 from outlier_admin.agent.envoy import EnvoyApplier
 from outlier_admin.agent.haproxy import HAProxyApplier
 from outlier_admin.agent.metrics import start_metrics_server
 from outlier_admin.agent.nginx import NginxApplier, check_directive, upstream_name_for
-from outlier_admin.gateway_client import CHANNEL, KEY_PREFIX, GatewayClient
+from outlier_admin.gateway_client import CHANNEL, KEY_PREFIX, GatewayClient, RedisURLError
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -112,8 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.group:
         raise SystemExit("--group is required")
     applier = build_applier(args)
-    client = GatewayClient.from_url(args.redis_url, args.group, key_prefix=args.key_prefix,
-                                    channel=args.channel, poll_interval_s=args.poll_interval)
+    try:
+        client = GatewayClient.from_url(args.redis_url, args.group, key_prefix=args.key_prefix,
+                                        channel=args.channel, poll_interval_s=args.poll_interval)
+    except (RedisURLError, redis.ConnectionError) as exc:  # a bad URL; a cluster with no node reachable
+        raise SystemExit(f"--redis-url: {exc}") from None
     agent = Agent(client, applier, status_file=args.status_file, gateway_id=args.gateway_id)
     if args.once:
         try:

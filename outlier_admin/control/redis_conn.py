@@ -29,6 +29,14 @@ _local = threading.local()
 _override: Any = None
 
 
+#: A Redis that cannot take a command now but will: unreachable, timing out, or a Redis Cluster slot being
+#: moved (``TRYAGAIN``, an ``ASK``/``MOVED`` redis-py gave up following) or failed over. Nothing of a
+#: transaction that raised one was applied: the ingest answers 503 (retry the body), a tick is retried.
+UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
+    redis.ConnectionError, redis.TimeoutError, redis.exceptions.TryAgainError, redis.exceptions.AskError,
+    redis.exceptions.ClusterDownError, redis.exceptions.SlotNotCoveredError)
+
+
 def client_for(url: str) -> redis.Redis:
     """A client for ``url`` with the control plane's socket timeouts: a plain ``redis://`` URL, a
     ``redis+sentinel://host:port,.../<master>/<db>`` one or a ``redis+cluster://host:port,...`` one

@@ -27,12 +27,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
-import redis
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from outlier_admin.control.redis_conn import NotReplicated, require_replicas
+from outlier_admin.control.redis_conn import UNAVAILABLE_ERRORS, NotReplicated, require_replicas
 from outlier_admin.fleet.auth import lookup_token, token_from_header
 from outlier_admin.fleet.models import TokenScope
 from outlier_admin.ingest.pipeline import submit
@@ -171,8 +170,9 @@ def _read_body(request: HttpRequest, limit: int) -> bytes:
 def ingest_requests(request: HttpRequest) -> HttpResponse:
     try:
         return _ingest_requests(request)
-    except (redis.ConnectionError, redis.TimeoutError, *DB_OUTAGE_ERRORS) as exc:
-        # Redis (the stream) or PostgreSQL (tokens, groups, nodes, rejected records) is unreachable:
+    except (*UNAVAILABLE_ERRORS, *DB_OUTAGE_ERRORS) as exc:
+        # Redis (the stream; or its cluster slot is moving) or PostgreSQL (tokens, groups, nodes, rejected
+        # records) is unreachable:
         # refuse the body rather than accept and drop it. Nothing was applied (the pipeline's point of
         # acceptance is one MULTI/EXEC inside the SQL transaction), so the client retries the body.
         log.warning("ingest refused with 503: %s: %s", type(exc).__name__, exc)

@@ -8,6 +8,8 @@ and counted."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -77,7 +79,7 @@ def _register(make_group, name: str, nodes: int = 4) -> ModelGroup:
     return group
 
 
-def test_a_cluster_with_an_unreachable_or_foreign_node_is_named_at_start(cluster):
+def test_a_cluster_with_an_unreachable_or_foreign_node_is_named_at_start(cluster, tmp_path):
     assert cluster_problem(cluster.url()) is None
     started = time.monotonic()
     dead = cluster_problem(cluster.url() + ",127.0.0.1:1", timeout_s=1.0)
@@ -87,6 +89,14 @@ def test_a_cluster_with_an_unreachable_or_foreign_node_is_named_at_start(cluster
     plain = cluster_problem("redis+cluster://127.0.0.1:6379")
     assert plain is not None and "127.0.0.1:6379 is not a cluster node" in plain
     assert "database 0" in cluster_problem("redis+cluster://127.0.0.1:6379/3")
+    # The agent: one line naming the URL and why, exit 1, no traceback and no hang.
+    agent = subprocess.run([sys.executable, "-m", "outlier_admin.agent", "--gateway", "envoy", "--group", "g1",
+                            "--envoy-eds-path", str(tmp_path / "eds.json"), "--once",
+                            "--redis-url", "redis+cluster://127.0.0.1:1"], capture_output=True, text=True, timeout=60)
+    assert agent.returncode == 1 and "Traceback" not in agent.stderr
+    assert agent.stderr.strip() == ("--redis-url: redis+cluster://127.0.0.1:1: Redis Cluster cannot be connected. "
+                                    "Please provide at least one reachable node: Error 111 connecting to "
+                                    "127.0.0.1:1. Connection refused.")
 
 
 def test_ticks_ingest_and_a_gateway_on_a_cluster(on_cluster, make_group):
@@ -149,6 +159,7 @@ def test_resharding_a_groups_slot_mid_load_loses_nothing_and_applies_nothing_twi
     moved_before = dict(REDIRECTIONS)
     metric_before = sum(REDIS_REDIRECTIONS.labels(k)._value.get() for k in ("moved", "ask"))
 
+    refusals: list[int] = []  # the status of every answer other than 200
     pending: list[list[dict]] = []  # bodies not yet answered 200 (retried in order, as a shipper does)
     answered = accepted = duplicates = refused = tick_errors = 0
     ids: set[str] = set()
@@ -190,6 +201,7 @@ def test_resharding_a_groups_slot_mid_load_loses_nothing_and_applies_nothing_twi
                 status = 599
             if status != 200:
                 refused += 1
+                refusals.append(status)
                 break
             pending.pop(0)
         if now >= next_tick:
@@ -224,4 +236,5 @@ def test_resharding_a_groups_slot_mid_load_loses_nothing_and_applies_nothing_twi
           f"lost {lost}, twice {twice}; {refused} refusals retried, {tick_errors} tick errors; redirections "
           f"{redirections} (metric +{metric:.0f})")
     assert lost == 0 and twice == 0
+    assert set(refusals) <= {503}, "a slot in migration is storage unavailable (503, retry), not an error of ours"
     assert redirections["moved"] + redirections["ask"] > 0 and metric > 0, "redirections followed and counted"

@@ -143,8 +143,8 @@ def test_primary_killed_under_load_nothing_lost_nothing_twice(sentinel_cluster, 
     # The gateway client follows the new primary and keeps taking documents.
     assert gateway.redis_client.connection_pool.get_master_address()[1] == new_primary
     assert seen_docs[-1][0] > restarted_at
-    keys = [(v, g) for _, v, g in seen_docs]
-    assert keys == sorted(keys), "(version, generated_at) never went back at the gateway"
+    order = [(v, g) for _, v, g in seen_docs]
+    assert order == sorted(order), "(version, generated_at) never went back at the gateway"
     gaps = np.diff([t for t, _, _ in seen_docs] + [time.time()])
     longest = float(gaps.max())
     print(f"failover: promoted {failover_at - killed_at:.2f} s after the kill; longest gap between documents "

@@ -76,18 +76,18 @@ def test_every_group_publishes_within_half_of_stale_after_on_an_overloaded_worke
         redis_client, settings, slow_worker_and_beat):
     names = [f"load-{i:02d}" for i in range(GROUPS)]
     ModelGroup.objects.bulk_create([ModelGroup(name=n, slug=n) for n in names])  # bulk_create skips save()'s slug
-    keys = [keys.weights(n) for n in names]
+    documents = [keys.weights(n) for n in names]
     stale_after_s = settings.WEIGHTS_STALE_AFTER_S
 
     deadline = time.time() + 30
-    while not any(redis_client.mget(keys)):
+    while not any(redis_client.mget(documents)):
         assert time.time() < deadline, "the worker published nothing within 30 s"
         time.sleep(0.1)
     start = time.time()
     worst: dict[str, float] = dict.fromkeys(names, 0.0)
     versions: dict[str, int] = dict.fromkeys(names, 0)
     while (now := time.time()) < start + OBSERVE_S:
-        for name, raw in zip(names, redis_client.mget(keys), strict=True):
+        for name, raw in zip(names, redis_client.mget(documents), strict=True):
             doc = orjson.loads(raw) if raw else None
             # A group's publish age as its gateways see it; no document yet counts from the start.
             age = now - max(doc["generated_at"], start) if doc else now - start
