@@ -134,6 +134,8 @@ class Safeguard:
         return self.held > 0 or (self.counted > 0 and self.full)
 #: States whose nodes form the peer baseline (when warmed up and fresh).
 BASELINE_STATES = frozenset({S.HEALTHY, S.DEGRADED})
+#: The canary's cycle: a quarantined node waits for its probes, is probed, and ramps back up.
+CANARY_STATES = (S.QUARANTINED, S.PROBING, S.RECOVERING)
 
 _OPERATOR = {S.FORCED_QUARANTINE, S.FORCED_ACTIVE}
 

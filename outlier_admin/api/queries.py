@@ -12,21 +12,24 @@ from django.db import connection
 from django.db.models import Case, CharField, OuterRef, Q, QuerySet, Subquery, Value, When
 from django.db.models.functions import Coalesce
 
+from detector.states import NodeState as S
 from outlier_admin.control.models import GroupBaseline, NodeHistory, QuarantineProposal
 from outlier_admin.fleet.models import ModelGroup, Node
 
 LATEST_FIELDS = ("ema", "z", "p50", "p99", "samples")
 #: Display order of states (also the order of the count columns on the overview).
-STATE_ORDER = (
-    "healthy", "degraded", "pending_approval", "quarantined", "probing", "recovering", "warming",
-    "forced_quarantine", "forced_active",
-)
+STATE_ORDER = tuple(s.label for s in (
+    S.HEALTHY, S.DEGRADED, S.PENDING_APPROVAL, S.QUARANTINED, S.PROBING, S.RECOVERING, S.WARMING,
+    S.FORCED_QUARANTINE, S.FORCED_ACTIVE,
+))
 #: What needs a person first, at 3 a.m.: a decision waiting, nodes out, nodes cut, nodes on their
 #: way back, manual states, then the rest (the first screen and the group page's default sort).
-ATTENTION_ORDER = (
-    "pending_approval", "quarantined", "degraded", "probing", "recovering", "forced_quarantine",
-    "forced_active", "warming", "healthy",
-)
+ATTENTION_ORDER = tuple(s.label for s in (
+    S.PENDING_APPROVAL, S.QUARANTINED, S.DEGRADED, S.PROBING, S.RECOVERING, S.FORCED_QUARANTINE,
+    S.FORCED_ACTIVE, S.WARMING, S.HEALTHY,
+))
+#: The quiet states, sorted after every other one when a column has no value.
+_QUIET = (S.HEALTHY.label, S.WARMING.label)
 
 
 def attention_rank(state: str) -> int:
@@ -35,7 +38,7 @@ def attention_rank(state: str) -> int:
     try:
         return ATTENTION_ORDER.index(state)
     except ValueError:
-        return ATTENTION_ORDER.index("forced_active") + 1
+        return ATTENTION_ORDER.index(S.FORCED_ACTIVE.label) + 1
 
 
 def judged_signals(groups: QuerySet[ModelGroup] | None = None) -> dict[int, tuple[str, ...]]:
@@ -158,8 +161,8 @@ def group_nodes(group: ModelGroup, sort: str = "name", signal: str = "norm") -> 
     present.sort(key=lambda n: getattr(n, key), reverse=sort.startswith("-"))
     missing = sorted((n for n in nodes if getattr(n, key) is None), key=lambda n: (attention_rank(n.state), n.name))
     if sort.startswith("-"):
-        out = [n for n in missing if n.state not in ("healthy", "warming")]
-        return out + present + [n for n in missing if n.state in ("healthy", "warming")]
+        out = [n for n in missing if n.state not in _QUIET]
+        return out + present + [n for n in missing if n.state in _QUIET]
     return present + missing
 
 

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from django.utils.safestring import SafeString
 
+from detector.states import NodeState as S
 from detector.thresholds import Thresholds
 from outlier_admin.api.timeline import BaselinePoint, Point
 from outlier_admin.control.models import CanaryProbe, Transition
@@ -25,7 +26,7 @@ def state_bands(points: list[Point], transitions: list[Transition], end: datetim
     bands, run_start, run_state = [], None, None
     for at, state in [*changes, (end, None)]:
         if state != run_state:
-            if run_state is not None and run_state != "healthy" and run_start is not None and at > run_start:
+            if run_state is not None and run_state != S.HEALTHY.label and run_start is not None and at > run_start:
                 bands.append(Band(run_start, at, f"{run_state} from {run_start:%H:%M:%S} to {at:%H:%M:%S} UTC",
                                   STATE_COLORS.get(run_state, "#555")))
             run_start, run_state = at, state

@@ -25,6 +25,7 @@ import redis
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
+from detector.states import NodeState as S
 from detector.thresholds import Thresholds
 from outlier_admin import keys
 from outlier_admin.api.queries import attention_rank
@@ -155,11 +156,11 @@ class FirstScreen:
 
     @property
     def urgent(self) -> list[Problem]:
-        return [p for p in self.problems if p.node.state != "warming"]
+        return [p for p in self.problems if p.node.state != S.WARMING.label]
 
     @property
     def warming(self) -> list[Problem]:
-        return [p for p in self.problems if p.node.state == "warming"]
+        return [p for p in self.problems if p.node.state == S.WARMING.label]
 
 
 def applied_versions(groups: list[ModelGroup], now: float | None = None) -> dict[str, GroupGateways]:
@@ -191,7 +192,7 @@ def applied_versions(groups: list[ModelGroup], now: float | None = None) -> dict
 
 
 #: The override kinds that set a node's forced state, and the state each one sets.
-FORCING = {OverrideKind.QUARANTINE: "forced_quarantine", OverrideKind.ACTIVATE: "forced_active"}
+FORCING = {OverrideKind.QUARANTINE: S.FORCED_QUARANTINE.label, OverrideKind.ACTIVATE: S.FORCED_ACTIVE.label}
 
 
 def _latest_override(kinds: list[str]) -> Subquery:
@@ -243,7 +244,7 @@ def first_screen(gateways: dict[str, GroupGateways] | None = None, now: float | 
     module docstring); ``gateways``: :func:`applied_versions` already read for (at least) their groups."""
     latest = Transition.objects.filter(node=OuterRef("pk")).order_by("-at")
     nodes = list(
-        Node.objects.filter(retired=False).exclude(state="healthy").select_related("group")
+        Node.objects.filter(retired=False).exclude(state=S.HEALTHY.label).select_related("group")
         .annotate(last_transition=Subquery(latest.values("pk")[:1]))
     )
     screen = FirstScreen(live_nodes=Node.objects.filter(retired=False).count())
@@ -271,12 +272,12 @@ def first_screen(gateways: dict[str, GroupGateways] | None = None, now: float | 
             until = f"until {forced.until:%Y-%m-%d %H:%M} UTC" if forced.until else "until released"
             cause = f"{forced.what} by {forced.actor}"
             detail, since = f"{forced.reason} ({until})", forced.since
-        elif n.state == "pending_approval" and n.pk in pending:
+        elif n.state == S.PENDING_APPROVAL.label and n.pk in pending:
             p = pending[n.pk]
             cause, detail, since = f"waiting for approval: {cause_in_words(p.reason)}", p.reason, p.created_at
         elif current:
             cause, detail, since = cause_in_words(t.reason, t.signal), t.explanation.get("detail", ""), t.at
-        elif n.state == "warming":
+        elif n.state == S.WARMING.label:
             cause, detail, since = "new or restarted: warming up before it is judged", "", n.registered_at
         else:
             cause, detail, since = "no transition recorded into this state", "", None

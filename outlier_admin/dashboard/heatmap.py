@@ -34,6 +34,8 @@ from django.utils.safestring import SafeString, mark_safe
 from detector.detectors import zscore
 from detector.nodes import NodeArrays
 from detector.signals import SIGNALS
+from detector.states import BASELINE_STATES
+from detector.states import NodeState as S
 from detector.thresholds import Thresholds
 from outlier_admin.api.queries import attention_rank
 from outlier_admin.control.models import GroupBaseline, NodeHistory
@@ -41,11 +43,12 @@ from outlier_admin.fleet.models import Node
 
 MAX_ROWS = 50
 BUCKETS = 60
-STATE_COLORS = {
-    "healthy": "#2e7d32", "forced_active": "#2e7d32", "degraded": "#ef8f00", "pending_approval": "#b8860b",
-    "quarantined": "#c62828", "forced_quarantine": "#8e0000", "probing": "#1f5fbf", "recovering": "#64b5f6",
-    "warming": "#9e9e9e",
-}
+STATE_COLORS = {s.label: colour for s, colour in {
+    S.HEALTHY: "#2e7d32", S.FORCED_ACTIVE: "#2e7d32", S.DEGRADED: "#ef8f00", S.PENDING_APPROVAL: "#b8860b",
+    S.QUARANTINED: "#c62828", S.FORCED_QUARANTINE: "#8e0000", S.PROBING: "#1f5fbf", S.RECOVERING: "#64b5f6",
+    S.WARMING: "#9e9e9e",
+}.items()}
+_BASELINE_LABELS = tuple(sorted(s.label for s in BASELINE_STATES))  # the states that serve at a judged weight
 NO_Z = "#d9d9d9"
 #: A reading's level against the detector's lines: its cell's class and what the legend says of it.
 AT_OR_UNDER, SLOWER, OVER_DEGRADE, OVER_QUARANTINE = 0, 1, 2, 3
@@ -152,7 +155,7 @@ def cells(nodes: list[Node], start: datetime, end: datetime, signals: Sequence[s
         k = at_write.get(_epoch(at))
         if k is not None and b is not None and b > 0:
             base[SIGNALS.index(sig), k] = b
-    serving = np.isin(labels, ("healthy", "degraded"))[state_of] & np.isfinite(ema_row)
+    serving = np.isin(labels, _BASELINE_LABELS)[state_of] & np.isfinite(ema_row)
     missing = serving & np.isnan(base[sig_i, write_of_row])
     for k_sig, k_write in set(zip(sig_i[missing].tolist(), write_of_row[missing].tolist(), strict=True)):
         peers = ema_row[missing & (sig_i == k_sig) & (write_of_row == k_write)]

@@ -13,13 +13,14 @@ from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
+from detector.states import NodeState as S
 from outlier_admin.fleet.models import Node
 
 #: A glyph per state so the table does not tell states by colour alone.
-STATE_ICONS = {
-    "quarantined": "✖", "forced_quarantine": "✖", "degraded": "▼", "pending_approval": "▼",
-    "healthy": "●", "forced_active": "●", "probing": "↻", "recovering": "↻",
-}
+STATE_ICONS = {s.label: icon for s, icon in {
+    S.QUARANTINED: "✖", S.FORCED_QUARANTINE: "✖", S.DEGRADED: "▼", S.PENDING_APPROVAL: "▼",
+    S.HEALTHY: "●", S.FORCED_ACTIVE: "●", S.PROBING: "↻", S.RECOVERING: "↻",
+}.items()}
 MISSING = "–"
 
 

@@ -21,6 +21,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from detector.signals import SIGNALS
+from detector.states import CANARY_STATES
 from detector.thresholds import ThresholdError
 from outlier_admin.api import queries
 from outlier_admin.api.filters import AuditFilter
@@ -406,7 +407,7 @@ def _canary_rows(nodes: list[Node]) -> list[dict[str, Any]]:
 
 @requires("read")
 def canary_review(request: HttpRequest) -> HttpResponse:
-    nodes = list(Node.objects.filter(retired=False, state__in=("quarantined", "probing", "recovering"))
+    nodes = list(Node.objects.filter(retired=False, state__in=[s.label for s in CANARY_STATES])
                  .select_related("group").order_by("group__name", "name"))
     recovered_at: dict[int, Any] = {}
     for node_id, at in (Transition.objects.filter(reason="recovered", at__gte=timezone.now() - CANARY_HISTORY,

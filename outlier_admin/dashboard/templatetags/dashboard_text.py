@@ -53,3 +53,12 @@ def signal_unit_of(transition: Any) -> str:
     from outlier_admin.dashboard.charts import signal_unit
 
     return signal_unit(transition.signal or "norm", transition.group.thresholds())
+
+
+@register.filter
+def state_icon(state: str) -> str:
+    """The glyph of a state (:data:`outlier_admin.dashboard.tables.STATE_ICONS`), so a state is never
+    told by colour alone."""
+    from outlier_admin.dashboard.tables import STATE_ICONS
+
+    return STATE_ICONS.get(state, "○")
