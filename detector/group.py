@@ -57,11 +57,10 @@ from detector.samples import (
     validate_progress,
 )
 from detector.signals import QUEUE_FREE, SIGNALS, SignalModel
-from detector.states import NodeState, Transition
+from detector.states import DEFAULT_BASE_WEIGHT, NodeState, Transition
 from detector.thresholds import POOL_MAX_STEPS, POOL_OBSERVATION_S, ROWS_FRESH_S, Thresholds
 from detector.window import SlidingWindows
 
-DEFAULT_BASE_WEIGHT = 100.0
 S = NodeState
 
 
@@ -90,7 +89,7 @@ class GroupDetector(NodeActions):
         self.rejected_total: dict[str, int] = {}
         self.accepted_total = 0
         for i, node in enumerate(nodes):
-            bw = DEFAULT_BASE_WEIGHT if base_weights is None else float(base_weights[i])
+            bw = float(DEFAULT_BASE_WEIGHT) if base_weights is None else float(base_weights[i])
             self.add_node(node, base_weight=bw, now=now, warm=warm)
 
     # ---------------------------------------------------------------------------------- membership
@@ -125,7 +124,8 @@ class GroupDetector(NodeActions):
     def state_of(self, node: str) -> NodeState:
         return NodeState(int(self.a.state[self.index_of(node)]))
 
-    def add_node(self, node: str, *, base_weight: float = DEFAULT_BASE_WEIGHT, now: float, warm: bool = False) -> None:
+    def add_node(self, node: str, *, base_weight: float = float(DEFAULT_BASE_WEIGHT), now: float,
+                 warm: bool = False) -> None:
         """Add a node. New nodes start ``WARMING`` (slow start, not judged) unless ``warm``."""
         if not base_weight > 0:
             raise ValueError(f"base_weight must be > 0, got {base_weight!r}")

@@ -62,6 +62,11 @@ class NodeState(enum.IntEnum):
 S = NodeState
 
 
+#: A node's base weight unless registered with another: the scale every weight is on (the detector's,
+#: the weights document's, the gateways'); the plain-Python owner, so the gateway side can import it.
+DEFAULT_BASE_WEIGHT = 100
+
+
 class Traffic(enum.StrEnum):
     """What a state means for the traffic a gateway sends the node (see the module docstring)."""
 

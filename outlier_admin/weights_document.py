@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from detector.states import Traffic, traffic_of
+from detector.states import DEFAULT_BASE_WEIGHT, Traffic, traffic_of
 from outlier_admin.fleet.names import NameError_, parse_address  # plain Python, like detector.states
 
 try:  # the agent's optional fast path; the control plane always has it
@@ -48,8 +48,6 @@ except ImportError:  # pragma: no cover - the agent without its orjson extra
     def _dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode()
 
-#: A node's base weight unless registered with another (``fleet.Node.base_weight``'s default).
-DEFAULT_BASE_WEIGHT = 100
 #: The largest base weight a node may be registered with.
 MAX_BASE_WEIGHT = 1_000_000
 #: Seconds after ``generated_at`` past which a gateway fails open (``WEIGHTS_STALE_AFTER_S``).
