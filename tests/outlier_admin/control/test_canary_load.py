@@ -95,3 +95,21 @@ def test_the_canary_reads_the_peers_load_off_the_groups_detector(node, redis_cli
     assert run_due_probes() == 1
     assert len(Engine.bodies) == 6 and {len(b["prompt"].split()) for b in Engine.bodies} == {300}
     assert {b["max_tokens"] for b in Engine.bodies} == {40}
+
+
+def test_the_demos_node_server_answers_a_probes_whole_batch(db, redis_client):
+    """The demo's node (its engine in the simulator) takes a probe's batch of connections at once."""
+    from outlier_admin.demo.config import DemoConfig
+    from outlier_admin.demo.fleet import CanaryServer, SimulatedFleet
+
+    fleet = SimulatedFleet(DemoConfig.from_env({}), lambda gi: None)
+    fleet.started -= 20.0  # 20 s of traffic to simulate
+    fleet.advance()
+    server = CanaryServer(fleet, 1, 3).start()
+    try:
+        group = do_create_group("demo-a100", actor="t")
+        node = do_register_node(group, server.address, actor="t", name="a100-03")
+        probe = probe_node(node, load=ProbeLoad(48, 50, 4))
+        assert (probe.ok, probe.error, probe.prompt_tokens, probe.completion_tokens) == (True, "", 50, 4)
+    finally:
+        server.stop()
