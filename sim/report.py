@@ -538,15 +538,17 @@ def oracle_bound(scn: Scenario, samples: dict[int, tuple[np.ndarray, np.ndarray]
     samples from the warm-up (restarted at 0 after an alarm, so an alarm before the onset is a false
     one): the policy's own up to its cut, then, if it has not alarmed yet, ``unreacted``'s (what the
     node shows when nobody reacts; ``bound_basis.stream`` says so); the bound is its first alarm at or
-    after the onset. One such CUSUM per signal and one on all of them (their LLRs added); the bound is
-    the earliest (the oracle knows ``p1``, so which signal the fault moves; ``bound_basis.candidates``
-    lists each). ``h`` comes from the healthy nodes of the group in the policy's run
+    after the onset. The post-onset law is modelled twice (:class:`sim.cusum.HistogramLLR`, a monotone
+    histogram ratio; :class:`sim.cusum.ShiftLLR`, the pre-fault density moved by the medians' shift);
+    one CUSUM per signal and model and one on all signals per model (their LLRs added); the bound is
+    the earliest (the oracle knows ``p1``, so which signal the fault moves and how;
+    ``bound_basis.candidates`` lists each). ``h`` comes from the healthy nodes of the group in the policy's run
     (:func:`sim.cusum.calibrate_threshold`) at ``rate``. The lower end ``bound_low_s`` is the least
     of: the alarm at ``h`` for ``upper`` alarms per node-hour, the sample before it, and the 5th
     percentile of the alarm over :data:`BOUND_RESAMPLES` post-onset streams resampled from this one
     (the same times, LLRs drawn with replacement, from the CUSUM's value at the onset): the run-to-run
     spread of the oracle itself."""
-    from sim.cusum import HistogramLLR
+    from sim.cusum import HistogramLLR, ShiftLLR
 
     faulty = {offset + n for g, n in scn.faulty if _group_index(scn, g) == gi}
     first_onset = min((f.start_s for f in scn.faults if _group_index(scn, f.group) == gi), default=onset)
@@ -626,7 +628,9 @@ def oracle_bound(scn: Scenario, samples: dict[int, tuple[np.ndarray, np.ndarray]
                       f"the policy cut sooner" if len(after) else "none")
         if len(pre) < BOUND_MIN_SAMPLES or len(post) < BOUND_MIN_SAMPLES:
             continue
-        tables.append((j, HistogramLLR.fit(pre, post)))
+        tables.append((j, HistogramLLR.fit(pre, post), "histogram"))
+        if not binary[j]:
+            tables.append((j, ShiftLLR.fit(pre, post), "shift"))
         sources.append(f"{name}: {source}")
         n_pre, n_post = n_pre + len(pre), n_post + len(post)
     if not tables:
@@ -643,19 +647,25 @@ def oracle_bound(scn: Scenario, samples: dict[int, tuple[np.ndarray, np.ndarray]
     switch = cut is not None and unreacted is not None and me in unreacted and cut < fault_end
     # Each signal alone and all of them together: the oracle knows which signal the fault moves (it
     # knows p1) and watches the one that alarms first, each at the policy's false-alarm rate.
-    candidates = [[j] for j, _ in tables] + ([[j for j, _ in tables]] if len(tables) > 1 else [])
+    candidates = [[k] for k in range(len(tables))]
+    for model in ("histogram", "shift"):
+        every = [k for k, (_, _, m) in enumerate(tables) if m == model]
+        if len({tables[k][0] for k in every}) > 1:
+            candidates.append(every)
     results = []
     for js in candidates:
-        chosen = [(j, tab) for j, tab in tables if j in js]
+        chosen = [tables[k][:2] for k in js]
         res = _oracle_delay(chosen, healthy_x, hours, (t, x), (ut, ux) if switch else None, cut, onset,
                             fault_end, rate, upper)
-        res["bound_basis"] = {"streams": [streams[j] for j in js], **res.get("bound_basis", {}), **common}
+        res["bound_basis"] = {"streams": [streams[tables[k][0]] for k in js], "model": tables[js[0]][2],
+                              **res.get("bound_basis", {}), **common}
         results.append(res)
     found = [r for r in results if r.get("bound_s") is not None]
     if not found:
         return {"bound_note": "the oracle raised no alarm before the fault ended", "bound_basis": results[-1]["bound_basis"]}
     best = min(found, key=lambda r: (r["bound_s"], r["bound_low_s"]))
-    best["bound_basis"]["candidates"] = {"+".join(r["bound_basis"]["streams"]): r.get("bound_s") for r in results}
+    best["bound_basis"]["candidates"] = {f"{'+'.join(r['bound_basis']['streams'])} ({r['bound_basis']['model']})":
+                                         r.get("bound_s") for r in results}
     return best
 
 

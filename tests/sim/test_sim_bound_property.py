@@ -35,5 +35,6 @@ def test_no_policy_cuts_a_faulty_node_sooner_than_its_oracle_bound(path):
                 continue
             checked += 1
             assert not f["bound_violated"], (name, f["node"], delay, bound, f["bound_basis"])
-            assert delay / bound >= 1.0 - f["bound_error"] - 1e-9, (name, f["node"], delay, bound, f["bound_error"])
+            # delay / bound >= 1 - bound_error, on the unrounded figures: delay >= the lower end
+            assert delay >= f["bound_low_s"] - 1e-3, (name, f["node"], delay, bound, f["bound_low_s"])
     assert checked  # every shipped faulty scenario is detected by at least one of them

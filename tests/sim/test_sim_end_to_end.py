@@ -56,7 +56,7 @@ def test_fault_hurts_round_robin_and_detectors_cut_the_node(report):
     cb = report["cusum_bound"][0]
     assert cb["node"] == 2 and cb["delta_sd"] > 3 and cb["min_delay_s"] > 0
     # Each policy's delay is set against the oracle bound on the signals it reads, in its own run.
-    assert 0 < d["bound_s"] < 20 and "itl_row" in d["bound_basis"]["candidates"]
+    assert 0 < d["bound_s"] < 20 and "itl_row (shift)" in d["bound_basis"]["candidates"]
     assert d["bound_low_s"] <= d["bound_s"] and d["bound_error"] == pytest.approx(1 - d["bound_low_s"] / d["bound_s"], abs=2e-3)
     if not d["bound_violated"]:
         assert d["delay_vs_bound"] == pytest.approx(d["first_degrade_s"] / d["bound_s"], abs=0.01)

@@ -6,6 +6,7 @@ from sim_helpers import tiny
 
 from sim.cusum import (
     HistogramLLR,
+    ShiftLLR,
     calibrate_threshold,
     cusum_alarms,
     cusum_min_delay,
@@ -80,6 +81,21 @@ def test_histogram_llr_is_monotone_and_learns_a_heavy_tailed_shift():
     fail = HistogramLLR.fit(np.zeros(500), np.r_[np.ones(20), np.zeros(20)])
     assert fail(np.array([1.0]))[0] > 2.0 and fail(np.array([0.0]))[0] < 0
     assert list(isotonic(np.array([1.0, 3.0, 2.0, 4.0]), np.ones(4))) == [1.0, 2.5, 2.5, 4.0]
+
+
+def test_shift_llr_knows_the_post_law_from_the_pre_fault_shape_and_a_few_post_samples():
+    rng = np.random.default_rng(3)
+    pre = rng.standard_t(4, 5000) * 0.15
+    post = rng.standard_t(4, 30) * 0.15 + 0.3  # a 1.35x slowdown of a time, in log
+    shift = ShiftLLR.fit(pre, post)
+    hist = HistogramLLR.fit(pre, post)
+    after = rng.standard_t(4, 20000) * 0.15 + 0.3
+    before = rng.standard_t(4, 20000) * 0.15
+    # More evidence per post-onset sample (a larger KL divergence) than the histogram of 30, and
+    # still negative on average before the change.
+    assert shift(after).mean() > hist(after).mean() > 0
+    assert shift(before).mean() < 0
+    assert np.abs(shift(np.array([-50.0, 50.0]))).max() <= np.log(len(pre) + 1.0) + 1e-9
 
 
 def test_threshold_is_calibrated_to_the_false_alarm_count_on_healthy_streams():
