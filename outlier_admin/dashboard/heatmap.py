@@ -109,12 +109,22 @@ def judge(z: np.ndarray, excess: np.ndarray, signals: Sequence[str], t: Threshol
     view = zscore.PeerView(z=z, ema=excess, baseline=base, spread=dict.fromkeys(SIGNALS, math.nan),
                            peers=dict.fromkeys(SIGNALS, 0), fresh=np.ones(n, dtype=bool))
     a = NodeArrays(map(str, range(n)))
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"):
         d = zscore.decide(view, a, t, now=0.0)
         over = zscore.lines(d, t)
-    level = np.where(over.over_q, OVER_QUARANTINE, np.where(over.over_d, OVER_DEGRADE,
-                                                            np.where(d.score > 0, SLOWER, AT_OR_UNDER)))
-    return d.score, d.which, d.excess, level
+        level = np.where(over.over_q, OVER_QUARANTINE, np.where(over.over_d, OVER_DEGRADE,
+                                                                np.where(d.score > 0, SLOWER, AT_OR_UNDER)))
+        # A reading the detector sets aside (prefill time under its own line: decode speaks for the
+        # node) is shown with its Z, under the line, not as "no Z".
+        filled = np.where(np.isnan(z), -np.inf, z)
+        raw_which = filled.argmax(axis=0)
+        raw = filled[raw_which, np.arange(n)]
+        aside = ~np.isfinite(d.score) & np.isfinite(raw)
+        score = np.where(aside, raw, d.score)
+        which = np.where(aside, raw_which, d.which)
+        ratio = np.where(aside, excess[raw_which, np.arange(n)], d.excess)
+        level = np.where(aside, np.where(raw > 0, SLOWER, AT_OR_UNDER), level)
+    return score, which, ratio, level
 
 
 def cells(nodes: list[Node], start: datetime, end: datetime, signals: Sequence[str],
@@ -278,11 +288,11 @@ def reading_text(c: Cell, t: Thresholds) -> str:
     if c.z is None or c.level is None:
         return "no Z (no traffic judged)"
     ratio = f", {c.excess:.2f}× the peers' baseline" if c.excess is not None else ", peers' baseline unknown"
+    m = float(zscore.materiality(np.array([SIGNALS.index(c.signal) if c.signal in SIGNALS else -1]), t)[0])
     verdict = {
         OVER_QUARANTINE: f"at quarantine strength (Z ≥ {t.quarantine_z:g} σ and ≥ {t.quarantine_materiality:g}×)",
-        OVER_DEGRADE: f"over the degrade line (Z ≥ {t.degrade_z:g} σ and ≥ {t.degrade_materiality:g}×)",
-        SLOWER: f"slower than its peers, under the degrade line (Z ≥ {t.degrade_z:g} σ and ≥ "
-                f"{t.degrade_materiality:g}× both needed)",
+        OVER_DEGRADE: f"over the degrade line (Z ≥ {t.degrade_z:g} σ and ≥ {m:g}×)",
+        SLOWER: f"slower than its peers, under the degrade line (Z ≥ {t.degrade_z:g} σ and ≥ {m:g}× both needed)",
         AT_OR_UNDER: "as fast as its peers or faster",
     }[c.level]
     peak = f" (median of {c.readings} readings; highest Z {c.peak:.2f} σ)" if c.readings > 1 and c.peak is not None else ""
@@ -293,16 +303,20 @@ def heatmap_legend(t: Thresholds) -> list[tuple[str, str, str]]:
     """``(class, colour, meaning)`` of each kind of cell, with the thresholds ``t`` in force and their
     units (Z in σ, the peers' robust spread; the EMA as a multiple of the peers' baseline)."""
     robust = t.baseline_mode == "robust"
+    on_prefill = float(zscore.materiality(np.array([SIGNALS.index("prefill_time")]), t)[0])
 
-    def line(z: float, m: float) -> str:
-        return f"Z ≥ {z:g} σ and EMA ≥ {m:g}× the peers' baseline" if robust else f"Z ≥ {z:g} σ"
+    def line(z: float, m: float, *, per_signal: bool = False) -> str:
+        if not robust:
+            return f"Z ≥ {z:g} σ"
+        other = f" ({on_prefill:g}× on prefill_time)" if per_signal and on_prefill != m else ""
+        return f"Z ≥ {z:g} σ and EMA ≥ {m:g}× the peers' baseline{other}"
 
     return [
         (*LEVELS[AT_OR_UNDER], "as fast as its peers or faster (Z ≤ 0)"),
-        (*LEVELS[SLOWER], f"slower than its peers but under the degrade line ({line(t.degrade_z, t.degrade_materiality)}"
-                          " both needed); paler the lower its Z"),
-        (*LEVELS[OVER_DEGRADE], f"over the degrade line ({line(t.degrade_z, t.degrade_materiality)}): the detector "
-                                "cuts its weight once its evidence holds; darker towards quarantine Z"),
+        (*LEVELS[SLOWER], "slower than its peers but under the degrade line "
+                          f"({line(t.degrade_z, t.degrade_materiality, per_signal=True)} both needed); paler the lower its Z"),
+        (*LEVELS[OVER_DEGRADE], f"over the degrade line ({line(t.degrade_z, t.degrade_materiality, per_signal=True)}):"
+                                " the detector cuts its weight once its evidence holds; darker towards quarantine Z"),
         (*LEVELS[OVER_QUARANTINE], f"at quarantine strength ({line(t.quarantine_z, t.quarantine_materiality)}"
                                    + (", not on prefill_time alone" if robust else "") + ")"),
         ("no-z", NO_Z, "no Z (no traffic judged: quarantined, probing)"),

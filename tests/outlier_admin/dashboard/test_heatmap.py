@@ -88,7 +88,7 @@ def test_a_healthy_spread_of_prefill_times_paints_no_cell_over_the_line(viewer):
 
 
 def test_a_node_materially_slower_on_its_deciding_signal_is_painted_over_the_line(viewer):
-    prefill = [*HEALTHY_PREFILL[:7], 1.30]  # node 7: 1.29x its peers' prefill time
+    prefill = [*HEALTHY_PREFILL[:7], 1.60]  # node 7: 1.59x its peers' prefill time (its line: 1.5x)
     decode = [*HEALTHY_DECODE[:6], 90.0, HEALTHY_DECODE[7]]  # node 6: 1.58x its peers' decode time
     group, nodes, _ = write_group(prefill, decode)
     cells = heat_cells(viewer, group)
@@ -104,10 +104,23 @@ def test_a_node_materially_slower_on_its_deciding_signal_is_painted_over_the_lin
     assert "σ on decode, 1.58× the peers&#x27; baseline: at quarantine strength" in row
 
 
+def test_a_prefill_time_under_its_own_line_is_shown_under_the_line_with_its_z(viewer):
+    """The detector sets a node's prefill time aside under prefill_materiality (decode speaks for it):
+    on the prefill_time view the cell still shows its Z, as slower but under the line."""
+    prefill = [*HEALTHY_PREFILL[:7], 1.30]  # node 7: 1.29x, Z 5.7: over degrade_z, under 1.5x
+    group, _, zs = write_group(prefill, HEALTHY_DECODE)
+    assert zs["prefill_time"][7] > Thresholds().quarantine_z
+    cells = heat_cells(viewer, group, "&signal=prefill_time")
+    assert set(cells["node-7"]) == {"z-slower"} and "no-z" not in {k for c in cells.values() for k in c}
+    html = viewer.get(f"/groups/{group.slug}/?partial=heatmap&signal=prefill_time").content.decode()
+    assert "σ on prefill_time, 1.29× the peers&#x27; baseline: slower than its peers, under the degrade line" in html
+
+
 def test_the_legend_says_what_each_colour_means_with_units():
     t = Thresholds()
     legend = {css: meaning for css, _, meaning in heatmap_legend(t)}
-    assert legend["z-degrade"].startswith("over the degrade line (Z ≥ 2 σ and EMA ≥ 1.15× the peers' baseline)")
+    assert legend["z-degrade"].startswith(
+        "over the degrade line (Z ≥ 2 σ and EMA ≥ 1.15× the peers' baseline (1.5× on prefill_time))")
     assert "Z ≥ 3.5 σ and EMA ≥ 1.5× the peers' baseline, not on prefill_time alone" in legend["z-quarantine"]
     # However high an immaterial Z is, its cell stays the pale yellow of "under the line".
     assert cell_color(1, 50.0, t) == cell_color(1, t.degrade_z, t) == "#fff0a8"
