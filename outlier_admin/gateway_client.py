@@ -640,6 +640,7 @@ class GatewayClient:
             if pubsub is None:
                 try:
                     pubsub = _Notifications(self.redis_client, self.group, self.channel)
+                    next_poll = 0.0  # notifications sent while unsubscribed are lost: pull once now
                 except redis.RedisError as exc:
                     self.stats.redis_errors += 1
                     self.stats.last_error = f"{type(exc).__name__}: {exc}"
@@ -685,13 +686,19 @@ class _Notifications:
     def __init__(self, client: Any, group: str, channel: str) -> None:
         self.sharded = is_cluster(client)
         self.channel = keys.weights_channel(group) if self.sharded else channel
-        self.pubsub = client.pubsub(ignore_subscribe_messages=not self.sharded)
-        try:
-            if self.sharded:
-                self.pubsub.ssubscribe(self.channel)
-                self.node = client.get_node_from_key(self.channel)
-            else:
+        if not self.sharded:
+            self.pubsub = client.pubsub(ignore_subscribe_messages=True)
+            try:
                 self.pubsub.subscribe(self.channel)
+            except BaseException:
+                _close(self.pubsub)
+                raise
+            return
+        self.client = client
+        self.pubsub = client.pubsub()
+        try:
+            self.node = client.get_node_from_key(self.channel)
+            self.pubsub.ssubscribe(self.channel)
         except BaseException:
             _close(self.pubsub)
             raise
@@ -703,7 +710,14 @@ class _Notifications:
         if not self.sharded:
             msg = self.pubsub.get_message(timeout=timeout)
             return msg["data"] if msg is not None and msg.get("type") == "message" else None
-        msg = self.pubsub.get_sharded_message(timeout=timeout, target_node=self.node)
+        try:
+            msg = self.pubsub.get_sharded_message(timeout=timeout, target_node=self.node)
+        except redis.exceptions.MovedError as exc:
+            # SSUBSCRIBE went to the slot's former primary (the client's map predates a move): redis-py
+            # follows MOVED for commands, not for a subscription, so read the map again before the caller
+            # subscribes again.
+            self.client.nodes_manager.initialize()
+            raise redis.ConnectionError(f"{self.channel}: its slot moved ({exc})") from None
         if msg is None:
             return None
         kind = msg.get("type")

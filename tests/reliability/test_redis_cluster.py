@@ -178,6 +178,14 @@ def test_resharding_a_groups_slot_mid_load_loses_nothing_and_applies_nothing_twi
             answered += 1
         return resp.status_code
 
+    # A gateway that hears of new versions only through the sharded notification (its poll is 60 s): Redis
+    # ends its SSUBSCRIBE when the slot moves, and it must subscribe again on the new primary.
+    gateway = GatewayClient.from_url(cluster.url(), group, poll_interval_s=60.0)
+    seen: list[int] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=gateway.run, args=(lambda eff: seen.append(eff.version), stop), daemon=True)
+    watcher.start()
+
     t_start = time.time()
     next_body = next_tick = t_start
     while True:
@@ -224,6 +232,13 @@ def test_resharding_a_groups_slot_mid_load_loses_nothing_and_applies_nothing_twi
     r = redis_conn.get_redis()
     tick._HELD.pop(group, None)  # what Redis holds, not this process's copy
     gd = tick._load_detector(r, ModelGroup.objects.get(name=group), time.time())[0]
+    last = run_tick(group)
+    deadline = time.monotonic() + 10
+    while (not seen or seen[-1] < last.version) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    watcher.join(timeout=5)
+    assert seen and seen[-1] == last.version, f"the gateway follows the document on the new primary: {gateway.stats}"
 
     assert cluster.owner_of_slot(slot) == target and keys_moved[0] >= 3, "the group's keys moved primaries"
     assert answered == body_no, "every body was answered 200 in the end"
