@@ -27,6 +27,7 @@ from outlier_admin.gateway_client import REDIRECTIONS, GatewayClient, cluster_pr
 from outlier_admin.observability.metrics import REDIS_REDIRECTIONS
 from tests.harness import redis_cluster
 from tests.harness.redis_cluster import RedisClusterProcs, slot_of
+from tests.outlier_admin.control.test_redis_sentinel import _settings_of
 from tests.outlier_admin.helpers import make_records
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.slow,
@@ -97,6 +98,19 @@ def test_a_cluster_with_an_unreachable_or_foreign_node_is_named_at_start(cluster
     assert agent.stderr.strip() == ("--redis-url: redis+cluster://127.0.0.1:1: Redis Cluster cannot be connected. "
                                     "Please provide at least one reachable node: Error 111 connecting to "
                                     "127.0.0.1:1. Connection refused.")
+
+
+def test_cluster_settings_and_what_a_process_refuses_to_start_with(cluster):
+    nodes = ",".join(f"127.0.0.1:{p}" for p in cluster.ports)
+    broker = {"CELERY_BROKER_URL": "redis://127.0.0.1:6379/8"}
+    got = _settings_of({"REDIS_CLUSTER_NODES": nodes, **broker})
+    assert got["REDIS_URL"] == f"redis+cluster://{nodes}" and got["CELERY_BROKER_URL"] == broker["CELERY_BROKER_URL"]
+    no_broker = _settings_of({"REDIS_CLUSTER_NODES": nodes})
+    assert "set CELERY_BROKER_URL" in no_broker["error"]
+    wait = _settings_of({"REDIS_CLUSTER_NODES": nodes, "REDIS_MIN_REPLICAS_ACK": "1", **broker})
+    assert "REDIS_MIN_REPLICAS_ACK is not supported with a Redis Cluster" in wait["error"]
+    dead = _settings_of({"REDIS_URL": f"redis+cluster://{nodes},127.0.0.1:1", **broker})
+    assert "control.E002" in dead["error"] and "node 127.0.0.1:1 unreachable" in dead["error"]
 
 
 def test_ticks_ingest_and_a_gateway_on_a_cluster(on_cluster, make_group):
