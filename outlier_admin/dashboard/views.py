@@ -181,7 +181,8 @@ def node_page(request: HttpRequest, pk: int) -> HttpResponse:
             start = first
         elif first is not None:
             start = max(start, end - timedelta(minutes=5))
-    signal = _signal(request, node.group)
+    # By default the signal the detector judged this node on at its latest write, as the API does.
+    signal = _asked_signal(request) or queries.node_signal(node)
     points = node_timeline(node, start, end, signal=signal)
     # P50/P99 come from the detector's tail window, recorded on the norm rows.
     tail_points = points if signal == "norm" else node_timeline(node, start, end)

@@ -202,3 +202,16 @@ def test_other_lists_take_node_names_too(decode_fleet, users):
                                   to_state="degraded", reason="z_degrade", signal="decode", z=3.0)
     rows = c.get("/api/v1/transitions/", {"node": "h100-03"}).json()["results"]
     assert [(r["node_name"], r["signal"]) for r in rows] == [("h100-03", "decode")]
+
+
+def test_the_node_page_defaults_to_the_signal_the_node_was_judged_on(decode_fleet, users):
+    """As the API does: h100-04 was judged on prefill time (the tick flagged that row), so its page
+    shows prefill time by default although the group decides on decode; h100-03's shows decode."""
+    from django.test import Client
+
+    c = Client()
+    c.force_login(users["viewer"])
+    page = c.get(f"/nodes/{decode_fleet['h100-04'].pk}/").content.decode()
+    assert "Z-score vs peers (prefill_time)" in page
+    assert "Z-score vs peers (decode)" in c.get(f"/nodes/{decode_fleet['h100-03'].pk}/").content.decode()
+    assert "Z-score vs peers (decode)" in c.get(f"/nodes/{decode_fleet['h100-04'].pk}/", {"signal": "decode"}).content.decode()
