@@ -15,6 +15,7 @@ nothing. Metrics (labels ``group``, ``gateway``):
 * ``outlier_agent_skipped_nodes``              invalid nodes left out of the current document (reasons logged)
 * ``outlier_agent_unknown_servers``            gateway servers that match no node (left alone)
 * ``outlier_agent_missing_nodes``              nodes with no gateway server
+* ``outlier_agent_redis_redirections_total``   ``MOVED``/``ASK`` replies of a Redis Cluster followed (label ``kind``)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from outlier_admin.gateway_client import MODE_FAIL_OPEN
+from outlier_admin.gateway_client import MODE_FAIL_OPEN, REDIRECTIONS
 
 log = logging.getLogger("outlier_admin.agent.metrics")
 
@@ -77,6 +78,12 @@ class AgentCollector:
         yield counter("outlier_agent_redis_errors", "Failed Redis reads or subscriptions.", stats.redis_errors)
         yield counter("outlier_agent_rejected_documents", "Malformed weights documents rejected.",
                       stats.rejected_documents)
+        redirections = CounterMetricFamily("outlier_agent_redis_redirections",
+                                           "MOVED and ASK replies of a Redis Cluster, each followed by redis-py "
+                                           "(a burst: a resharding or a failover).", labels=[*labels, "kind"])
+        for kind, n in sorted(REDIRECTIONS.items()):
+            redirections.add_metric([*values, kind], n)
+        yield redirections
 
 
 def make_registry(agent: Any) -> Any:

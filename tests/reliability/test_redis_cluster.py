@@ -13,12 +13,17 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import orjson
 import pytest
+from prometheus_client import generate_latest
 
 from outlier_admin import keys
+from outlier_admin.agent.base import ApplyResult
+from outlier_admin.agent.core import Agent
+from outlier_admin.agent.metrics import make_registry
 from outlier_admin.control import redis_conn, tick
 from outlier_admin.control.actions import do_register_node
 from outlier_admin.control.tick import run_tick
@@ -63,6 +68,18 @@ def on_cluster(cluster, settings) -> Iterator[RedisClusterProcs]:
     yield cluster
     redis_conn._local.__dict__.clear()
     tick._HELD.clear()
+
+
+class _Recorder:
+    """A gateway that takes every apply (the agent's metrics need one)."""
+
+    name = "recorder"
+
+    def apply(self, weights: Any) -> ApplyResult:
+        return ApplyResult(changes=[f"v{weights.version}"])
+
+    def set_safeguard(self, active: bool) -> None:
+        pass
 
 
 def _groups_on_two_primaries(cluster: RedisClusterProcs) -> tuple[str, str]:
@@ -265,5 +282,10 @@ def test_resharding_a_groups_slot_mid_load_loses_nothing_and_applies_nothing_twi
           f"lost {lost}, twice {twice}; {refused} refusals retried, {tick_errors} tick errors; redirections "
           f"{redirections} (metric +{metric:.0f})")
     assert lost == 0 and twice == 0
+    # The agent exports the redirections its process followed (its /metrics).
+    text = generate_latest(make_registry(Agent(gateway, _Recorder()))).decode()
+    for kind in ("moved", "ask"):
+        assert f'outlier_agent_redis_redirections_total{{gateway="recorder",group="{group}",kind="{kind}"}} ' \
+               f"{float(REDIRECTIONS[kind])}" in text
     assert set(refusals) <= {503}, "a slot in migration is storage unavailable (503, retry), not an error of ours"
     assert redirections["moved"] + redirections["ask"] > 0 and metric > 0, "redirections followed and counted"
