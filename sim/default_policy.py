@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from detector.picking import SmoothWeightedRoundRobin
+from detector.states import DEFAULT_BASE_WEIGHT
 from sim.engine import GroupContext, Policy
 
 EPOCH = 1_700_000_000.0
@@ -69,7 +70,7 @@ class DefaultPolicy(Policy):
         self._out_of_service = {int(s) for s in OUT_OF_SERVICE}  # the traffic table's DRAIN states
         members = [i for i in range(ctx.n) if ctx.members[i]]
         self.gd = GroupDetector(thresholds=thresholds, nodes=[ctx.node_ids[i] for i in members], now=EPOCH)
-        self.base = 100.0
+        self.base = float(DEFAULT_BASE_WEIGHT)
         w = np.zeros(ctx.n)
         w[members] = self.base
         self.swrr = SmoothWeightedRoundRobin(w)

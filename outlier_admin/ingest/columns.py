@@ -140,6 +140,19 @@ def _opt_floats(x: np.ndarray, where: np.ndarray) -> list[float | None]:
     return [v if w else None for v, w in zip(x.tolist(), where.tolist(), strict=True)]
 
 
+def _statuses_ok(status: list[Any]) -> np.ndarray:
+    """Where each status is one the contract accepts (:data:`detector.records.STATUS`): one numpy
+    comparison when every status is a plain int, else :func:`~detector.records.status_ok` each."""
+    n = len(status)
+    if set(map(type, status)) != {int}:
+        return np.fromiter(map(status_ok, status), bool, n)
+    try:
+        code = np.array(status, dtype=np.int64)
+    except OverflowError:  # an int past int64: left to normalize, which refuses it
+        return np.zeros(n, bool)
+    return STATUS.within(code, STATUS.high)
+
+
 def normalize_many(
     recs: Sequence[Any],
     *,
@@ -194,15 +207,7 @@ def normalize_many(
             good = ~odd & f.within(x, f.high_of(limits, values))
             ok &= (given & good) if f.required else (~given | good)
         ok &= ~(tokens & (prompt == 0) & (completion == 0))
-    if set(map(type, status)) == {int}:
-        try:
-            code = np.array(status, dtype=np.int64)
-        except OverflowError:
-            code = np.zeros(n, np.int64)
-            ok[:] = False
-        ok &= STATUS.within(code, STATUS.high)
-    else:
-        ok &= np.fromiter(map(status_ok, status), bool, n)
+    ok &= _statuses_ok(status)
     if set(map(type, request_ids)) != {type(None)}:
         ok &= np.fromiter(map(request_id_ok, request_ids), bool, n)
         request_ids = [rid or None for rid in request_ids]
