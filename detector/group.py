@@ -58,7 +58,14 @@ from detector.samples import (
 )
 from detector.signals import QUEUE_FREE, SIGNALS, SignalModel
 from detector.states import DEFAULT_BASE_WEIGHT, NodeState, Transition
-from detector.thresholds import POOL_MAX_STEPS, POOL_OBSERVATION_S, ROWS_FRESH_S, Thresholds
+from detector.thresholds import (
+    COMPARABLE_LOAD_FRACTION,
+    POOL_MAX_STEPS,
+    POOL_OBSERVATION_S,
+    PREFILL_STALL_S,
+    ROWS_FRESH_S,
+    Thresholds,
+)
 from detector.window import SlidingWindows
 
 S = NodeState
@@ -247,8 +254,11 @@ class GroupDetector(NodeActions):
         rows, bound = b.take(learn), bound[learn]
         node = rows.node
         feeding = zscore.evidence_signals(t, self._last)
+        passing = self._passing_prefill(rows)
         for s, x in self.signals.per_row(rows).items():
             base = self._last.of(s).baseline
+            if s == "decode":
+                x = np.where(passing, np.nan, x)
             censored = np.zeros(len(x), bool)
             if s == "decode" and np.isfinite(bound).any():
                 # A stalled row: its streams waited at least `bound` for a token (detector.inflight).
@@ -265,9 +275,47 @@ class GroupDetector(NodeActions):
                 # observation: its unit is how much rows differ across the group, not a per-request
                 # spread / sqrt(k).
                 sigma = self._last.of(s).rel_sd("row_rel_sd")
-                zscore.feed_evidence(a, t, self._last, node, x, s, sigma)
+                zscore.feed_evidence(a, t, self._last, node, x, s, sigma,
+                                     comparable=self._at_peer_load(rows.running, healthy[learn]))
         a.new_samples += np.bincount(node, minlength=len(a))  # one sample of time per row
         return IngestResult(accepted, rejected, unknown, ignored=int(empty.sum()))
+
+    def _passing_prefill(self, rows: ProgressBatch) -> np.ndarray:
+        """Per row (grouped by node, time order within): a row past the decode curve's prompt work
+        (:meth:`~detector.signals.SignalModel.beyond_work`) less than :data:`~detector.thresholds.
+        PREFILL_STALL_S` into an episode of such rows of its node (an episode ends after that long
+        without one). One long prompt stalls every stream of a node for its chunked prefill (an
+        8k-token prompt made a healthy node's rows read 18x for 0.5 s, and it was cut): those rows
+        are not decode samples. Prefill work that lasts (a node recomputing the KV cache it keeps
+        losing, in bursts) is the node's decode, and counts."""
+        a, hold = self.a, PREFILL_STALL_S
+        beyond = self.signals.beyond_work(rows)
+        if not beyond.any() and np.isnan(a.heavy_since[rows.node]).all():
+            return beyond
+        since = np.full(len(rows), np.nan)
+        for k in np.flatnonzero(beyond):  # in order: a node's rows are in time order
+            i, ts = rows.node[k], rows.ts[k]
+            if math.isnan(a.heavy_since[i]) or ts - a.heavy_last[i] > hold:
+                a.heavy_since[i] = ts
+            a.heavy_last[i] = ts
+            since[k] = a.heavy_since[i]
+        with np.errstate(invalid="ignore"):
+            ended = rows.ts - a.heavy_last[rows.node] > hold
+        a.heavy_since[rows.node[ended]] = np.nan
+        return beyond & ~(rows.ts - since >= hold - 1e-9)
+
+    def _at_peer_load(self, running: np.ndarray, healthy: np.ndarray) -> np.ndarray:
+        """Per row: whether it ran at least :data:`~detector.thresholds.COMPARABLE_LOAD_FRACTION` of the
+        median batch of this batch's healthy rows (True where batches are not reported, or too few
+        healthy rows report one). A node cut to a few streams while its peers run full batches is
+        compared through the decode curve far below where the healthy rows now are: evidence enough
+        for a cut, not for a quarantine (zscore.feed_evidence)."""
+        ok = np.ones(len(running), dtype=bool)
+        peers = running[healthy & np.isfinite(running)]
+        if len(peers) < self.thresholds.min_peers:
+            return ok
+        with np.errstate(invalid="ignore"):
+            return ~np.isfinite(running) | (running >= COMPARABLE_LOAD_FRACTION * float(np.median(peers)))
 
     def _pooled_signals(self) -> tuple[str, ...]:
         """The signals whose completed-request samples are pooled per node and tick (robust mode):

@@ -21,7 +21,9 @@ Columns, by the part of the detector that owns them:
   (the CUSUM on decode, or on norm when the group has no queue-free signal), ``evidence_prefill`` (on
   the queue-free prefill time), ``flaps``, ``cut_at``, ``clear_since`` (when a degraded or pending
   node's deciding signal last went under the exit line and stayed there; NaN: it is not under it);
-- the engine: ``running`` (the node's last reported running batch; NaN: never reported), ``rows_at``
+- the engine: ``heavy_since``, ``heavy_last`` (the first and last row of the node's current episode
+  of rows with more prompt work per decode token than the decode curve covers; NaN: none), ``running`` (the node's last reported running
+  batch; NaN: never reported), ``rows_at``
   (when its last progress row arrived: its decode is then measured by the rows, not by its requests),
   ``stall_from`` (when its in-flight streams stopped making progress; NaN: they did not,
   :mod:`detector.inflight`);
@@ -96,6 +98,8 @@ FIELDS: dict[str, tuple[type, float]] = {
     "pool_at": (np.float64, NAN),
     "stall_from": (np.float64, NAN),
     "clear_since": (np.float64, NAN),
+    "heavy_since": (np.float64, NAN),
+    "heavy_last": (np.float64, NAN),
 }
 #: Signals whose completed-request samples are pooled per node and tick (``pool_sum_<s>``: the sum of
 #: their logs, ``pool_n_<s>``: their count; :meth:`detector.group.GroupDetector.ingest`).
@@ -158,6 +162,8 @@ class NodeArrays:
     pool_at: np.ndarray
     stall_from: np.ndarray
     clear_since: np.ndarray
+    heavy_since: np.ndarray
+    heavy_last: np.ndarray
 
     def __init__(self, ids: Iterable[str] = ()) -> None:
         self.ids: list[str] = list(ids)

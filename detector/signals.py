@@ -186,6 +186,17 @@ class SignalModel:
         with np.errstate(invalid="ignore"):
             return np.where(np.isfinite(tokens), y / np.maximum(pred, 1e-6), np.nan)
 
+    def beyond_work(self, b: ProgressBatch) -> np.ndarray:
+        """Per row: its prompt work per decode token is past the decode curve's extrapolation limit
+        (:data:`~detector.thresholds.BATCH_EXTRAPOLATION` times the healthy P99): the row measures a
+        prefill the curve cannot take out, more than the decode step (False without a curve)."""
+        if (self.fit_batch is None or self.batch_flat or not self.thresholds.decode_batch_curve
+                or "w" not in self.load_features):
+            return np.zeros(len(b), dtype=bool)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            work = np.where(b.tokens > 0, b.prefill_work / b.tokens, np.nan)
+        return np.isfinite(work) & (work > self.load_ref["w"][1])
+
     def batch_factor(self, running: np.ndarray, work: np.ndarray | None = None,
                      kv_usage: np.ndarray | None = None) -> np.ndarray:
         """``curve(ref) / curve(clip(load))`` per sample (an unknown feature: its median); 1 where no

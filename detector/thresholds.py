@@ -54,6 +54,21 @@ MAX_FLAP_DOUBLINGS = 5
 #: ``alpha * (4 - 1)`` = 0.45 baselines, over the 1.5x line at once. Two rows in a row is 0.5 s of a
 #: slow GPU at the production scrape; stalls of healthy nodes are shorter than one row.
 STRONG_CUT_SAMPLES = 2
+#: A progress row counts toward a quarantine (``evidence_q``, ``q_hits``) only if its node ran at least
+#: this fraction of the median batch of the healthy rows scraped with it. The decode curve compares a
+#: row at the group's reference load, and a node cut to a few streams while its peers run full batches
+#: (a surge) is compared far below the loads the healthy rows now measure: in the simulator it read
+#: 1.7x slow for the cut itself. Within a factor of two of its peers the curve interpolates; a faulty
+#: node is still there in the seconds after its cut (its running requests take seconds to finish),
+#: when its quarantine is decided.
+COMPARABLE_LOAD_FRACTION = 0.5
+#: The longest a single prompt's prefill holds every decode stream of a node: a model's full context
+#: (16k tokens in the simulator's traces, 32k for the demo's models) at the ~0.035 ms per prompt token
+#: of a 70B model on tp 8 is 0.56-1.1 s of chunked steps, most of it shared with decodes; rows past
+#: the decode curve's prompt work count as decode samples only this far into such an episode
+#: (:meth:`detector.group.GroupDetector.ingest_progress`). A node recomputing lost KV cache stays
+#: there for seconds.
+PREFILL_STALL_S = 0.6
 #: The tail detector's guard: a node's P99/P50 counts only over this multiple of the group's median
 #: ratio. With ``tail_min_samples`` = 100 requests a P99 is the mean of the top one or two, so its
 #: relative error is tens of percent; 1.5x is over twice that, and under a surge every node's tail
@@ -235,7 +250,7 @@ class Thresholds:
     mistake costs at most that much of its share, once."""
     degraded_alert_s: float = _f(600.0, lo=10.0, hi=7 * 86_400.0)
     """A node held DEGRADED (cut, not quarantined) for longer than this raises an operator signal
-    (the ``OutlierNodeNeedsHardwareCheck`` alert, a "needs hardware check" line on the first screen):
+    (the ``OutlierNodeHardwareCheck`` alert, a "needs hardware check" line on the first screen):
     a GPU that stays slow must get repaired, not only avoided. Ten minutes is past any transient
     the detector knows (a queue drains in seconds, a surge is a group condition, a drift that grows
     is quarantined), and short enough that a throttled card is looked at within the hour."""

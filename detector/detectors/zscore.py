@@ -172,10 +172,14 @@ def decide(view: PeerView, a: NodeArrays, t: Thresholds, now: float) -> Decision
         if len(rows):
             z = view.z[rows]
             if PREFILL_TIME in rows:
-                # Prefill time takes part only once it is near its own line (prefill_materiality):
-                # under it, a node's prefill time moves with its load, and decode speaks for it.
+                # Prefill time takes part only over its own line (prefill_materiality), or, for a node
+                # already cut, over that line's exit (its hysteresis): under it, a node's prefill time
+                # moves with its load, and decode speaks for it (were prefill time to decide a node
+                # it has not cut, a decode over its line would be hidden behind it).
+                cut = (a.state == S.DEGRADED) | (a.state == S.PENDING_APPROVAL)
+                line = np.where(cut, exit_line(t.prefill_materiality), t.prefill_materiality)
                 with np.errstate(invalid="ignore", divide="ignore"):
-                    near = view.ema[PREFILL_TIME] / base[PREFILL_TIME] >= exit_line(t.prefill_materiality)
+                    near = view.ema[PREFILL_TIME] / base[PREFILL_TIME] >= line
                 z = z.copy()
                 z[rows == PREFILL_TIME] = np.where(near, z[rows == PREFILL_TIME], np.nan)
             q_score, arg = _nan_max(z)
@@ -277,7 +281,7 @@ def evidence(a: NodeArrays) -> np.ndarray:
 
 
 def feed_evidence(a: NodeArrays, t: Thresholds, last: References, node: np.ndarray, v: np.ndarray, s: str,
-                  sigma: float | np.ndarray | None = None) -> None:
+                  sigma: float | np.ndarray | None = None, comparable: np.ndarray | None = None) -> None:
     """Feed each sample's excess over its signal's cut line (:func:`materiality`) into its node's CUSUM of signal
     ``s`` (``evidence_prefill`` for ``prefill_time``, ``evidence`` otherwise), against the last
     tick's baseline, in units of ``sigma`` (default: the group's per-request spread of ``s``; per
@@ -292,10 +296,15 @@ def feed_evidence(a: NodeArrays, t: Thresholds, last: References, node: np.ndarr
     cap = t.degrade_evidence / t.degrade_persistence + t.evidence_allowance
     if s != "prefill_time":  # the samples that may hold a node at quarantine strength
         n = len(a)
+        # A sample not ``comparable`` (a row of a node running far fewer streams than its peers:
+        # thresholds.COMPARABLE_LOAD_FRACTION) counts as a sample, never as one over the quarantine
+        # line: a node cut to a few streams while its peers ran full batches (a surge) read 1.7x slow
+        # for the cut itself, and was quarantined for it.
+        comp = ok if comparable is None else ok & comparable
         a.q_count += np.bincount(node[ok], minlength=n)
-        a.q_hits += np.bincount(node[ok & (v >= base * t.quarantine_materiality)], minlength=n)
-        x_q = excess_over_line(v[ok], base, t.quarantine_materiality, sigma[ok])
-        a.evidence_q = cusum_update(a.evidence_q, node[ok], x_q, allowance=t.evidence_allowance, cap=cap)
+        a.q_hits += np.bincount(node[comp & (v >= base * t.quarantine_materiality)], minlength=n)
+        x_q = excess_over_line(v[comp], base, t.quarantine_materiality, sigma[comp])
+        a.evidence_q = cusum_update(a.evidence_q, node[comp], x_q, allowance=t.evidence_allowance, cap=cap)
     line = t.prefill_materiality if s == "prefill_time" else t.degrade_materiality
     x = excess_over_line(v[ok], base, line, sigma[ok])
     column = "evidence_prefill" if s == "prefill_time" else "evidence"
