@@ -174,10 +174,17 @@ def test_new_columns_survive_a_snapshot_and_an_older_snapshot_still_restores():
     # A snapshot written before these existed: strip them and it restores with them empty.
     import json
 
+    # Written before packing too (snapshot version 1): every array under its own name.
+    from detector import snapshot
+
     with np.load(io.BytesIO(gd.to_bytes())) as z:
-        arrays = {k: z[k] for k in z.files if not k.startswith(("e.prefill_time.", "q.", "fit.prefill_time",
-                                                                "fit.batch", "a.evidence_prefill", "a.running"))}
-    meta = json.loads(arrays["meta"].tobytes().decode())
+        current = {k: z[k] for k in z.files}
+    meta = json.loads(current["meta"].tobytes().decode())
+    unpacked = snapshot.unpack(current, meta.pop("packed", {}))
+    arrays = {k: v for k, v in unpacked.items() if not k.startswith(("e.prefill_time.", "q.", "fit.prefill_time",
+                                                                      "fit.batch", "a.evidence_prefill",
+                                                                      "a.running"))}
+    meta["version"] = 1
     for k in ("engine_pos", "engine_filled", "typical_ms", "load_features", "load_ref"):
         meta.pop(k)
     meta["fits"] = {k: v for k, v in meta["fits"].items() if k in ("norm", "prefill")}
