@@ -144,6 +144,13 @@ class GroupDetector(NodeActions):
         self.a.joined[i] = now
         self.a.healthy_since[i] = now
 
+    def set_base_weight(self, node: str, base_weight: float) -> None:
+        """An operator's new base weight: what the node's published weight is a share of, from the next
+        evaluation on (its state and case against it are unchanged)."""
+        if not base_weight > 0:
+            raise ValueError(f"base_weight must be > 0, got {base_weight!r}")
+        self.a.base[self.index_of(node)] = base_weight
+
     def remove_node(self, node: str) -> None:
         i = self.a.delete(node)
         self.signals.delete(i)

@@ -24,7 +24,7 @@ from bench.chaos.cluster import (
     _redis_client,
     _threads,
 )
-from bench.chaos.report import applied_by_detector
+from bench.chaos.readback import applied_by_detector
 from outlier_admin import keys
 
 # ------------------------------------------------------------------------------- monitor & faults

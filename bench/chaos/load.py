@@ -1,5 +1,5 @@
 """The chaos probe's load: record batches with unique ``request_id`` s, the gateways that POST them and
-re-POST the same body on a 5xx as a shipper does (:class:`HttpStats`), and :func:`run`, one probe from
+re-POST the same body on a 5xx as a shipper does (counted in :class:`~bench.chaos.records.HttpStats`), and :func:`run`, one probe from
 set-up to report (the gateways send while :class:`~bench.chaos.faults.Faults` strikes)."""
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,19 +21,14 @@ import orjson
 
 from bench.chaos.cluster import DROPPED_ENV, DROPPED_ENV_PREFIXES, LOOPBACK, ROOT, Cluster
 from bench.chaos.faults import Faults, Monitor
-from bench.chaos.records import Batch, make_batch
-from bench.chaos.report import _report, applied_by_detector, drained
+from bench.chaos.readback import applied_by_detector, drained
+from bench.chaos.records import Batch, HttpStats, make_batch
+from bench.chaos.report import _report
 from outlier_admin import keys
 
 # -------------------------------------------------------------------------------------- gateways
 
 
-@dataclass
-class HttpStats:
-    posts: int = 0
-    status: Counter = field(default_factory=Counter)  # "200", "503", "conn:ReadTimeout", ...
-    failures: list[float] = field(default_factory=list)  # wall times of non-200 answers
-    post_ms: list[float] = field(default_factory=list)
 
 
 async def _send(client: Any, url: str, headers: dict[str, str], b: Batch, stats: HttpStats,

@@ -1,5 +1,6 @@
-"""The chaos probe's records: batches of records with a unique ``request_id`` each, to ``--groups`` groups
-of ``--nodes`` loopback nodes; the ids a batch carries (the accounting checks each one landed once)."""
+"""The chaos probe's records: batches of records with a unique ``request_id`` each, to ``--groups``
+groups of ``--nodes`` loopback nodes; the ids a batch carries (the accounting checks each one landed
+once), and what the gateways' POSTs were answered (:class:`HttpStats`)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,11 @@ def make_batch(no: int, tag: str, group: str, group_index: int, nodes: int, size
 
 def batch_ids(tag: str, b: Batch) -> list[str]:
     return [f"{tag}-{b.no}-{k}" for k in range(b.n)]
+
+
+@dataclass
+class HttpStats:
+    posts: int = 0
+    status: Counter = field(default_factory=Counter)  # "200", "503", "conn:ReadTimeout", ...
+    failures: list[float] = field(default_factory=list)  # wall times of non-200 answers
+    post_ms: list[float] = field(default_factory=list)

@@ -270,6 +270,8 @@ def _sync_nodes(gd: GroupDetector, nodes: list[Node], now: float, fresh_state: b
     for name, node in live.items():
         if name not in present:
             gd.add_node(name, base_weight=float(node.base_weight), now=now, warm=fresh_state)
+        elif gd.a.base[gd.index_of(name)] != node.base_weight:  # an operator edited it (do_update_node)
+            gd.set_base_weight(name, float(node.base_weight))
 
 
 def _queue_entry_reads(pipe: Any, key: str, consumer: str) -> None:

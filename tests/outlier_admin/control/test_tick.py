@@ -159,3 +159,21 @@ def test_a_held_lock_skips_the_tick(redis_client, settings):
     assert run_tick("g1") is None
     redis_client.delete(keys.tick_lock("g1"))
     assert run_tick("g1").samples == 40
+
+
+def test_an_edited_base_weight_reaches_the_running_detector_and_the_document(redis_client):
+    """The detector of a running group learns a node's new base weight at the next tick, not only
+    when the node is first added: the document carries it and the node's weight is a share of it."""
+    from outlier_admin.control.actions import do_update_node
+
+    rng = np.random.default_rng(11)
+    t0 = time.time()
+    feed(t0, rng)
+    run_tick("g1", now=t0 + 0.5)
+    node = Node.objects.get(name=SLOW)
+    do_update_node(node, {"base_weight": 40}, actor="alice", reason="smaller card")
+    feed(t0 + 1, rng)
+    res = run_tick("g1", now=t0 + 1.5)
+    by_node = {n["node"]: n for n in read_weights("g1")["nodes"]}
+    assert by_node[SLOW]["base_weight"] == 40 and res.weights[SLOW] == 40
+    assert all(n["base_weight"] == 100 for name, n in by_node.items() if name != SLOW)
