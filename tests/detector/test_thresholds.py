@@ -48,3 +48,25 @@ def test_field_ranges_describe_every_numeric_field():
     ranges = Thresholds.field_ranges()
     assert ranges["ema_alpha"] == "(0, 1]"
     assert ranges["quarantine_persistence"].startswith("integer [1,")
+
+
+def test_the_detectors_constants_are_stated_once_in_thresholds():
+    """Issue 25: every number in one place, with its reason. The constants that lived in ejection,
+    signals, group and tail are module constants of detector.thresholds, each under a comment, and no
+    other detector module assigns one."""
+    import re
+    from pathlib import Path
+
+    import detector.thresholds as th
+
+    names = ("MAX_FLAP_DOUBLINGS", "STRONG_CUT_SAMPLES", "TAIL_PEER_FACTOR", "BATCH_EXTRAPOLATION",
+             "LATENCY_ONLY_CLIP", "REFERENCE_SD", "ROWS_FRESH_S", "POOL_OBSERVATION_S", "POOL_MAX_STEPS",
+             "EXIT_MATERIALITY_FRACTION", "WEIGHT_HALVING_Z", "COMPARABLE_LOAD_FRACTION", "PREFILL_STALL_S")
+    root = Path(th.__file__).parent
+    source = (root / "thresholds.py").read_text()
+    for name in names:
+        assert isinstance(getattr(th, name), int | float), name
+        assert re.search(rf"#: [^\n]+\n(#:[^\n]*\n)*{name} = ", source), f"{name} has no reason above it"
+        for f in root.rglob("*.py"):
+            if f.name != "thresholds.py":
+                assert not re.search(rf"^{name}\s*=", f.read_text(), re.M), f"{name} assigned in {f}"
