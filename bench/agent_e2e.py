@@ -109,6 +109,7 @@ def run(cycles: int, tick_ms: int, clients: int) -> dict[str, Any]:
         free_port,
         make_workdir,
         wait_for_port,
+        weights_document,
     )
 
     call_command("migrate", verbosity=0)
@@ -149,10 +150,7 @@ def run(cycles: int, tick_ms: int, clients: int) -> dict[str, Any]:
         include = workdir / "upstreams" / "llm.conf"
         upstream = upstream_name_for(group)
         NginxApplier(include, upstream, test_cmd=["true"], reload_cmd=["true"]).apply(effective_weights(
-            parse_document(json.dumps({"group": group, "version": 0, "generated_at": time.time(),
-                                       "stale_after_s": 60, "safeguard": False,
-                                       "nodes": [{"node": a, "address": a, "weight": 100, "state": "healthy"}
-                                                 for a in addresses.values()]})), time.time()))
+            parse_document(json.dumps(weights_document(group, 0, {a: a for a in addresses.values()}))), time.time()))
         nginx = NginxProcess(workdir / "nginx", include, upstream)
         procs.append(nginx)
         agents = {

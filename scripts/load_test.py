@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from outlier_admin import keys  # noqa: E402  (after the path: run as a script from anywhere)
+from outlier_admin.weights_document import WeightsDocument  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -263,9 +264,9 @@ async def _load(args, base, token, session_key, groups, r, server_pid, worker_pi
             for g in groups:
                 raw = r.get(keys.weights(g))
                 if raw:
-                    doc = orjson.loads(raw)
-                    if not cadence[g] or cadence[g][-1][0] != doc["version"]:
-                        cadence[g].append((doc["version"], doc["generated_at"]))
+                    doc = WeightsDocument.from_json(raw, expected_group=g)
+                    if not cadence[g] or cadence[g][-1][0] != doc.version:
+                        cadence[g].append((doc.version, doc.generated_at))
             s_cpu, s_rss = await asyncio.to_thread(_usage, server_pid)
             w_cpu, w_rss = await asyncio.to_thread(_usage, worker_pid)
             usage.append((time.monotonic(), s_cpu, s_rss, w_cpu, w_rss))

@@ -13,8 +13,6 @@ import time
 from collections import Counter
 from typing import Any
 
-import orjson
-
 from bench.chaos.cluster import (
     SENTINEL_MASTER,
     Cluster,
@@ -26,6 +24,7 @@ from bench.chaos.cluster import (
 )
 from bench.chaos.readback import applied_by_detector
 from outlier_admin import keys
+from outlier_admin.weights_document import DocumentError, WeightsDocument
 
 # ------------------------------------------------------------------------------- monitor & faults
 
@@ -54,12 +53,12 @@ class Monitor(threading.Thread):
                 except redis.RedisError:
                     raw = None  # a gateway keeps its last document while Redis is down
                 if raw:
-                    doc = orjson.loads(raw)
-                    key = (doc["version"], doc["generated_at"])
+                    doc = WeightsDocument.from_json(raw, expected_group=g)  # as a gateway reads it
+                    key = (doc.version, doc.generated_at)
                     if key != last[g]:
                         last[g] = key
-                        self.states.update(n["state"] for n in doc["nodes"])
-                        self.docs[g].append((now, doc["version"], doc["generated_at"], doc["stale_after_s"]))
+                        self.states.update(n.state for n in doc.nodes)
+                        self.docs[g].append((now, doc.version, doc.generated_at, doc.stale_after_s))
                 if last[g] is not None:
                     age = now - last[g][1]
                     if age > self.max_age[g][0]:
@@ -307,8 +306,8 @@ class Faults(threading.Thread):
         def snapshot() -> dict[str, tuple[int, int]]:
             out: dict[str, tuple[int, int]] = {}
             for g in self.groups:
-                with contextlib.suppress(redis.RedisError, ValueError, KeyError, TypeError):
-                    version = orjson.loads(r.get(keys.weights(g)))["version"]
+                with contextlib.suppress(redis.RedisError, DocumentError):
+                    version = WeightsDocument.from_json(r.get(keys.weights(g)), expected_group=g).version
                     out[g] = (version, applied_by_detector(r, [g])[0][g])
             return out
 

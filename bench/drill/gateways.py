@@ -38,6 +38,7 @@ from tests.harness.gateways import (
     free_port,
     wait_for_port,
     wait_for_socket,
+    weights_document,
 )
 
 #: The gateway kinds ``--gateway`` takes.
@@ -100,9 +101,7 @@ class NginxGateway(Gateway):
         self.error_log = self.workdir / "error.log"
         # The include must exist before nginx starts: every node at its base weight, as a gateway
         # runs before the control plane has published anything.
-        doc = {"group": group, "version": 0, "generated_at": time.time(), "stale_after_s": 60, "safeguard": False,
-               "nodes": [{"node": a, "address": a, "weight": 100, "state": "healthy", "base_weight": 100}
-                         for a in servers.values()]}
+        doc = weights_document(group, 0, {a: a for a in servers.values()})
         NginxApplier(self.include, self.upstream, test_cmd=["true"], reload_cmd=["true"],
                      directives=self.directives).apply(effective_weights(parse_document(json.dumps(doc)), time.time()))
         tmp = self.workdir / "tmp"

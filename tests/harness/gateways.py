@@ -38,7 +38,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from detector.states import DEFAULT_BASE_WEIGHT
 from outlier_admin import keys
+from outlier_admin.weights_document import WeightsDocument
 
 HAPROXY_BIN = shutil.which("haproxy") or "/usr/sbin/haproxy"
 NGINX_BIN = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -632,19 +634,28 @@ class CeleryWorker(_Process):
         self._log.close()
 
 
+#: The harness's documents stay fresh for a minute: a test that publishes once and then watches a
+#: gateway for longer than the control plane's 30 s (:data:`DEFAULT_STALE_AFTER_S`) must not see its
+#: own document go stale and fail open half-way.
+HARNESS_STALE_AFTER_S = 60.0
+
+
 def weights_document(group: str, version: int, servers: dict[str, str], *, quarantined: tuple[str, ...] = (),
                      weights: dict[str, int] | None = None, generated_at: float | None = None,
-                     stale_after_s: float = 60.0, safeguard: bool = False) -> dict[str, Any]:
-    """A weights document in the control plane's contract (for tests and the benchmark)."""
+                     stale_after_s: float = HARNESS_STALE_AFTER_S, safeguard: bool = False) -> dict[str, Any]:
+    """A weights document in the control plane's contract (for tests and the benchmarks), built by
+    the publisher's own type (:meth:`WeightsDocument.build`): every node at its base weight, the
+    ``quarantined`` ones at 0, ``weights`` pinned."""
     weights = weights or {}
     nodes = []
     for name, addr in servers.items():
         q = name in quarantined
-        nodes.append({"node": name, "address": addr, "weight": 0 if q else weights.get(name, 100),
-                      "state": "quarantined" if q else "healthy", "base_weight": 100})
-    return {"group": group, "version": version,
-            "generated_at": time.time() if generated_at is None else generated_at,
-            "stale_after_s": stale_after_s, "safeguard": safeguard, "nodes": nodes}
+        nodes.append({"node": name, "address": addr, "weight": 0 if q else weights.get(name, DEFAULT_BASE_WEIGHT),
+                      "state": "quarantined" if q else "healthy", "base_weight": DEFAULT_BASE_WEIGHT})
+    doc = WeightsDocument.build(group, version, nodes, safeguard=safeguard,
+                                now=time.time() if generated_at is None else generated_at,
+                                stale_after_s=stale_after_s)
+    return doc.to_dict()
 
 
 def publish(redis_client: Any, doc: dict[str, Any]) -> None:

@@ -50,6 +50,7 @@ from tests.harness.gateways import (
     HAProxyProcess,
     NginxProcess,
     TrafficLoop,
+    weights_document,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.slow,
@@ -215,9 +216,7 @@ def test_nginx_control_plane_quarantines_and_canary_restores(
     upstream = upstream_name_for(group)
     # Bootstrap the include at base weights before nginx starts (what `--once` does on a new host).
     NginxApplier(include, upstream, test_cmd=["true"], reload_cmd=["true"]).apply(effective_weights(parse_document(
-        json.dumps({"group": group, "version": 0, "generated_at": time.time(), "stale_after_s": 60,
-                    "safeguard": False, "nodes": [{"node": a, "address": a, "weight": 100, "state": "healthy"}
-                                                  for a in addresses.values()]})), time.time()))
+        json.dumps(weights_document(group, 0, {a: a for a in addresses.values()}))), time.time()))
     base_lines = {n: f"server {addresses[n]} weight=100;" for n in addresses}
     nginx = NginxProcess(tmp_path / "nginx", include, upstream, access_log=access_log)
     shipper = LogShipper(f"{live_server.url}/api/v1/ingest/requests", ingest_token, group=group,
