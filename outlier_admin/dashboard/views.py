@@ -64,8 +64,8 @@ from outlier_admin.ingest.models import GpuReading, RejectedInput
 
 SORTS = queries.NODE_SORTS
 #: Rows per page of the group page's nodes table. The table is sorted over the whole group first;
-#: rendering all 1,000 rows took ~200 ms with the old template filters and ~100 ms now (the target
-#: for the whole page is 300 ms on a shared machine), 200 rows ~25 ms (``bench/dashboard.py``).
+#: the page's budget is 300 ms on a shared machine and rendering 1,000 rows takes about a third of
+#: it, 200 rows ~25 ms (``bench/dashboard.py``).
 GROUP_PAGE_SIZE = 200
 
 

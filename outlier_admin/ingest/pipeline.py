@@ -212,8 +212,8 @@ def _group_id(name: str) -> tuple[int | None, str | None]:
 
 def _resolve_nodes(group_name: str, group_id: int, keys: set[str]) -> dict[str, tuple[str | None, str | None]]:
     """``{key: (node_name, None) | (None, reason)}`` for the node keys of a batch in one group: one
-    directory refresh for all misses, one bulk registration for all new nodes (never a reload per
-    node: registering a thousand nodes was quadratic)."""
+    directory refresh for all misses, one bulk registration for all new nodes (a reload per node
+    would make registering n nodes O(n^2))."""
     found = directory.group(group_name)
     known = found[1] if found else {}
     if any(k not in known for k in keys):

@@ -170,8 +170,8 @@ MAX_TAIL_FIELDS = 64
 def _tail_tokens(tail: str) -> list[str]:
     """The whitespace-separated fields of ``tail``, a list written ``a, b`` (retries) or ``a : b``
     (upstream groups) joined into one ``a,b``; at most :data:`MAX_TAIL_FIELDS` (``field_count``
-    beyond). Linear: one split, one pass (the regular expression ``\\s*(?:,| : )\\s*`` it
-    replaces was quadratic in a run of spaces)."""
+    beyond). Linear: one split, one pass (a regular expression such as ``\\s*(?:,| : )\\s*``
+    backtracks quadratically on a run of spaces, which a client controls)."""
     words = tail.split(None, MAX_TAIL_FIELDS)
     if len(words) > MAX_TAIL_FIELDS:
         raise ParseError("field_count", f"over {MAX_TAIL_FIELDS} fields after the user agent", fmt=NAME)
