@@ -36,7 +36,7 @@ def test_open_loop_load_records_every_request_and_counts_timeouts():
                            header="X-Served-By")
         t0 = time.monotonic()
         reqs = load.run()
-        assert time.monotonic() - t0 < 4
+        assert time.monotonic() - t0 < 30  # a hang guard: one second of load against a fast server
         assert len(reqs) == len(load.offsets) >= 10
         assert {r.outcome for r in reqs} == {"ok"} and {r.served_by for r in reqs} == {"fast"}
         assert all(8 <= r.prompt_words <= 120 and 16 <= r.max_tokens <= 40 for r in reqs)

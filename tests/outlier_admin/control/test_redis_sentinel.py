@@ -151,7 +151,9 @@ def test_require_replicas_waits_for_the_replica_and_refuses_without_it(on_cluste
         with pytest.raises(redis_conn.NotReplicated) as err:
             redis_conn.require_replicas(r)
         took = time.monotonic() - t0
-        assert 0.25 <= took < 1.5, took
+        # It waited for the acknowledgement (the ack timeout, 0.25 s at least) and then refused; the
+        # upper end only guards a hang (a loaded machine may take seconds to schedule the client).
+        assert 0.25 <= took < 30, took
         assert (err.value.acked, err.value.wanted) == (0, 1)
     finally:
         on_cluster.resume(on_cluster.replica_ports[0])

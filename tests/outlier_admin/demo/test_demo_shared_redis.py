@@ -67,7 +67,7 @@ def test_a_busy_port_is_refused_before_redis_or_the_database_is_touched(tmp_path
     assert len(lines) == 1 and f"cannot listen on 127.0.0.1:{port}" in lines[0] and "PORT" in lines[0], lines
     assert dict(zip(before, redis_client.mget(list(before)), strict=True)) == before  # not even its own stale keys
     assert not (tmp_path / "demo.sqlite3").exists()  # nor the database: nothing was migrated
-    assert took < 15, took
+    assert took < 120, took  # a hang guard: refusing must not wait for anything (the checks above say what)
 
 
 def test_a_second_demo_on_the_same_redis_is_refused_and_changes_nothing(tmp_path, redis_client, settings):
