@@ -193,6 +193,14 @@ class SimulatedFleet:
         return result[0] if result else (math.nan, timeout_s * 1000.0, False)
 
 
+class _NodeHTTPServer(ThreadingHTTPServer):
+    """A canary probe opens its peers' batch of connections at once (``control.probe_load``: ~34 in
+    the demo); with socketserver's listen backlog of 5 the kernel reset up to 14 of 48 of them."""
+
+    daemon_threads = True
+    request_queue_size = 128
+
+
 class CanaryServer:
     """``POST /v1/completions`` and ``GET /metrics`` of one simulated node on 127.0.0.1:<ephemeral port>.
 
@@ -243,8 +251,7 @@ class CanaryServer:
             def log_message(self, *args: object) -> None:
                 return
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = _NodeHTTPServer(("127.0.0.1", 0), Handler)
         self.address = f"127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, name=f"canary-{self.address}", daemon=True)
 

@@ -109,7 +109,9 @@ def test_the_demos_node_server_answers_a_probes_whole_batch(db, redis_client):
     try:
         group = do_create_group("demo-a100", actor="t")
         node = do_register_node(group, server.address, actor="t", name="a100-03")
-        probe = probe_node(node, load=ProbeLoad(48, 50, 4))
-        assert (probe.ok, probe.error, probe.prompt_tokens, probe.completion_tokens) == (True, "", 50, 4)
+        # Four probes: with socketserver's listen backlog of 5, the kernel reset some connections of
+        # two batches in five.
+        probes = [probe_node(node, load=ProbeLoad(48, 50, 4)) for _ in range(4)]
+        assert [(p.ok, p.error, p.prompt_tokens, p.completion_tokens) for p in probes] == [(True, "", 50, 4)] * 4
     finally:
         server.stop()
