@@ -18,7 +18,7 @@ from detector.moves import Move
 from detector.nodes import NodeArrays
 from detector.signals import SIGNALS
 from detector.states import NodeState, Reason, Safeguard, Transition
-from detector.thresholds import Thresholds
+from detector.thresholds import STRONG_CUT_SAMPLES, Thresholds
 
 # The thresholds shown with every transition (the ones that decide states).
 EXPLAINED = (
@@ -27,7 +27,9 @@ EXPLAINED = (
     "quarantine_persistence",
     "quarantine_persistence_s",
     "degrade_materiality",
+    "prefill_materiality",
     "quarantine_materiality",
+    "degrade_exit_dwell_s",
     "spread_floor",
     "tail_ratio",
     "cross_p50_ratio",
@@ -126,8 +128,10 @@ def detail(reason: Reason, a: NodeArrays, i: int, t: Thresholds) -> str:
                     f"evaluations (limit {t.quarantine_persistence_s:g} s)")
         return f"Z >= {t.quarantine_z} for {int(a.over_q[i])} samples (limit {t.quarantine_persistence})"
     if reason is Reason.Z_DEGRADE and t.baseline_mode == "robust":
-        return (f"evidence {float(zscore.evidence(a)[i]):.1f} sd over {t.degrade_materiality:g}x the baseline "
-                f"(cut at {float(ejection.evidence_line(t, a.flaps[i])):g}, or at once at quarantine strength)")
+        return (f"evidence {float(zscore.evidence(a)[i]):.1f} sd over its signal's cut line (decode "
+                f"{t.degrade_materiality:g}x, prefill time {t.prefill_materiality:g}x the baseline) "
+                f"(cut at {float(ejection.evidence_line(t, a.flaps[i])):g}, or after {STRONG_CUT_SAMPLES} samples "
+                "at quarantine strength)")
     return ""
 
 
