@@ -58,8 +58,8 @@ from detector.detectors import zscore
 from detector.detectors.cross_p50 import CrossP50Detector
 from detector.detectors.errors import ErrorDetector
 from detector.detectors.tail import TailDetector
-from detector.detectors.verdict import Verdict
-from detector.detectors.zscore import Decision, Lines, ZScoreDetector
+from detector.detectors.verdict import Decision, Lines, Verdict
+from detector.detectors.zscore import ZScoreDetector
 from detector.moves import Moves, lookup
 from detector.nodes import NodeArrays
 from detector.states import SAFEGUARD_COUNTED, NodeState, Reason, safeguard_cap

@@ -10,7 +10,7 @@ ejection layer's priority order), it decides in this order:
    (:func:`~detector.detectors.zscore.decide`, :func:`~detector.detectors.zscore.lines`);
 2. each detector's verdicts: the Z verdict through persistence (:func:`detector.ejection.persistent_z`),
    a ``gated`` detector's (tail, cross-P50) through the deciding signal's gate
-   (:meth:`~detector.detectors.zscore.Decision.gate`);
+   (:meth:`~detector.detectors.verdict.Decision.gate`);
 3. which nodes a weight cut is due for (:func:`detector.ejection.degrade_wanted`);
 4. ejection: cause priority, dry run, the safeguard cap (:func:`detector.ejection.eject`);
 5. soft degrade and hysteresis (:func:`detector.ejection.soft_degrade`);
@@ -31,8 +31,7 @@ import numpy as np
 
 from detector import ejection
 from detector.detectors import zscore
-from detector.detectors.verdict import Detector, Judging, Verdict
-from detector.detectors.zscore import Decision, Lines, PeerView
+from detector.detectors.verdict import Decision, Detector, Judging, Lines, PeerView, Verdict
 from detector.moves import Moves, lookup
 from detector.nodes import NodeArrays
 from detector.states import BASELINE_STATES, SAFEGUARD_COUNTED, Reason, Safeguard

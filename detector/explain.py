@@ -13,7 +13,7 @@ import numpy as np
 
 from detector import ejection
 from detector.detectors import zscore
-from detector.detectors.zscore import Decision, PeerView
+from detector.detectors.verdict import Decision, PeerView
 from detector.moves import Move
 from detector.nodes import NodeArrays
 from detector.signals import SIGNALS

@@ -1,6 +1,8 @@
 """The interface between detectors and the ejection layer (:mod:`detector.ejection`): what a detector
-says of every node at one evaluation (:class:`Verdict`), what it is given to say it (:class:`Judging`)
-and what every detector is (:class:`Detector`)."""
+says of every node at one evaluation (:class:`Verdict`), what it is given to say it (:class:`Judging`:
+the peers' view of every signal, :class:`PeerView`; the deciding signal, :class:`Decision`; where
+each node stands against the lines, :class:`Lines`; all three computed by
+:mod:`detector.detectors.zscore`) and what every detector is (:class:`Detector`)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import numpy as np
 from detector.states import Reason
 
 if TYPE_CHECKING:
-    from detector.detectors.zscore import Decision, Lines, PeerView
     from detector.nodes import NodeArrays
     from detector.thresholds import Thresholds
 
@@ -25,6 +26,54 @@ class Verdict:
 
     reason: Reason
     eject: np.ndarray
+
+
+@dataclass
+class PeerView:
+    """Every signal's Z, EMA, baseline, spread and peer count, stacked ``(signal, node)``."""
+
+    z: np.ndarray
+    ema: np.ndarray
+    baseline: dict[str, float]
+    spread: dict[str, float]
+    peers: dict[str, int]
+    fresh: np.ndarray  # nodes seen within stale_after_s
+
+
+@dataclass
+class Decision:
+    """The deciding signal per node (see the module docstring): its Z (``score``, which decides and
+    ranks the safeguard's candidates), its ``excess`` over the baseline and its index in
+    :data:`~detector.signals.SIGNALS` (``which``, -1: none yet)."""
+
+    score: np.ndarray
+    excess: np.ndarray
+    which: np.ndarray
+    weight_score: np.ndarray  # the largest Z of any signal: how far a degraded node's weight is cut
+    queue_free: np.ndarray  # judged on a queue-free signal
+    queue_laden: np.ndarray  # judged on a signal that includes the queue
+    new: np.ndarray  # this tick's samples that count toward persistence
+    drained_over: np.ndarray  # cut queue_drain_s ago and still over the degrade line
+    name: str | None  # the group's deciding signal, for the explanation
+    may_quarantine: np.ndarray  # not judged on prefill time alone (see the module docstring)
+
+    def gate(self, v: Verdict, t: Thresholds) -> Verdict:
+        """A latency verdict (tail, cross-P50) stands only where the deciding signal agrees: over the
+        degrade materiality on a signal that may quarantine (decode: prefill time grows with load
+        under chunked prefill, so it never takes a node out, alone or through these), or,
+        queue-laden, for a node whose queue has drained."""
+        keep = (~self.queue_free | ((self.excess >= t.degrade_materiality) & self.may_quarantine))
+        keep &= ~self.queue_laden | self.drained_over
+        return Verdict(v.reason, v.eject & keep)
+
+
+@dataclass
+class Lines:
+    """Where each node's deciding signal stands against the lines, this tick."""
+
+    over_q: np.ndarray  # at quarantine strength (Z and materiality), on a signal that may quarantine
+    over_d: np.ndarray  # over the degrade line
+    still_d: np.ndarray  # not clearly back under it (hysteresis: leaving DEGRADED needs a margin)
 
 
 @dataclass(frozen=True)
@@ -45,7 +94,7 @@ class Detector(Protocol):
     ``columns``: the :class:`~detector.nodes.NodeArrays` columns holding the detector's case against
     a node, all forgotten together (:func:`detector.ejection.reset_verdicts`) when the node leaves
     service or an operator decides. ``gated``: a latency verdict that stands only where the deciding
-    signal agrees (:meth:`~detector.detectors.zscore.Decision.gate`). :meth:`verdicts` gives one
+    signal agrees (:meth:`~detector.detectors.verdict.Decision.gate`). :meth:`verdicts` gives one
     :class:`Verdict` per reason, in the ejection layer's priority order
     (:data:`~detector.thresholds.DETECTORS`)."""
 

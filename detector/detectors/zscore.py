@@ -50,12 +50,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import numpy as np
 
 from detector.baseline import References, robust_zscores, seed_zscores
-from detector.detectors.verdict import Judging, Verdict
+from detector.detectors.verdict import Decision, Judging, Lines, PeerView, Verdict
 from detector.evidence import cusum_update, excess_over_line
 from detector.moves import lookup
 from detector.nodes import NodeArrays
@@ -71,16 +70,6 @@ DECODE = SIGNALS.index("decode")
 PREFILL_TIME = SIGNALS.index("prefill_time")
 
 
-@dataclass
-class PeerView:
-    """Every signal's Z, EMA, baseline, spread and peer count, stacked ``(signal, node)``."""
-
-    z: np.ndarray
-    ema: np.ndarray
-    baseline: dict[str, float]
-    spread: dict[str, float]
-    peers: dict[str, int]
-    fresh: np.ndarray  # nodes seen within stale_after_s
 
 
 def fresh_nodes(a: NodeArrays, t: Thresholds, now: float) -> np.ndarray:
@@ -129,31 +118,6 @@ def _nan_max(stack: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.where(has, best, np.nan), np.where(has, arg, -1)
 
 
-@dataclass
-class Decision:
-    """The deciding signal per node (see the module docstring): its Z (``score``, which decides and
-    ranks the safeguard's candidates), its ``excess`` over the baseline and its index in
-    :data:`~detector.signals.SIGNALS` (``which``, -1: none yet)."""
-
-    score: np.ndarray
-    excess: np.ndarray
-    which: np.ndarray
-    weight_score: np.ndarray  # the largest Z of any signal: how far a degraded node's weight is cut
-    queue_free: np.ndarray  # judged on a queue-free signal
-    queue_laden: np.ndarray  # judged on a signal that includes the queue
-    new: np.ndarray  # this tick's samples that count toward persistence
-    drained_over: np.ndarray  # cut queue_drain_s ago and still over the degrade line
-    name: str | None  # the group's deciding signal, for the explanation
-    may_quarantine: np.ndarray  # not judged on prefill time alone (see the module docstring)
-
-    def gate(self, v: Verdict, t: Thresholds) -> Verdict:
-        """A latency verdict (tail, cross-P50) stands only where the deciding signal agrees: over the
-        degrade materiality on a signal that may quarantine (decode: prefill time grows with load
-        under chunked prefill, so it never takes a node out, alone or through these), or,
-        queue-laden, for a node whose queue has drained."""
-        keep = (~self.queue_free | ((self.excess >= t.degrade_materiality) & self.may_quarantine))
-        keep &= ~self.queue_laden | self.drained_over
-        return Verdict(v.reason, v.eject & keep)
 
 
 def decide(view: PeerView, a: NodeArrays, t: Thresholds, now: float) -> Decision:
@@ -218,13 +182,6 @@ def _group_signal(view: PeerView, t: Thresholds) -> str | None:
     return judged_signals(view.baseline, t)[0]
 
 
-@dataclass
-class Lines:
-    """Where each node's deciding signal stands against the lines, this tick."""
-
-    over_q: np.ndarray  # at quarantine strength (Z and materiality), on a signal that may quarantine
-    over_d: np.ndarray  # over the degrade line
-    still_d: np.ndarray  # not clearly back under it (hysteresis: leaving DEGRADED needs a margin)
 
 
 def materiality(which: np.ndarray, t: Thresholds) -> np.ndarray:

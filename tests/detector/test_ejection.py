@@ -13,8 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from detector import GroupDetector, NodeState, Thresholds
-from detector.detectors.verdict import Verdict
-from detector.detectors.zscore import Decision
+from detector.detectors.verdict import Decision, Verdict
 from detector.ejection import eject
 from detector.moves import Moves
 from detector.nodes import NodeArrays

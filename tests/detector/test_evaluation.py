@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from detector import GroupDetector, NodeState, Thresholds
-from detector.detectors.verdict import Judging, Verdict
-from detector.detectors.zscore import PeerView
+from detector.detectors.verdict import Judging, PeerView, Verdict
 from detector.ejection import enter_quarantine
 from detector.evaluation import evaluate
 from detector.explain import transitions

@@ -19,7 +19,8 @@ import numpy as np
 from detector import GroupDetector, NodeState, ProgressBatch, Thresholds
 from detector.costmodel import CostModel
 from detector.detectors import zscore
-from detector.detectors.zscore import PeerView, decide, lines
+from detector.detectors.verdict import PeerView
+from detector.detectors.zscore import decide, lines
 from detector.signals import SIGNALS
 from detector.thresholds import COMPARABLE_LOAD_FRACTION, PREFILL_STALL_S
 
