@@ -195,17 +195,9 @@ def parse_sentinel_url(url: str) -> SentinelURL:
         raise RedisURLError(f"not a {prefix} URL")
     rest, _, query = url[len(prefix):].partition("?")
     netloc, _, path = rest.partition("/")
-    userinfo, at, hosts = netloc.rpartition("@")
-    username = password = None
-    if at:
-        user, colon, pw = userinfo.partition(":")
-        username, password = (unquote(user) or None), (unquote(pw) if colon else None)
-    items = [h.strip() for h in hosts.split(",") if h.strip()]
-    if not items:
-        raise RedisURLError(f"{prefix} URL names no sentinel (host:port,host:port,...)")
-    if len(items) > MAX_SENTINELS:
-        raise RedisURLError(f"{len(items)} sentinels listed; at most {MAX_SENTINELS}")
-    sentinels = tuple(dict.fromkeys(_host_port(h) for h in items))
+    sentinels, username, password = _hosts_and_credentials(
+        netloc, none=f"{prefix} URL names no sentinel (host:port,host:port,...)",
+        too_many="{n} sentinels listed; at most {limit}")
     parts = [p for p in path.split("/") if p]
     if not parts:
         raise RedisURLError(f"{prefix} URL names no master: {prefix}host:port,.../<master>/<db>")
@@ -336,8 +328,6 @@ def is_cluster_url(url: str) -> bool:
 
 def parse_cluster_url(url: str) -> ClusterURL:
     """Parse a ``redis+cluster://`` URL (see :class:`ClusterURL`); raises :class:`RedisURLError`."""
-    from urllib.parse import unquote
-
     prefix = f"{CLUSTER_SCHEME}://"
     if not url.startswith(prefix):
         raise RedisURLError(f"not a {prefix} URL")
@@ -347,6 +337,18 @@ def parse_cluster_url(url: str) -> ClusterURL:
     netloc, _, path = rest.partition("/")
     if path.strip("/") not in ("", "0"):
         raise RedisURLError(f"a Redis Cluster has only database 0, not /{path.strip('/')}")
+    nodes, username, password = _hosts_and_credentials(
+        netloc, none=f"{prefix} URL names no node ({prefix}host:port,host:port,...)",
+        too_many="{n} cluster nodes listed; at most {limit} (a few are enough)")
+    return ClusterURL(nodes, username, password)
+
+
+def _hosts_and_credentials(netloc: str, *, none: str, too_many: str
+                           ) -> tuple[tuple[tuple[str, int], ...], str | None, str | None]:
+    """``user:password@host:port,host:port`` of a Sentinel or Cluster URL: the distinct hosts (at
+    least one, at most :data:`MAX_SENTINELS`) and the percent-decoded credentials."""
+    from urllib.parse import unquote
+
     userinfo, at, hosts = netloc.rpartition("@")
     username = password = None
     if at:
@@ -354,11 +356,10 @@ def parse_cluster_url(url: str) -> ClusterURL:
         username, password = (unquote(user) or None), (unquote(pw) if colon else None)
     items = [h.strip() for h in hosts.split(",") if h.strip()]
     if not items:
-        raise RedisURLError(f"{prefix} URL names no node ({prefix}host:port,host:port,...)")
+        raise RedisURLError(none)
     if len(items) > MAX_SENTINELS:
-        raise RedisURLError(f"{len(items)} cluster nodes listed; at most {MAX_SENTINELS} (a few are enough)")
-    nodes = tuple(dict.fromkeys(_host_port(h) for h in items))
-    return ClusterURL(nodes, username, password)
+        raise RedisURLError(too_many.format(n=len(items), limit=MAX_SENTINELS))
+    return tuple(dict.fromkeys(_host_port(h) for h in items)), username, password
 
 
 #: MOVED and ASK redirections the Redis Cluster clients of this process received (each one retried by
