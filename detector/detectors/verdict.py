@@ -42,7 +42,7 @@ class PeerView:
 
 @dataclass
 class Decision:
-    """The deciding signal per node (see the module docstring): its Z (``score``, which decides and
+    """The deciding signal per node (:func:`detector.detectors.zscore.decide`): its Z (``score``, which decides and
     ranks the safeguard's candidates), its ``excess`` over the baseline and its index in
     :data:`~detector.signals.SIGNALS` (``which``, -1: none yet)."""
 
@@ -55,7 +55,7 @@ class Decision:
     new: np.ndarray  # this tick's samples that count toward persistence
     drained_over: np.ndarray  # cut queue_drain_s ago and still over the degrade line
     name: str | None  # the group's deciding signal, for the explanation
-    may_quarantine: np.ndarray  # not judged on prefill time alone (see the module docstring)
+    may_quarantine: np.ndarray  # not judged on prefill time alone (see detector.detectors.zscore)
 
     def gate(self, v: Verdict, t: Thresholds) -> Verdict:
         """A latency verdict (tail, cross-P50) stands only where the deciding signal agrees: over the
