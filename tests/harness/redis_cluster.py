@@ -87,13 +87,13 @@ class RedisClusterProcs:
     def start(self, timeout_s: float = 20) -> None:
         for port in self.ports:
             self._start_node(port)
-        _wait(lambda: all(self.node(p).ping() for p in self.ports), timeout_s, "cluster nodes answering")
+        wait_until(lambda: all(self.node(p).ping() for p in self.ports), timeout_s, "cluster nodes answering")
         out = subprocess.run([REDIS_CLI, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
                               "--cluster-replicas", "0", "--cluster-yes"], capture_output=True, text=True,
                              timeout=timeout_s)
         if out.returncode != 0:
             raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout[-500:]} {out.stderr[-500:]}")
-        _wait(lambda: all(_info(self.node(p)).get("cluster_state") == "ok" for p in self.ports), timeout_s,
+        wait_until(lambda: all(_info(self.node(p)).get("cluster_state") == "ok" for p in self.ports), timeout_s,
               "cluster_state ok on every node")
 
     def node_ids(self) -> dict[int, str]:
@@ -147,7 +147,9 @@ def _info(client: redis.Redis) -> dict[str, str]:
     return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
 
 
-def _wait(predicate, timeout_s: float, what: str) -> None:
+def wait_until(predicate, timeout_s: float, what: str) -> None:
+    """Poll ``predicate`` every 50 ms (a Redis or socket error counts as not yet) until it holds;
+    ``RuntimeError("<what> within <timeout_s> s")`` when it never does."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:

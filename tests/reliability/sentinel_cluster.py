@@ -12,12 +12,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+
+from tests.harness.redis_cluster import wait_until
 
 MASTER = "oa-test"
 DOWN_AFTER_MS = 500  # a dead primary is subjectively down after this
@@ -37,18 +38,6 @@ def _free_port(start: int, taken: set[int]) -> int:
         taken.add(port)
         return port
     raise RuntimeError(f"no free port in {start}-{start + 99}")
-
-
-def _wait(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except (redis.RedisError, OSError):
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} within {timeout_s} s")
 
 
 class SentinelCluster:
@@ -86,7 +75,7 @@ class SentinelCluster:
         if replica_of is not None:
             args += ["--replicaof", "127.0.0.1", str(replica_of)]
         self.nodes[port] = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait(lambda: self.node(port).ping(), 5, f"redis-server :{port} did not answer")
+        wait_until(lambda: self.node(port).ping(), 5, f"redis-server :{port} did not answer")
 
     def wait_replicas(self, primary: int, n: int, timeout_s: float = 10) -> None:
         """Until ``primary`` has ``n`` replicas in sync (``online``: past the first full sync)."""
@@ -94,7 +83,7 @@ class SentinelCluster:
             info = self.node(primary).info("replication")
             return sum(1 for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)
                        and v.get("state") == "online") >= n
-        _wait(synced, timeout_s, f"{n} replica(s) of :{primary} not in sync")
+        wait_until(synced, timeout_s, f"{n} replica(s) of :{primary} not in sync")
 
     def _start_sentinel(self, port: int) -> None:
         conf = self.dir / f"sentinel-{port}.conf"  # Sentinel rewrites its own file: one each
@@ -125,7 +114,7 @@ class SentinelCluster:
             return True
 
         # Every Sentinel must know the others (an election needs a quorum) and the replicas.
-        _wait(ready, 20, "the Sentinels did not discover each other and the replicas")
+        wait_until(ready, 20, "the Sentinels did not discover each other and the replicas")
 
     def kill_primary(self) -> int:
         """``kill -9`` the current primary; returns its port."""
@@ -150,7 +139,7 @@ class SentinelCluster:
             ports = {self.named_primary(i) for i in range(3)}
             return len(ports) == 1 and old not in ports and \
                 self.node(next(iter(ports))).info("replication")["role"] == "master"
-        _wait(done, timeout_s, "no failover")
+        wait_until(done, timeout_s, "no failover")
         return self.current_primary()
 
     def pause(self, port: int) -> None:
