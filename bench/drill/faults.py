@@ -74,6 +74,19 @@ class CgroupFS:
         else:
             (cg / "cpu.max").write_text(f"{quota} {PERIOD_US}\n")
 
+    def throttling(self, cg: Path) -> dict[str, float] | None:
+        """How often the kernel held ``cg`` to its quota (``cpu.stat``): CFS periods, the periods in
+        which it was throttled and the time it waited. ``None`` when the file cannot be read. A
+        throttled period means the process wanted more CPU than its quota gave: the fault took."""
+        try:
+            stat = dict(line.split() for line in (cg / "cpu.stat").read_text().splitlines() if line.strip())
+        except (OSError, ValueError):
+            return None
+        waited_s = (int(stat.get("throttled_time", 0)) / 1e9 if self.version == 1
+                    else int(stat.get("throttled_usec", 0)) / 1e6)
+        return {"periods": int(stat.get("nr_periods", 0)), "throttled_periods": int(stat.get("nr_throttled", 0)),
+                "throttled_s": round(waited_s, 3)}
+
     def cgroup_of(self, pid: int) -> Path:
         """The cgroup ``pid`` is in, in this hierarchy (from ``/proc/<pid>/cgroup``)."""
         try:
@@ -259,6 +272,7 @@ class CpuQuota(Fault):
         self.fs = fs
         self.cgroup = fs.mount / f"{PREFIX}{pid}-{os.getpid()}"
         self.original: Path | None = None
+        self.throttling: dict[str, float] | None = None  # read from cpu.stat when the fault ends
         self._lock = threading.Lock()
 
     def start(self) -> CpuQuota:
@@ -288,12 +302,13 @@ class CpuQuota(Fault):
         with self._lock:
             if self.onset is None or self.ended is not None:
                 return
+            self.throttling = self.fs.throttling(self.cgroup)
             _remove_cgroup(self.fs, self.cgroup, self.original)
             self.ended = time.time()
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "fraction": self.fraction, "cgroup": str(self.cgroup),
-                "cgroup_version": self.fs.version}
+                "cgroup_version": self.fs.version, "throttling": self.throttling}
 
 
 class Stall(Fault):

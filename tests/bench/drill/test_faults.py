@@ -75,6 +75,11 @@ def test_cpu_quota_holds_a_busy_loop_to_its_fraction_and_is_undone(busy):
     assert free > 1.5 * held, (free, held)
     assert q.ended is not None and fs.cgroup_of(busy.pid) == original
     assert not q.cgroup.exists()
+    # The kernel's count read as the fault ended: a spinning loop wants more than its quota in
+    # nearly every 100 ms period of the 4 s it was held (the drill's proof that a fault took).
+    t = q.throttling
+    assert t is not None and t["periods"] >= 30 and t["throttled_periods"] >= 0.8 * t["periods"], t
+    assert t["throttled_s"] > 2.0, t
     q.stop()  # idempotent
 
 

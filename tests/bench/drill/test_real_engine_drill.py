@@ -5,7 +5,8 @@ and one server put at 20 % of a core through a cgroup after a short healthy phas
 
 Asserted: the throttled server is cut and then quarantined within the run, no healthy server is ever
 quarantined, and the fault took (the throttled server is slower than its peers: else the test would
-pass or fail for nothing). Figures are printed (and the whole result written when
+pass or fail for nothing; when no request sent after the onset reached it, the cgroup's count of
+throttled periods). Figures are printed (and the whole result written when
 ``OUTLIER_DRILL_FIGURES`` names a file).
 
 Before issue 24's fix (live ``/slots`` rows, censored in-flight samples, confirmation probes) the
@@ -62,7 +63,16 @@ def test_throttled_llama_server_is_cut_and_quarantined_and_no_healthy_one_is(red
             if r["served_by"] == faulty and r["sent_at"] >= result["fault"]["onset"] and r["outcome"] == "ok"]
     peers = [r["latency_s"] for r in result["requests"]
              if r["served_by"] in healthy and r["sent_at"] >= result["fault"]["onset"] and r["outcome"] == "ok"]
-    assert slow and peers and statistics.median(slow) > 2 * statistics.median(peers), (slow, peers)
+    assert peers, result["figures"]
+    if slow:
+        assert statistics.median(slow) > 2 * statistics.median(peers), (slow, peers)
+    else:
+        # The weights moved the traffic off the throttled server before it answered any request sent
+        # after the onset (CI once saw a cut at +0.8 s, from a request in flight at the onset): then
+        # the kernel's own count says whether the fault took, the periods the server wanted more CPU
+        # than its quota gave.
+        throttling = result["fault"]["throttling"]
+        assert throttling and throttling["throttled_periods"] > 0, result["fault"]
 
     # The target.
     assert f["onset_to_first_cut_s"] is not None, f"the throttled server was never cut: {f}"
