@@ -167,6 +167,20 @@ DATABASES = {
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = envstr("REDIS_URL") or "redis://127.0.0.1:6379/0"
+if ("pytest" in sys.modules and os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw")
+        and REDIS_URL.startswith("redis://")):
+    # The suite runs on pytest-xdist workers: each gets its own Redis database number, REDIS_URL's
+    # plus one plus its index (as pytest-django gives it its own PostgreSQL database), because a test
+    # starts from FLUSHDB of its number. The environment carries it to the processes a test starts
+    # (which are not pytest, so they do not move it again).
+    from urllib.parse import urlsplit
+
+    _url = urlsplit(REDIS_URL)
+    _db = int(_url.path.strip("/") or 0) + 1 + int(os.environ["PYTEST_XDIST_WORKER"][2:] or 0)
+    if _db > 15:  # Redis has 16 database numbers; two workers would share one and flush each other's
+        raise ImproperlyConfigured(f"pytest-xdist worker {os.environ['PYTEST_XDIST_WORKER']} needs Redis database "
+                                   f"{_db}: use fewer workers or a lower database number in REDIS_URL")
+    REDIS_URL = os.environ["REDIS_URL"] = _url._replace(path=f"/{_db}").geturl()
 # Redis run with Sentinel (docs/redis-ha.md): REDIS_SENTINELS=host:port,host:port,... and
 # REDIS_SENTINEL_MASTER=<name> (REDIS_DB, default 0) stand for REDIS_URL=redis+sentinel://host:port,.../<name>/<db>,
 # which may also be given as it is. The agents take the same URL (--redis-url).

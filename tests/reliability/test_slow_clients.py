@@ -25,6 +25,7 @@ from tests.reliability import stack
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.serial,
     pytest.mark.skipif(not Path(stack.NGINX).exists(), reason="no nginx binary (apt-get install nginx-light)"),
 ]
 

@@ -27,6 +27,7 @@ from bench.drill.faults import (
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 NO_CGROUP = cgroup_unavailable_reason()
 needs_cgroup = pytest.mark.skipif(NO_CGROUP is not None, reason=f"no CPU quota here: {NO_CGROUP}")
+pytestmark = pytest.mark.serial  # CPU shares of a busy loop, measured against the rest of the machine
 
 
 @pytest.fixture

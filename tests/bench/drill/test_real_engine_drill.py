@@ -40,7 +40,7 @@ CFG = DrillConfig(gateway="nginx-rr", weights=True, fault="quota:0.2", servers=4
                   after_s=25.0, seed=3, thresholds={"warmup_samples": 5})
 REASON = unavailable_reason(CFG)
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.slow,
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.slow, pytest.mark.serial,
               pytest.mark.timeout(300),
               pytest.mark.skipif(REASON is not None, reason=f"the real-engine drill cannot run here: {REASON}")]
 

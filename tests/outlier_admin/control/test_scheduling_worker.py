@@ -19,7 +19,7 @@ from django.db import connection
 from outlier_admin import keys
 from outlier_admin.fleet.models import ModelGroup
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.slow,
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.slow, pytest.mark.serial,
               pytest.mark.timeout(90)]
 ROOT = Path(__file__).resolve().parents[3]
 GROUPS = 24

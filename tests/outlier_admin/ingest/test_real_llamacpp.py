@@ -20,7 +20,7 @@ import pytest
 from detector.engine_metrics import ROW_FIELDS
 from outlier_admin import keys
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.django_db]
 
 _SERVER = """
 import signal, sys
