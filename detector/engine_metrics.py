@@ -6,7 +6,7 @@ counters. Between two scrapes of one node, the deltas of their cumulative values
 row** (:data:`ROW_FIELDS`)::
 
     [node, ts, interval_s, tokens, token_ms, prefills, prefill_ms, prefill_tokens, running, prefill_work,
-     kv_usage]
+     kv_usage, preempted]
 
 - ``tokens``, ``token_ms``: the decode signal, ``token_ms / tokens`` ms per token **per stream**, and
   ``token_ms / (1000 * interval_s)`` about the number of streams that were decoding. vLLM and SGLang:
@@ -35,6 +35,9 @@ row** (:data:`ROW_FIELDS`)::
   compared at equal prefill work (:mod:`detector.signals`).
 - ``kv_usage``: the KV cache's fill at the end of the interval (``vllm:kv_cache_usage_perc``,
   ``sglang:token_usage``): the context every decode step reads, the other load a step time grows with.
+- ``preempted``: the requests the engine preempted during the interval (Δ``vllm:num_preemptions_total``):
+  their KV cache was evicted and is recomputed (or swapped back) when they resume, so the prompt work
+  that follows is the node's own KV pressure, not a client's long prompt (:mod:`detector.group`).
 
 Engines
 -------
@@ -122,7 +125,7 @@ from detector.engines.llamacpp import Slot, slots_row
 #: are still read, their missing columns ``None``.
 ROW_FIELDS: tuple[str, ...] = (
     "node", "ts", "interval_s", "tokens", "token_ms", "prefills", "prefill_ms", "prefill_tokens", "running",
-    "prefill_work", "kv_usage",
+    "prefill_work", "kv_usage", "preempted",
 )
 
 
@@ -501,4 +504,4 @@ def advance(node: str, prev: tuple[float, EngineCounters] | None, ts: float,
         if cur.engine == "trtllm":
             prefill_work = prefill_tokens  # its prompt counter holds the cached tokens too
     return [node, ts, interval, tokens, token_ms, prefills, prefill_ms, prefill_tokens, running, prefill_work,
-            cur.kv_usage], keep
+            cur.kv_usage, _delta(before, cur, "preemptions")], keep

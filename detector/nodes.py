@@ -22,7 +22,8 @@ Columns, by the part of the detector that owns them:
   the queue-free prefill time), ``flaps``, ``cut_at``, ``clear_since`` (when a degraded or pending
   node's deciding signal last went under the exit line and stayed there; NaN: it is not under it);
 - the engine: ``heavy_since``, ``heavy_last`` (the first and last row of the node's current episode
-  of rows with more prompt work per decode token than the decode curve covers; NaN: none), ``running`` (the node's last reported running
+  of rows with more prompt work per decode token than the decode curve covers; NaN: none),
+  ``preempted_at`` (the last row in which the node preempted a request; NaN: none seen), ``running`` (the node's last reported running
   batch; NaN: never reported), ``rows_at``
   (when its last progress row arrived: its decode is then measured by the rows, not by its requests),
   ``stall_from`` (when its in-flight streams stopped making progress; NaN: they did not,
@@ -100,6 +101,7 @@ FIELDS: dict[str, tuple[type, float]] = {
     "clear_since": (np.float64, NAN),
     "heavy_since": (np.float64, NAN),
     "heavy_last": (np.float64, NAN),
+    "preempted_at": (np.float64, NAN),
 }
 #: Signals whose completed-request samples are pooled per node and tick (``pool_sum_<s>``: the sum of
 #: their logs, ``pool_n_<s>``: their count; :meth:`detector.group.GroupDetector.ingest`).
@@ -164,6 +166,7 @@ class NodeArrays:
     clear_since: np.ndarray
     heavy_since: np.ndarray
     heavy_last: np.ndarray
+    preempted_at: np.ndarray
 
     def __init__(self, ids: Iterable[str] = ()) -> None:
         self.ids: list[str] = list(ids)

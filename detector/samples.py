@@ -334,7 +334,8 @@ class ProgressBatch(_Columns):
     ``prefill_ms`` in all and computed ``prefill_tokens`` prompt tokens (cache hits excluded), and
     ``running``, the size of the node's running batch at ``ts``, ``prefill_work``, the prompt
     tokens it processed during the interval (prefill chunks share every step with the decodes), and
-    ``kv_usage``, its KV cache's fill at ``ts``.
+    ``kv_usage``, its KV cache's fill at ``ts``, and ``preempted``, the requests it preempted during
+    the interval (their KV cache evicted, to be recomputed).
     """
 
     node: np.ndarray  # object (str)
@@ -348,6 +349,7 @@ class ProgressBatch(_Columns):
     running: np.ndarray  # float64, NaN: unknown
     prefill_work: np.ndarray  # float64, prompt tokens processed in the interval; NaN: unknown
     kv_usage: np.ndarray  # float64, KV-cache fill (0..1) at ts; NaN: unknown
+    preempted: np.ndarray  # float64, requests preempted in the interval; NaN: unknown
 
     @classmethod
     def from_columns(
@@ -364,6 +366,7 @@ class ProgressBatch(_Columns):
         running: Sequence[float] | np.ndarray | None = None,
         prefill_work: Sequence[float] | np.ndarray | None = None,
         kv_usage: Sequence[float] | np.ndarray | None = None,
+        preempted: Sequence[float] | np.ndarray | None = None,
     ) -> ProgressBatch:
         n = len(node)
         return cls(
@@ -378,6 +381,7 @@ class ProgressBatch(_Columns):
             running=_optional(running, n),
             prefill_work=_optional(prefill_work, n),
             kv_usage=_optional(kv_usage, n),
+            preempted=_optional(preempted, n),
         )._checked()
 
     @classmethod
@@ -404,7 +408,7 @@ def validate_progress(batch: ProgressBatch) -> tuple[np.ndarray, list[tuple[int,
     present), none negative, an interval longer than 0. Rows with 0 tokens are valid (the node
     streamed nothing) and carry no decode signal."""
     optional = (batch.prefills, batch.prefill_ms, batch.prefill_tokens, batch.running, batch.prefill_work,
-                batch.kv_usage)
+                batch.kv_usage, batch.preempted)
     with np.errstate(invalid="ignore"):
         finite = (np.isfinite(batch.ts) & np.isfinite(batch.interval_s) & np.isfinite(batch.tokens)
                   & np.isfinite(batch.token_ms))

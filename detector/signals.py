@@ -167,12 +167,19 @@ class SignalModel:
             "prefill_time": self._over_fit(self.fit_prefill_time, prefill_time_ms(b), prompt),
         }
 
-    def per_row(self, b: ProgressBatch) -> dict[str, np.ndarray]:
-        """Per progress row: ``decode`` (at equal load) and ``prefill_time`` (NaN without prefills)."""
+    def per_row(self, b: ProgressBatch, recomputing: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Per progress row: ``decode`` (at equal load) and ``prefill_time`` (NaN without prefills).
+
+        A row ``recomputing`` (its node preempted requests just before: their evicted KV cache is
+        computed again) is credited at most the healthy rows' median prompt work per decode token:
+        the prompts it computes again are work its own shortage of KV memory made, and its streams
+        are as slow for its users as the curve then says."""
         with np.errstate(divide="ignore", invalid="ignore"):
             per_prefill_ms = np.where(b.prefills > 0, b.prefill_ms / b.prefills, np.nan)
             per_prefill_tokens = b.prefill_tokens / b.prefills
             work = np.where(b.tokens > 0, b.prefill_work / b.tokens, np.nan)
+            if recomputing is not None and "w" in self.load_ref:
+                work = np.where(recomputing, np.fmin(work, self.load_ref["w"][0]), work)
         return {
             "decode": b.decode_ms() * self.batch_factor(b.running, work, b.kv_usage),
             "prefill_time": self._over_fit(self.fit_prefill_time, per_prefill_ms, per_prefill_tokens),

@@ -60,14 +60,18 @@ STRONG_CUT_SAMPLES = 2
 #: (a surge) is compared far below the loads the healthy rows now measure: in the simulator it read
 #: 1.7x slow for the cut itself. Within a factor of two of its peers the curve interpolates; a faulty
 #: node is still there in the seconds after its cut (its running requests take seconds to finish),
-#: when its quarantine is decided.
+#: when its quarantine is decided. A node that preempted within :data:`PREFILL_STALL_S` is exempt: it
+#: runs as many streams as its own KV cache holds (one that lost 98 % of it runs two), not as few as
+#: our cut left it.
 COMPARABLE_LOAD_FRACTION = 0.5
 #: The longest a single prompt's prefill holds every decode stream of a node: a model's full context
 #: (16k tokens in the simulator's traces, 32k for the demo's models) at the ~0.035 ms per prompt token
 #: of a 70B model on tp 8 is 0.56-1.1 s of chunked steps, most of it shared with decodes; rows past
 #: the decode curve's prompt work count as decode samples only this far into such an episode
 #: (:meth:`detector.group.GroupDetector.ingest_progress`). A node recomputing lost KV cache stays
-#: there for seconds.
+#: there for seconds, and where the server counts preemptions (vLLM's ``num_preemptions_total``) its
+#: rows within this long of one count at once, credited no more prompt work than the healthy median:
+#: a preempted request's prompt is computed again because the node's KV cache could not hold it.
 PREFILL_STALL_S = 0.6
 #: The tail detector's guard: a node's P99/P50 counts only over this multiple of the group's median
 #: ratio. With ``tail_min_samples`` = 100 requests a P99 is the mean of the top one or two, so its

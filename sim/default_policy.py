@@ -43,7 +43,7 @@ class DefaultPolicy(Policy):
     def __init__(self, ctx: GroupContext, thresholds: Any, logs_only: bool = False,
                  balancer: str = "round_robin") -> None:
         from detector import GroupDetector, ProgressBatch, SampleBatch
-        from detector.states import OUT_OF_SERVICE
+        from detector.states import OUT_OF_SERVICE, NodeState
 
         super().__init__(ctx)
         # How the gateway spreads requests over the published weights: "round_robin" (nginx's smooth
@@ -68,6 +68,7 @@ class DefaultPolicy(Policy):
         self._batch_cls = SampleBatch
         self._progress_cls = ProgressBatch
         self._out_of_service = {int(s) for s in OUT_OF_SERVICE}  # the traffic table's DRAIN states
+        self._warming = int(NodeState.WARMING)
         members = [i for i in range(ctx.n) if ctx.members[i]]
         self.gd = GroupDetector(thresholds=thresholds, nodes=[ctx.node_ids[i] for i in members], now=EPOCH)
         self.base = float(DEFAULT_BASE_WEIGHT)
@@ -158,7 +159,9 @@ class DefaultPolicy(Policy):
             w[i] = wk
             frac = wk / self.base
             st = int(ev.states[k])
-            ctx.note(i, now, frac, st in self._out_of_service)
+            # A warming node's weight ramps up (slow start, as Envoy's slow_start_window): not a cut.
+            # The report counts a weight under base as a detection, so it is noted at base.
+            ctx.note(i, now, 1.0 if st == self._warming else frac, st in self._out_of_service)
             if i in ctx.tracked:
                 z = float(ev.z[k])
                 ctx.trace(i, now, z if math.isfinite(z) else math.nan, frac)

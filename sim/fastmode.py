@@ -53,14 +53,15 @@ from typing import Any
 
 import numpy as np
 
+from detector.engine_metrics import ROW_FIELDS
 from sim.default_policy import EPOCH
 from sim.engine import GroupContext, Policy
 from sim.traces import healthy_vm_offsets, vm_noise_spread
 
 LEVEL_STEP = 0.1  # load levels calibrated: multiples of this of rate_per_node
 MAX_LEVEL = 2.0
-ROW_COLUMNS = ("tokens", "token_ms", "prefills", "prefill_ms", "prefill_tokens", "running", "prefill_work",
-               "kv_usage")
+#: A progress row without its node, time and interval (:data:`detector.engine_metrics.ROW_FIELDS`).
+ROW_COLUMNS = ROW_FIELDS[3:]
 RECORD_COLUMNS = ("prompt", "completion", "ttft_ms", "total_ms", "status")
 TIMED = (ROW_COLUMNS.index("token_ms"), ROW_COLUMNS.index("prefill_ms"))  # row columns scaled by speed
 # Replay against an independent engine run: |mean_fast / mean_engine - 1| and |sd_fast / sd_engine - 1|
@@ -392,9 +393,8 @@ def run_fast(nodes: int = 64, hours: float = 1.0, rate_per_node: float = 3.0, ti
                     rows_fed += m
                     r = r[has]
                     gd.ingest_progress(ProgressBatch.from_columns(
-                        node=ids[has], ts=np.full(m, now), interval_s=np.full(m, tick_s), tokens=r[:, 0],
-                        token_ms=r[:, 1], prefills=r[:, 2], prefill_ms=r[:, 3], prefill_tokens=r[:, 4],
-                        running=r[:, 5], prefill_work=r[:, 6], kv_usage=r[:, 7]))
+                        node=ids[has], ts=np.full(m, now), interval_s=np.full(m, tick_s),
+                        **{name: r[:, k] for k, name in enumerate(ROW_COLUMNS)}))
             ev = gd.evaluate(now)
             out = np.isin(ev.states, out_states)
             cut = (ev.weights < 0.999 * ev.base_weights) & ~out

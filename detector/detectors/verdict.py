@@ -55,14 +55,21 @@ class Decision:
     new: np.ndarray  # this tick's samples that count toward persistence
     drained_over: np.ndarray  # cut queue_drain_s ago and still over the degrade line
     name: str | None  # the group's deciding signal, for the explanation
-    may_quarantine: np.ndarray  # not judged on prefill time alone (see detector.detectors.zscore)
+    # The largest Z among the signals that may take a node out (all but prefill time, see
+    # detector.detectors.zscore) and its excess: what the quarantine lines read. A node whose prefill
+    # time is further out than its decode is cut on the prefill time and quarantined on the decode.
+    q_score: np.ndarray
+    q_excess: np.ndarray
 
     def gate(self, v: Verdict, t: Thresholds) -> Verdict:
         """A latency verdict (tail, cross-P50) stands only where the deciding signal agrees: over the
-        degrade materiality on a signal that may quarantine (decode: prefill time grows with load
-        under chunked prefill, so it never takes a node out, alone or through these), or,
-        queue-laden, for a node whose queue has drained."""
-        keep = (~self.queue_free | ((self.excess >= t.degrade_materiality) & self.may_quarantine))
+        degrade line (its Z and its materiality) on a signal that may quarantine (decode: prefill time
+        grows with load under chunked prefill, so it never takes a node out, alone or through these),
+        or, queue-laden, for a node whose queue has drained. Over the materiality alone is not enough:
+        a P99 over 100 requests is their top one or two, and in a long-context group one 32k-token
+        request put a healthy node's P99/P50 over the line for three windows while its decode Z was
+        1.0 (1.15x, within the peers' spread), and the tail quarantined it."""
+        keep = ~self.queue_free | ((self.q_excess >= t.degrade_materiality) & (self.q_score >= t.degrade_z))
         keep &= ~self.queue_laden | self.drained_over
         return Verdict(v.reason, v.eject & keep)
 

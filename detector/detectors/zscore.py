@@ -14,7 +14,9 @@ latency:
   after the wait for a batch slot. A node is judged on the larger of their Z (a fault that slows only
   prefill, as long prompts on a node with a degraded link, is caught without looking at the queue).
   Prefill time cuts a node's weight on its evidence but is never at quarantine strength on its own
-  (no quarantine, no cut at once on one strong reading): under chunked prefill a request's prefill
+  (no quarantine, no cut at once on one strong reading; the quarantine lines read the largest Z of
+  the other signals, so a prefill time further out than a decode at quarantine strength does not
+  hide it: ``Decision.q_score``): under chunked prefill a request's prefill
   shares each step's token budget with the decodes and with other prefills, so it also grows with
   load (in the simulator's vLLM engine, enough to quarantine healthy nodes), so it takes part only
   near its own, higher cut line (``prefill_materiality``, 1.5x; under it decode decides);
@@ -110,7 +112,9 @@ def peer_view(sig: SignalModel, a: NodeArrays, t: Thresholds, now: float, last: 
 
 
 def _nan_max(stack: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Row-wise max over signals ignoring NaN, and which signal gave it (-1 when all NaN)."""
+    """Row-wise max over signals ignoring NaN, and which signal gave it (-1 when all NaN or none)."""
+    if not len(stack):
+        return np.full(stack.shape[1], np.nan), np.full(stack.shape[1], -1)
     filled = np.where(np.isnan(stack), -np.inf, stack)
     arg = filled.argmax(axis=0)
     best = filled[arg, np.arange(stack.shape[1])]
@@ -120,15 +124,23 @@ def _nan_max(stack: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 
+def _excess(view: PeerView, base: np.ndarray, which: np.ndarray) -> np.ndarray:
+    """Per node: the EMA of signal ``which`` (an index into :data:`SIGNALS`; -1: none) over its
+    baseline."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        k = np.maximum(which, 0)
+        return np.where(which >= 0, view.ema[k, np.arange(len(which))] / base[k], np.nan)
+
+
 def decide(view: PeerView, a: NodeArrays, t: Thresholds, now: float) -> Decision:
     n = len(a)
     score, which = _nan_max(view.z)
     base = np.array([view.baseline[s] for s in SIGNALS])
-    cols = np.arange(n)
     if t.baseline_mode == "seed":
         # Seed 000 judges its one signal as it is, with no materiality floor.
         q_score, q_which = score, which
         q_excess = np.where(which >= 0, np.inf, np.nan)
+        out_score, out_excess = q_score, q_excess
         queue_free = np.zeros(n, dtype=bool)
     else:
         rows = np.array([SIGNALS.index(s) for s in _queue_free_with_baseline(view.baseline)], dtype=np.int64)
@@ -150,15 +162,20 @@ def decide(view: PeerView, a: NodeArrays, t: Thresholds, now: float) -> Decision
             q_which = np.where(arg >= 0, rows[np.maximum(arg, 0)], -1)
         else:
             q_score, q_which = score, which
-        with np.errstate(invalid="ignore", divide="ignore"):
-            k = np.maximum(q_which, 0)
-            q_excess = np.where(q_which >= 0, view.ema[k, cols] / base[k], np.nan)
+        q_excess = _excess(view, base, q_which)
+        # What may take a node out: the same signals without prefill time.
+        takers = rows if len(rows) else np.arange(len(SIGNALS))
+        takers = takers[takers != PREFILL_TIME]
+        out_score, arg = _nan_max(view.z[takers])
+        if len(takers):
+            arg = np.where(arg >= 0, takers[np.maximum(arg, 0)], -1)
+        out_excess = _excess(view, base, arg)
     queue_laden = ~queue_free & (t.baseline_mode == "robust")
     cut_long = np.isfinite(a.cut_at) & (now - a.cut_at >= t.queue_drain_s)
     drained_over = cut_long & np.isfinite(q_score) & (q_score >= t.degrade_z) & (q_excess >= materiality(q_which, t))
     return Decision(score=q_score, excess=q_excess, which=q_which, weight_score=score, queue_free=queue_free,
                     queue_laden=queue_laden, new=np.where(queue_laden, a.new_drained, a.new_samples),
-                    drained_over=drained_over, name=_group_signal(view, t), may_quarantine=q_which != PREFILL_TIME)
+                    drained_over=drained_over, name=_group_signal(view, t), q_score=out_score, q_excess=out_excess)
 
 
 def judged_signals(baseline: Mapping[str, float], t: Thresholds) -> tuple[str, ...]:
@@ -201,7 +218,7 @@ def lines(d: Decision, t: Thresholds) -> Lines:
     finite = np.isfinite(d.score)
     m = materiality(d.which, t)
     return Lines(
-        over_q=finite & (d.score >= t.quarantine_z) & (d.excess >= t.quarantine_materiality) & d.may_quarantine,
+        over_q=np.isfinite(d.q_score) & (d.q_score >= t.quarantine_z) & (d.q_excess >= t.quarantine_materiality),
         over_d=finite & (d.score >= t.degrade_z) & (d.excess >= m),
         still_d=finite & (d.score >= t.degrade_z - t.degrade_hysteresis) & (d.excess >= exit_line(m)),
     )

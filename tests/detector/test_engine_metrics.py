@@ -49,7 +49,7 @@ def test_a_page_mixing_v0_and_v1_takes_the_v1_inter_token_pair():
 
 
 def page(itl=(0.0, 0), prefill=(0.0, 0), computed=(0.0, 0), prompt=(0.0, 0), cache=(0, 0), running=0,
-         model="m", processed=0) -> str:
+         model="m", processed=0, preemptions=None) -> str:
     """A minimal vLLM V1 exposition, label sets for one model (two models: call twice and join)."""
     lab = f'{{model_name="{model}"}}'
     return "\n".join([
@@ -68,6 +68,7 @@ def page(itl=(0.0, 0), prefill=(0.0, 0), computed=(0.0, 0), prompt=(0.0, 0), cac
         f"vllm:prefix_cache_queries_total{lab} {cache[0]}",
         f"vllm:prefix_cache_hits_total{lab} {cache[1]}",
         f"vllm:prompt_tokens_total{lab} {processed}",
+        *([] if preemptions is None else [f"vllm:num_preemptions_total{lab} {preemptions}"]),
     ]) + "\n"
 
 
@@ -80,7 +81,12 @@ def test_row_between_two_scrapes_is_the_deltas_queue_free():
         "prefills": 4, "prefill_ms": pytest.approx(500.0), "prefill_tokens": 4000, "running": 9,
         "prefill_work": 3072,  # prompt tokens processed in the interval (chunks of running prefills too)
         "kv_usage": None,  # not on this page
+        "preempted": None,  # nor this
     }
+    # vLLM counts the requests it preempted (their KV cache evicted): the row carries the interval's.
+    before = parse(page(itl=(10.0, 500), running=7, preemptions=40))
+    after = parse(page(itl=(10.6, 520), running=9, preemptions=43))
+    assert progress_row("127.0.0.1:8000", (100.0, before), 100.25, after)[ROW_FIELDS.index("preempted")] == 3
 
 
 def test_cache_hits_are_taken_out_of_the_prompt_tokens_without_the_computed_histogram():

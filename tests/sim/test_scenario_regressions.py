@@ -64,3 +64,25 @@ def test_the_production_cadence_is_the_control_planes_250_ms_scrape_and_tick_on_
     assert BEAT_CADENCE == (1.0, 1.0, 1.0)
     scn = _cadence(load_scenario(DRILL), "production")
     assert (scn.tick_s, scn.scrape_s, scn.apply_delay_s) == PRODUCTION_CADENCE
+
+
+WARMUP = Path(__file__).resolve().parents[2] / "scenarios" / "warmup-scaleout-12.json"
+
+
+@pytest.mark.slow
+def test_a_warming_nodes_slow_start_is_not_counted_as_a_cut():
+    """A node added to the group warms up at a ramped weight (slow start): not a detection. The report
+    counted that ramp as a weight cut: warmup-scaleout-12 read 3,429 false cuts per 1,000 node-hours
+    (1-2 per run, each the new node's slow start) and the new node "cut" 0.08 s after it joined."""
+    from sim.engine import Precomputed, Simulation
+    from sim.policies import policy_factory
+    from sim.report import policy_report
+    from sim.scenario import load_scenario
+    from sim.workload import build_requests
+
+    scn = load_scenario(WARMUP).with_duration(90.0)  # the node joins at 30 s and warms up by 90 s
+    sim = Simulation(scn, Precomputed.build(scn, build_requests(scn)), policy_factory("default")).run()
+    r = policy_report(scn, sim)
+    joined = next(f for f in r["faults"] if f["node"] == 11)
+    assert joined["first_degrade_s"] is None, joined
+    assert r["false_degrades"] == 0 and r["false_quarantines"] == 0

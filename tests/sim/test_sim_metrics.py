@@ -48,12 +48,13 @@ def test_production_parser_reads_the_engine_exactly_and_rows_are_the_deltas():
     assert (first.running, first.waiting, first.preemptions) == (m.running, m.waiting, m.preemptions)
     assert first.kv_usage == pytest.approx(m.kv_usage)
     tokens0, secs0, done0 = m.itl.total, m.itl.sum, m.prefill.total
-    pf_s0, prompt0, processed0 = m.prefill.sum, m.prompt.sum, m.prompt_tokens
+    pf_s0, prompt0, processed0, preempted0 = m.prefill.sum, m.prompt.sum, m.prompt_tokens, m.preemptions
     h.run(until=4.0, arrivals=[])
     h.eng.progress_to(4.0)
     second = parse(m.render())
     row = progress_row("n0", (3.0, first), 4.0, second)
-    node, ts, interval, tokens, token_ms, prefills, prefill_ms, prefill_tokens, running, prefill_work, kv_usage = row
+    (node, ts, interval, tokens, token_ms, prefills, prefill_ms, prefill_tokens, running, prefill_work, kv_usage,
+     preempted) = row
     assert (node, ts, interval) == ("n0", 4.0, 1.0)
     assert tokens == m.itl.total - tokens0 > 0
     assert token_ms == pytest.approx((m.itl.sum - secs0) * 1000)
@@ -63,3 +64,4 @@ def test_production_parser_reads_the_engine_exactly_and_rows_are_the_deltas():
     assert running == m.running
     assert prefill_work == m.prompt_tokens - processed0  # prompt tokens the steps processed meanwhile
     assert kv_usage == pytest.approx(m.kv_usage)
+    assert preempted == m.preemptions - preempted0

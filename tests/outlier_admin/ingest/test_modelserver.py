@@ -102,7 +102,7 @@ def test_record_scrape_rebases_after_a_restart(redis_client):
     assert record_scrape(redis_client, node, itl_text(0.1, 10), 101.0) is None  # restarted
     row = record_scrape(redis_client, node, itl_text(0.8, 60), 102.0)
     # Decode columns only: the page has no prefill, prompt or running series.
-    assert row == ["127.0.0.1:8000", 102.0, 1.0, 50, pytest.approx(700.0), None, None, None, None, None, None]
+    assert row == ["127.0.0.1:8000", 102.0, 1.0, 50, pytest.approx(700.0), None, None, None, None, None, None, None]
     assert redis_client.xlen(keys.stream("g")) == 1
 
 
