@@ -81,20 +81,23 @@ def test_a_node_slow_only_in_prefill_is_replayed_on_the_larger_queue_free_z():
 
 
 def test_a_node_the_safeguard_holds_is_told_by_the_moves_flag_not_its_text():
-    """A node whose P99/P50 stays 10 while its peers' is 2 (Z 1, under the degrade line; EMA 1.3x, over
-    the degrade materiality the tail verdict is gated on) is taken out on tail_ratio at the third
-    window in a group of 10; in a group of 3 the cap (30 %: none) holds it in service, which the
-    replay names ``safeguard_blocked`` from the move's flag."""
+    """A node whose P99/P50 stays 10 while its peers' is 2 (Z 2.5 and EMA 1.3x: over the degrade line
+    the tail verdict is gated on, but without the evidence a cut needs) is taken out on tail_ratio at
+    the third window in a group of 10; in a group of 3 the cap (30 %: none) holds it in service, which
+    the replay names ``safeguard_blocked`` from the move's flag. (At Z 1, within the peers' spread,
+    the tail verdict does not stand: ``Decision.gate``.)"""
     t = Thresholds()
     at = [T0 + timedelta(seconds=i) for i in range(6)]
-    rows = [(a, "slow", 1.0, 1.3, 1.0, 10.0, "healthy", None) for a in at]
-    rows += [(a, f"peer{k}", 0.0, 1.0, 1.0, 2.0, "healthy", None) for a in at for k in range(2)]
+    rows = [(a, "slow", 2.5, 1.3, 1.0, 10.0, "healthy", 0.0) for a in at]
+    rows += [(a, f"peer{k}", 0.0, 1.0, 1.0, 2.0, "healthy", 0.0) for a in at for k in range(2)]
     ones = dict.fromkeys(at, 1.0)
     out = replay(rows, t, node_count=10, baselines=ones)
     assert [(x.node, x.to_state, x.rule, (x.at - T0).total_seconds()) for x in out] == [
         ("slow", "quarantined", "tail_ratio", 2.0)]
     held = replay(rows, t, node_count=3, baselines=ones)
     assert [(x.node, x.to_state, x.rule) for x in held] == [("slow", "degraded", "safeguard_blocked")]
+    within_spread = [(a, n, 1.0 if n == "slow" else z, e, p50, p99, st, ev) for a, n, z, e, p50, p99, st, ev in rows]
+    assert replay(within_spread, t, node_count=10, baselines=ones) == []
 
 
 def test_a_group_deciding_on_prefill_time_is_replayed_on_it():
