@@ -124,8 +124,12 @@ class References:
         self._by_signal: dict[str, Reference] = {}
 
     def of(self, signal: str) -> Reference:
-        """``signal``'s reference (all NaN when nothing is known of it yet); read only."""
-        return self._by_signal.get(signal, _UNKNOWN)
+        """``signal``'s reference (all NaN when nothing is known of it yet), to read: a write to an
+        unknown signal's goes nowhere (:meth:`at` is for writing)."""
+        ref = self._by_signal.get(signal)
+        # A fresh one, never a shared default: a write to a shared one set every group's unknown
+        # baseline (a test that did was seen by the next test in the same process).
+        return Reference() if ref is None else ref
 
     def at(self, signal: str) -> Reference:
         """``signal``'s reference, to write into."""
@@ -149,5 +153,3 @@ class References:
                 setattr(out.at(signal), name, float(value))
         return out
 
-
-_UNKNOWN = Reference()

@@ -67,6 +67,8 @@ def test_references_round_trip_through_the_snapshot_layout_and_read_nan_when_unk
 
     refs = References()
     assert math.isnan(refs.of("decode").baseline) and refs.to_dict() == {}  # reading adds nothing
+    refs.of("decode").baseline = 20.0  # a write to an unknown signal's reference goes nowhere
+    assert math.isnan(refs.of("decode").baseline) and math.isnan(References().of("decode").baseline)
     refs.at("norm").baseline, refs.at("norm").request_rel_sd = 900.0, 0.12
     assert refs.of("norm").rel_sd("row_rel_sd") == 0.12  # no row spread yet: the per-request one
     refs.at("norm").row_rel_sd = 0.05

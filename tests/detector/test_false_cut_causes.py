@@ -108,7 +108,7 @@ def test_a_row_at_a_fraction_of_its_peers_batch_counts_toward_no_quarantine():
     assert not gd._at_peer_load(running, healthy, just + PREFILL_STALL_S)[0]
     # Its slow rows count as samples, none of them over the quarantine line, and build no evidence_q.
     a, t = gd.a, gd.thresholds
-    gd._last.of("decode").baseline = 20.0
+    gd._last.at("decode").baseline = 20.0
     node = np.zeros(4, dtype=np.int64)
     v = np.full(4, 40.0)  # 2x its peers
     zscore.feed_evidence(a, t, gd._last, node, v, "decode", 0.05, comparable=np.zeros(4, dtype=bool))
