@@ -60,6 +60,7 @@ class Decision:
     # time is further out than its decode is cut on the prefill time and quarantined on the decode.
     q_score: np.ndarray
     q_excess: np.ndarray
+    q_which: np.ndarray  # which signal that is (index into SIGNALS, -1: none): a quarantine's record names it
 
     def gate(self, v: Verdict, t: Thresholds) -> Verdict:
         """A latency verdict (tail, cross-P50) stands only where the deciding signal agrees: over the

@@ -140,7 +140,7 @@ def decide(view: PeerView, a: NodeArrays, t: Thresholds, now: float) -> Decision
         # Seed 000 judges its one signal as it is, with no materiality floor.
         q_score, q_which = score, which
         q_excess = np.where(which >= 0, np.inf, np.nan)
-        out_score, out_excess = q_score, q_excess
+        out_score, out_excess, out_which = q_score, q_excess, q_which
         queue_free = np.zeros(n, dtype=bool)
     else:
         rows = np.array([SIGNALS.index(s) for s in _queue_free_with_baseline(view.baseline)], dtype=np.int64)
@@ -166,16 +166,17 @@ def decide(view: PeerView, a: NodeArrays, t: Thresholds, now: float) -> Decision
         # What may take a node out: the same signals without prefill time.
         takers = rows if len(rows) else np.arange(len(SIGNALS))
         takers = takers[takers != PREFILL_TIME]
-        out_score, arg = _nan_max(view.z[takers])
+        out_score, out_which = _nan_max(view.z[takers])
         if len(takers):
-            arg = np.where(arg >= 0, takers[np.maximum(arg, 0)], -1)
-        out_excess = _excess(view, base, arg)
+            out_which = np.where(out_which >= 0, takers[np.maximum(out_which, 0)], -1)
+        out_excess = _excess(view, base, out_which)
     queue_laden = ~queue_free & (t.baseline_mode == "robust")
     cut_long = np.isfinite(a.cut_at) & (now - a.cut_at >= t.queue_drain_s)
     drained_over = cut_long & np.isfinite(q_score) & (q_score >= t.degrade_z) & (q_excess >= materiality(q_which, t))
     return Decision(score=q_score, excess=q_excess, which=q_which, weight_score=score, queue_free=queue_free,
                     queue_laden=queue_laden, new=np.where(queue_laden, a.new_drained, a.new_samples),
-                    drained_over=drained_over, name=_group_signal(view, t), q_score=out_score, q_excess=out_excess)
+                    drained_over=drained_over, name=_group_signal(view, t), q_score=out_score, q_excess=out_excess,
+                    q_which=out_which)
 
 
 def judged_signals(baseline: Mapping[str, float], t: Thresholds) -> tuple[str, ...]:

@@ -32,7 +32,8 @@ def _decision(score: np.ndarray) -> Decision:
     no = np.zeros(n, dtype=bool)
     return Decision(score=score, excess=np.ones(n), which=np.full(n, 2), weight_score=score, queue_free=~no,
                     queue_laden=no, new=np.ones(n, dtype=np.int64), drained_over=no,
-                    name="decode", q_score=score, q_excess=np.ones(n))
+                    name="decode", q_score=score, q_excess=np.ones(n),
+                    q_which=np.full(n, 2))
 
 
 @settings(max_examples=200, deadline=None)

@@ -155,6 +155,17 @@ def test_a_prefill_time_further_out_than_the_decode_does_not_hide_a_decode_at_qu
     d = decide(_view(8.0, 15.0, 2.0, 5.0), gd.a, t, 0.0)
     ln = lines(d, t)
     assert SIGNALS[int(d.which[0])] == "prefill_time" and bool(ln.over_d[0]) and bool(ln.over_q[0])
+    # Its records name the signal of each decision: the cut the prefill time, the quarantine the decode.
+    from detector.explain import transitions
+    from detector.moves import Move
+    from detector.states import Reason
+
+    view = _view(8.0, 15.0, 2.0, 5.0)
+    counts = {s: np.ones(1, dtype=np.int64) for s in SIGNALS}
+    cut, out = transitions([Move(0, S.HEALTHY, S.DEGRADED, Reason.Z_DEGRADE),
+                            Move(0, S.DEGRADED, S.QUARANTINED, Reason.Z_QUARANTINE)],
+                           gd.a, t, 0.0, view, d, counts, np.zeros(1))
+    assert (cut.signal, cut.z, out.signal, out.z) == ("prefill_time", 15.0, "decode", 8.0)
     # Prefill time alone never is.
     d = decide(_view(0.5, 15.0, 1.02, 5.0), gd.a, t, 0.0)
     ln = lines(d, t)
