@@ -21,17 +21,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sim.runner import policy_runs
+
 POLICY = "default"
-
-
-def _runs(report: dict[str, Any], policy: str) -> list[dict[str, Any]]:
-    p = report["policies"][policy]
-    return p.get("runs") or [p]
 
 
 def scenario_figures(report: dict[str, Any], policy: str = POLICY) -> dict[str, Any]:
     """One scenario report's figures (see the module docstring)."""
-    runs = _runs(report, policy)
+    runs = policy_runs(report["policies"][policy])
     faults: dict[str, dict[str, Any]] = {}
     for run in runs:
         for f in run.get("faults", []):

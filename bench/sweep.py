@@ -78,7 +78,7 @@ def module_constant(name: str, value: float | int) -> Iterator[None]:
 
 def run_suite(scenarios: list[Any], seeds: int, thresholds: dict[str, Any] | None) -> dict[str, Any]:
     """The ``default`` policy over ``scenarios``: delays of the faulty nodes, false cuts and quarantines."""
-    from sim.runner import run_seeds
+    from sim.runner import policy_runs, run_seeds
 
     cuts: list[float] = []
     quarantines: list[float] = []
@@ -87,8 +87,7 @@ def run_suite(scenarios: list[Any], seeds: int, thresholds: dict[str, Any] | Non
     per: dict[str, Any] = {}
     for scn in scenarios:
         rep = run_seeds(scn, ["default"], seeds, options={"thresholds": thresholds} if thresholds else None)
-        runs = rep["policies"]["default"].get("runs") or [rep["policies"]["default"]]
-        for r in runs:
+        for r in policy_runs(rep["policies"]["default"]):
             false_cuts += int(r.get("false_degrades") or 0)
             false_q += int(r.get("false_quarantines") or 0)
             hours += float(r.get("healthy_node_hours") or 0.0)

@@ -261,10 +261,11 @@ class GroupDetector(NodeActions):
         rows, bound = b.take(learn), bound[learn]
         node = rows.node
         feeding = zscore.evidence_signals(t, self._last)
-        since_preemption = self._since_preemption(rows)
-        passing = self._passing_prefill(rows, since_preemption)
         with np.errstate(invalid="ignore"):
-            recomputing = since_preemption <= PREFILL_STALL_S
+            # A row within PREFILL_STALL_S of its node's preemption: the node is recomputing the KV
+            # cache it evicted (NaN, never preempted: False).
+            recomputing = self._since_preemption(rows) <= PREFILL_STALL_S
+        passing = self._passing_prefill(rows, recomputing)
         for s, x in self.signals.per_row(rows, recomputing).items():
             base = self._last.of(s).baseline
             if s == "decode":
@@ -286,8 +287,7 @@ class GroupDetector(NodeActions):
                 # spread / sqrt(k).
                 sigma = self._last.of(s).rel_sd("row_rel_sd")
                 zscore.feed_evidence(a, t, self._last, node, x, s, sigma,
-                                     comparable=self._at_peer_load(rows.running, healthy[learn],
-                                                                   since_preemption))
+                                     comparable=self._at_peer_load(rows.running, healthy[learn], recomputing))
         a.new_samples += np.bincount(node, minlength=len(a))  # one sample of time per row
         return IngestResult(accepted, rejected, unknown, ignored=int(empty.sum()))
 
@@ -308,11 +308,11 @@ class GroupDetector(NodeActions):
             a.preempted_at[rows.node[preempted]] = rows.ts[preempted]  # time order: the last one stays
         return rows.ts - at
 
-    def _passing_prefill(self, rows: ProgressBatch, since_preemption: np.ndarray) -> np.ndarray:
+    def _passing_prefill(self, rows: ProgressBatch, recomputing: np.ndarray) -> np.ndarray:
         """Per row (grouped by node, time order within): a row past the decode curve's prompt work
         (:meth:`~detector.signals.SignalModel.beyond_work`) less than :data:`~detector.thresholds.
         PREFILL_STALL_S` into an episode of such rows of its node (an episode ends after that long
-        without one), and not within that long of a preemption on its node. One long prompt stalls
+        without one), and not ``recomputing`` (within that long of a preemption). One long prompt stalls
         every stream of a node for its chunked prefill (an 8k-token prompt made a healthy node's rows
         read 18x for 0.5 s, and it was cut): those rows are not decode samples. Prefill work that
         follows a preemption is the node recomputing the KV cache it evicted (a node short of KV
@@ -331,26 +331,25 @@ class GroupDetector(NodeActions):
             since[k] = a.heavy_since[i]
         with np.errstate(invalid="ignore"):
             ended = rows.ts - a.heavy_last[rows.node] > hold
-            recomputing = since_preemption <= hold  # NaN (never preempted): False
         a.heavy_since[rows.node[ended]] = np.nan
         return beyond & ~recomputing & ~(rows.ts - since >= hold - 1e-9)
 
-    def _at_peer_load(self, running: np.ndarray, healthy: np.ndarray, since_preemption: np.ndarray) -> np.ndarray:
+    def _at_peer_load(self, running: np.ndarray, healthy: np.ndarray, recomputing: np.ndarray) -> np.ndarray:
         """Per row: whether it ran at least :data:`~detector.thresholds.COMPARABLE_LOAD_FRACTION` of the
         median batch of this batch's healthy rows (True where batches are not reported, or too few
-        healthy rows report one), or its node preempted within :data:`~detector.thresholds.
-        PREFILL_STALL_S`. A node cut to a few streams while its peers run full batches is compared
-        through the decode curve far below where the healthy rows now are: evidence enough for a cut,
-        not for a quarantine (zscore.feed_evidence). A node that preempts runs as many streams as its
-        own KV cache holds (one that lost most of it runs two): its small batch is its fault, not our
-        cut, and its rows count."""
+        healthy rows report one), or is ``recomputing`` (its node preempted within
+        :data:`~detector.thresholds.PREFILL_STALL_S`). A node cut to a few streams while its peers run
+        full batches is compared through the decode curve far below where the healthy rows now are:
+        evidence enough for a cut, not for a quarantine (zscore.feed_evidence). A node that preempts
+        runs as many streams as its own KV cache holds (one that lost most of it runs two): its small
+        batch is its fault, not our cut, and its rows count."""
         ok = np.ones(len(running), dtype=bool)
         peers = running[healthy & np.isfinite(running)]
         if len(peers) < self.thresholds.min_peers:
             return ok
         with np.errstate(invalid="ignore"):
-            return (~np.isfinite(running) | (running >= COMPARABLE_LOAD_FRACTION * float(np.median(peers)))
-                    | (since_preemption <= PREFILL_STALL_S))
+            at_load = running >= COMPARABLE_LOAD_FRACTION * float(np.median(peers))
+        return ~np.isfinite(running) | at_load | recomputing
 
     def _pooled_signals(self) -> tuple[str, ...]:
         """The signals whose completed-request samples are pooled per node and tick (robust mode):

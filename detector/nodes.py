@@ -23,8 +23,8 @@ Columns, by the part of the detector that owns them:
   node's deciding signal last went under the exit line and stayed there; NaN: it is not under it);
 - the engine: ``heavy_since``, ``heavy_last`` (the first and last row of the node's current episode
   of rows with more prompt work per decode token than the decode curve covers; NaN: none),
-  ``preempted_at`` (the last row in which the node preempted a request; NaN: none seen), ``running`` (the node's last reported running
-  batch; NaN: never reported), ``rows_at``
+  ``preempted_at`` (the last row in which the node preempted a request; NaN: none seen),
+  ``running`` (the node's last reported running batch; NaN: never reported), ``rows_at``
   (when its last progress row arrived: its decode is then measured by the rows, not by its requests),
   ``stall_from`` (when its in-flight streams stopped making progress; NaN: they did not,
   :mod:`detector.inflight`);

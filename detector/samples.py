@@ -398,6 +398,12 @@ class ProgressBatch(_Columns):
         with np.errstate(divide="ignore", invalid="ignore"):
             return self.token_ms / self.tokens
 
+    def work_per_token(self) -> np.ndarray:
+        """``prefill_work / tokens``: the prompt tokens processed per decode token, per row (NaN for a
+        row that streamed no token): the prefill load every decode step of the interval shared."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(self.tokens > 0, self.prefill_work / self.tokens, np.nan)
+
     def streams(self) -> np.ndarray:
         """``token_ms / (interval_s * 1000)``: how many requests were decoding, on average."""
         return self.token_ms / (self.interval_s * 1000.0)

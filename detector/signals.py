@@ -177,7 +177,7 @@ class SignalModel:
         with np.errstate(divide="ignore", invalid="ignore"):
             per_prefill_ms = np.where(b.prefills > 0, b.prefill_ms / b.prefills, np.nan)
             per_prefill_tokens = b.prefill_tokens / b.prefills
-            work = np.where(b.tokens > 0, b.prefill_work / b.tokens, np.nan)
+            work = b.work_per_token()
             if recomputing is not None and "w" in self.load_ref:
                 work = np.where(recomputing, np.fmin(work, self.load_ref["w"][0]), work)
         return {
@@ -200,9 +200,9 @@ class SignalModel:
         if (self.fit_batch is None or self.batch_flat or not self.thresholds.decode_batch_curve
                 or "w" not in self.load_features):
             return np.zeros(len(b), dtype=bool)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            work = np.where(b.tokens > 0, b.prefill_work / b.tokens, np.nan)
-        return np.isfinite(work) & (work > self.load_ref["w"][1])
+        work = b.work_per_token()
+        with np.errstate(invalid="ignore"):
+            return np.isfinite(work) & (work > self.load_ref["w"][1])
 
     def batch_factor(self, running: np.ndarray, work: np.ndarray | None = None,
                      kv_usage: np.ndarray | None = None) -> np.ndarray:
@@ -282,8 +282,8 @@ class SignalModel:
             x = np.where(b.prefills > 0, b.prefill_tokens / b.prefills, np.nan)
             y = np.where(b.prefills > 0, b.prefill_ms / b.prefills, np.nan)
             d = np.where(b.tokens > 0, b.decode_ms(), np.nan)
-            w = np.where(b.tokens > 0, b.prefill_work / b.tokens, np.nan)
         keep = np.isfinite(y) | (np.isfinite(b.running) & np.isfinite(d))
+        w = b.work_per_token()
         self.engine.add(x=x[keep], y=y[keep], b=b.running[keep], w=w[keep], k=b.kv_usage[keep], d=d[keep])
         # The first fits as soon as there is enough (later: on the refit cadence), and only for a fit
         # this batch brings data to: a group whose servers report no prefill histogram would refit

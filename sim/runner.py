@@ -152,6 +152,12 @@ def run_seeds(scn: Scenario, policies: Sequence[str] = ALL_POLICIES, seeds: int 
     return out
 
 
+def policy_runs(block: dict[str, Any]) -> list[dict[str, Any]]:
+    """A policy's runs in a report: one per seed (``runs``, as :func:`run_seeds` merges them), or the
+    policy's block itself when the report is of one run."""
+    return block.get("runs") or [block]
+
+
 def healthy_budgets(reports: Sequence[dict[str, Any]], policies: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Each policy's false-alarm budget from the healthy runs of a suite (``reports``: scenarios with
     no faulty node, e.g. ``healthy-64-long``, ``periodic-stall-16``): its false cuts and its healthy
@@ -160,7 +166,7 @@ def healthy_budgets(reports: Sequence[dict[str, Any]], policies: Sequence[str]) 
     names = ", ".join(r["scenario"] for r in reports)
     out = {}
     for p in policies:
-        runs = [run for r in reports if p in r["policies"] for run in r["policies"][p].get("runs", [r["policies"][p]])]
+        runs = [run for r in reports if p in r["policies"] for run in policy_runs(r["policies"][p])]
         if runs:
             out[p] = false_alarm_budget(sum(x.get("false_degrades", 0) for x in runs),
                                         sum(x.get("healthy_node_hours", 0.0) for x in runs), f"healthy runs: {names}")
@@ -180,7 +186,7 @@ def precision_recall(reports: Sequence[dict[str, Any]], policies: Sequence[str])
     harmonic mean; ``null`` where a denominator is 0."""
     out: dict[str, dict[str, Any]] = {}
     for p in policies:
-        runs = [run for r in reports if p in r["policies"] for run in r["policies"][p].get("runs", [r["policies"][p]])]
+        runs = [run for r in reports if p in r["policies"] for run in policy_runs(r["policies"][p])]
         tp = sum(x["cuts"]["true"] for x in runs if "cuts" in x)
         fp = sum(x["cuts"]["false"] for x in runs if "cuts" in x)
         faulty = sum(x["cuts"]["faulty_nodes"] for x in runs if "cuts" in x)

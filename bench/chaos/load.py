@@ -1,6 +1,7 @@
 """The chaos probe's load: record batches with unique ``request_id`` s, the gateways that POST them and
-re-POST the same body on a 5xx as a shipper does (counted in :class:`~bench.chaos.records.HttpStats`), and :func:`run`, one probe from
-set-up to report (the gateways send while :class:`~bench.chaos.faults.Faults` strikes)."""
+re-POST the same body on a 5xx as a shipper does (counted in :class:`~bench.chaos.records.HttpStats`),
+and :func:`run`, one probe from set-up to report (the gateways send while
+:class:`~bench.chaos.faults.Faults` strikes)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,6 @@ from bench.chaos.report import _report
 from outlier_admin import keys
 
 # -------------------------------------------------------------------------------------- gateways
-
-
 
 
 async def _send(client: Any, url: str, headers: dict[str, str], b: Batch, stats: HttpStats,
@@ -105,7 +104,6 @@ async def gateways(batches: list[Batch], plan: list[tuple[str, int, int]], tag: 
     timeout = httpx.Timeout(30.0, connect=5.0)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         await asyncio.gather(producer(), *(sender(client) for _ in range(args.senders)))
-
 
 
 def run(cluster: Cluster, args: argparse.Namespace, deadline: float) -> dict[str, Any]:

@@ -42,9 +42,9 @@ class PeerView:
 
 @dataclass
 class Decision:
-    """The deciding signal per node (:func:`detector.detectors.zscore.decide`): its Z (``score``, which decides and
-    ranks the safeguard's candidates), its ``excess`` over the baseline and its index in
-    :data:`~detector.signals.SIGNALS` (``which``, -1: none yet)."""
+    """The deciding signal per node (:func:`detector.detectors.zscore.decide`): its Z (``score``,
+    which decides and ranks the safeguard's candidates), its ``excess`` over the baseline and its
+    index in :data:`~detector.signals.SIGNALS` (``which``, -1: none yet)."""
 
     score: np.ndarray
     excess: np.ndarray

@@ -72,8 +72,6 @@ DECODE = SIGNALS.index("decode")
 PREFILL_TIME = SIGNALS.index("prefill_time")
 
 
-
-
 def fresh_nodes(a: NodeArrays, t: Thresholds, now: float) -> np.ndarray:
     return np.isfinite(a.last_seen) & (a.last_seen >= now - t.stale_after_s)
 
@@ -111,7 +109,7 @@ def peer_view(sig: SignalModel, a: NodeArrays, t: Thresholds, now: float, last: 
                     baseline=base, spread=spread, peers=peers, fresh=fresh)
 
 
-def _nan_max(stack: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def nan_max(stack: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Row-wise max over signals ignoring NaN, and which signal gave it (-1 when all NaN or none)."""
     if not len(stack):
         return np.full(stack.shape[1], np.nan), np.full(stack.shape[1], -1)
@@ -120,8 +118,6 @@ def _nan_max(stack: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     best = filled[arg, np.arange(stack.shape[1])]
     has = np.isfinite(best)
     return np.where(has, best, np.nan), np.where(has, arg, -1)
-
-
 
 
 def _excess(view: PeerView, base: np.ndarray, which: np.ndarray) -> np.ndarray:
@@ -134,7 +130,7 @@ def _excess(view: PeerView, base: np.ndarray, which: np.ndarray) -> np.ndarray:
 
 def decide(view: PeerView, a: NodeArrays, t: Thresholds, now: float) -> Decision:
     n = len(a)
-    score, which = _nan_max(view.z)
+    score, which = nan_max(view.z)
     base = np.array([view.baseline[s] for s in SIGNALS])
     if t.baseline_mode == "seed":
         # Seed 000 judges its one signal as it is, with no materiality floor.
@@ -158,7 +154,7 @@ def decide(view: PeerView, a: NodeArrays, t: Thresholds, now: float) -> Decision
                     near = view.ema[PREFILL_TIME] / base[PREFILL_TIME] >= line
                 z = z.copy()
                 z[rows == PREFILL_TIME] = np.where(near, z[rows == PREFILL_TIME], np.nan)
-            q_score, arg = _nan_max(z)
+            q_score, arg = nan_max(z)
             q_which = np.where(arg >= 0, rows[np.maximum(arg, 0)], -1)
         else:
             q_score, q_which = score, which
@@ -166,7 +162,7 @@ def decide(view: PeerView, a: NodeArrays, t: Thresholds, now: float) -> Decision
         # What may take a node out: the same signals without prefill time.
         takers = rows if len(rows) else np.arange(len(SIGNALS))
         takers = takers[takers != PREFILL_TIME]
-        out_score, out_which = _nan_max(view.z[takers])
+        out_score, out_which = nan_max(view.z[takers])
         if len(takers):
             out_which = np.where(out_which >= 0, takers[np.maximum(out_which, 0)], -1)
         out_excess = _excess(view, base, out_which)
@@ -175,8 +171,8 @@ def decide(view: PeerView, a: NodeArrays, t: Thresholds, now: float) -> Decision
     drained_over = cut_long & np.isfinite(q_score) & (q_score >= t.degrade_z) & (q_excess >= materiality(q_which, t))
     return Decision(score=q_score, excess=q_excess, which=q_which, weight_score=score, queue_free=queue_free,
                     queue_laden=queue_laden, new=np.where(queue_laden, a.new_drained, a.new_samples),
-                    drained_over=drained_over, name=_group_signal(view, t), q_score=out_score, q_excess=out_excess,
-                    q_which=out_which)
+                    drained_over=drained_over, name=_group_signal(view, t),
+                    q_score=out_score, q_excess=out_excess, q_which=out_which)
 
 
 def judged_signals(baseline: Mapping[str, float], t: Thresholds) -> tuple[str, ...]:
@@ -198,8 +194,6 @@ def _group_signal(view: PeerView, t: Thresholds) -> str | None:
     if t.baseline_mode == "seed":
         return None
     return judged_signals(view.baseline, t)[0]
-
-
 
 
 def materiality(which: np.ndarray, t: Thresholds) -> np.ndarray:

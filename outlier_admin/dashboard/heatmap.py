@@ -116,13 +116,11 @@ def judge(z: np.ndarray, excess: np.ndarray, signals: Sequence[str], t: Threshol
                                                                 np.where(d.score > 0, SLOWER, AT_OR_UNDER)))
         # A reading the detector sets aside (prefill time under its own line: decode speaks for the
         # node) is shown with its Z, under the line, not as "no Z".
-        filled = np.where(np.isnan(z), -np.inf, z)
-        raw_which = filled.argmax(axis=0)
-        raw = filled[raw_which, np.arange(n)]
+        raw, raw_which = zscore.nan_max(z)
         aside = ~np.isfinite(d.score) & np.isfinite(raw)
         score = np.where(aside, raw, d.score)
         which = np.where(aside, raw_which, d.which)
-        ratio = np.where(aside, excess[raw_which, np.arange(n)], d.excess)
+        ratio = np.where(aside, excess[np.maximum(raw_which, 0), np.arange(n)], d.excess)
         level = np.where(aside, np.where(raw > 0, SLOWER, AT_OR_UNDER), level)
     return score, which, ratio, level
 

@@ -53,7 +53,7 @@ def _rows(ts: list[float], work: list[float], preempted: list[float] | None = No
 
 
 def _passing(gd: GroupDetector, rows: ProgressBatch) -> np.ndarray:
-    return gd._passing_prefill(rows, gd._since_preemption(rows))
+    return gd._passing_prefill(rows, gd._since_preemption(rows) <= PREFILL_STALL_S)
 
 
 def test_a_long_prompts_rows_are_no_decode_sample_but_lasting_prefill_work_is():
@@ -79,7 +79,7 @@ def test_prompt_work_after_a_preemption_is_the_nodes_own_and_counts_at_once():
     rows = _rows(ts, [545.0, 584.0, 220.0, 3.0], preempted=[2.0, 0.0, 0.0, 0.0])
     since = gd._since_preemption(rows)
     assert since.tolist() == [0.0, 0.25, 0.5, 0.75] and gd.a.preempted_at[0] == 30.0
-    assert not gd._passing_prefill(rows, since).any()
+    assert not gd._passing_prefill(rows, since <= PREFILL_STALL_S).any()
     # A preemption seen in an earlier batch still counts within PREFILL_STALL_S, not after it.
     later = _rows([30.6 + PREFILL_STALL_S, 31.5 + PREFILL_STALL_S], [545.0, 545.0])
     assert gd._since_preemption(later) == pytest.approx([0.6 + PREFILL_STALL_S, 1.5 + PREFILL_STALL_S])
@@ -100,12 +100,13 @@ def test_a_row_at_a_fraction_of_its_peers_batch_counts_toward_no_quarantine():
     running = np.array([4.0, 16.0, 18.0, 20.0, np.nan])
     healthy = np.array([False, True, True, True, True])
     assert COMPARABLE_LOAD_FRACTION * 18.0 > 4.0
-    never = np.full(5, np.nan)
+    never = np.zeros(5, dtype=bool)
     assert gd._at_peer_load(running, healthy, never).tolist() == [False, True, True, True, True]
     # A node that just preempted runs as many streams as its KV cache holds: its small batch counts.
-    just = np.array([0.25, np.nan, np.nan, np.nan, np.nan])
-    assert gd._at_peer_load(running, healthy, just)[0]
-    assert not gd._at_peer_load(running, healthy, just + PREFILL_STALL_S)[0]
+    since = np.array([0.25, np.nan, np.nan, np.nan, np.nan])
+    with np.errstate(invalid="ignore"):
+        assert gd._at_peer_load(running, healthy, since <= PREFILL_STALL_S)[0]
+        assert not gd._at_peer_load(running, healthy, since + PREFILL_STALL_S <= PREFILL_STALL_S)[0]
     # Its slow rows count as samples, none of them over the quarantine line, and build no evidence_q.
     a, t = gd.a, gd.thresholds
     gd._last.at("decode").baseline = 20.0
