@@ -15,12 +15,14 @@ starts N of them in parallel (each loads the model in about a second, with the C
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -80,6 +82,77 @@ def _get(port: int, path: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
         return resp.status, resp.read()
     finally:
         conn.close()
+
+
+#: llama.cpp's counters of generated and prompt tokens (``/metrics``; both move when a request ends).
+GEN_TOKENS, PROMPT_TOKENS = "llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total"
+
+
+def read_counters(port: int, timeout_s: float = 10.0) -> dict[str, float] | None:
+    """The server's generated and prompt token counters from its own ``/metrics`` (``None`` when it
+    does not answer in ``timeout_s``: a throttled server answers slowly, so the wait is long)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        status, body = _get(port, "/metrics", timeout_s)
+    except OSError:
+        return None
+    if status != 200:
+        return None
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(body.decode(errors="replace")):
+        for sample in family.samples:
+            if sample.name in (GEN_TOKENS, PROMPT_TOKENS):
+                out["gen" if sample.name == GEN_TOKENS else "prompt"] = float(sample.value)
+    return out if "gen" in out else None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds ``pid`` has used (``/proc/<pid>/stat``): how busy a server was."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class TokenMeter:
+    """Every server's token counters, read every ``every_s`` on a thread of its own, and on demand
+    (:meth:`snapshot`): the share of the work each server did, from the server's own counters (not
+    from a gateway's header, which not every router sets), and the CPU seconds it used (``cpu``,
+    from ``/proc``: the fleet's busy fraction is their rate over the host's cores).
+    ``samples``: ``[{"at", "label", name: {"gen", "prompt", "cpu"} | None}]``."""
+
+    def __init__(self, ports: dict[str, int], *, pids: dict[str, int] | None = None, every_s: float = 5.0) -> None:
+        self.ports = dict(ports)
+        self.pids = dict(pids or {})
+        self.every_s = every_s
+        self.samples: list[dict[str, object]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="token-meter", daemon=True)
+        self._thread.start()
+
+    def snapshot(self, label: str = "") -> dict[str, object]:
+        at = time.time()
+        row: dict[str, object] = {"at": at, "label": label}
+        for name, port in self.ports.items():
+            counters = read_counters(port)
+            if counters is not None and name in self.pids:
+                counters["cpu"] = cpu_seconds(self.pids[name])
+            row[name] = counters
+        with self._lock:
+            self.samples.append(row)
+        return row
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            with contextlib.suppress(Exception):  # a missed sample is a gap, not a failed drill
+                self.snapshot()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
 
 
 class LlamaServer:
@@ -163,6 +236,14 @@ class EngineFleet:
     @property
     def addresses(self) -> dict[str, str]:
         return {s.name: s.address for s in self.servers}
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {s.name: s.port for s in self.servers}
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {s.name: s.pid for s in self.servers}
 
     def by_name(self, name: str) -> LlamaServer:
         return next(s for s in self.servers if s.name == name)

@@ -256,6 +256,21 @@ class Fault:
         self.stop()
 
 
+class NoFault(Fault):
+    """``none``: nothing happens at the onset (recorded as if it had): a run's floor, the same fleet,
+    load and figures with every server healthy."""
+
+    kind = "none"
+
+    def start(self) -> NoFault:
+        self.onset = time.time()
+        return self
+
+    def stop(self) -> None:
+        if self.onset is not None and self.ended is None:
+            self.ended = time.time()
+
+
 class CpuQuota(Fault):
     """``fraction`` of one core for ``pid``, through a cgroup of its own (see module docstring).
 
@@ -429,6 +444,8 @@ class FaultSpec:
             return CpuQuota(pid, self.a)
         if self.kind == "stall":
             return Stall(pid, self.a, self.b)
+        if self.kind == "none":
+            return NoFault(pid)
         return Drift(pid, self.a, self.b)
 
     @property
@@ -436,11 +453,15 @@ class FaultSpec:
         return self.kind in ("quota", "drift")
 
     def __str__(self) -> str:
+        if self.kind == "none":
+            return "none"
         return f"{self.kind}:{self.a:g}" + (f"/{self.b:g}" if self.kind != "quota" else "")
 
 
 def parse_fault(spec: str) -> FaultSpec:
-    """``quota:0.2`` | ``stall:3/10`` | ``drift:0.2/120``, checked against the bounds above."""
+    """``quota:0.2`` | ``stall:3/10`` | ``drift:0.2/120`` | ``none``, checked against the bounds above."""
+    if (spec or "").strip() == "none":
+        return FaultSpec("none", 0.0)
     kind, _, rest = (spec or "").strip().partition(":")
     try:
         parts = [float(x) for x in rest.split("/")] if rest else []
@@ -455,4 +476,4 @@ def parse_fault(spec: str) -> FaultSpec:
         return FaultSpec("stall", burst, every)
     if kind == "drift" and len(parts) == 2:
         return FaultSpec("drift", _check_fraction(parts[0]), _check_span(parts[1], "a drift span", lo=1.0))
-    raise FaultError(f"bad fault {spec!r}: quota:FRACTION, stall:BURST_S/EVERY_S or drift:FRACTION/OVER_S")
+    raise FaultError(f"bad fault {spec!r}: quota:FRACTION, stall:BURST_S/EVERY_S drift:FRACTION/OVER_S or none")

@@ -31,6 +31,9 @@ from typing import Any
 #: What the user sent: prompts of 8-120 words, 16-40 tokens out.
 PROMPT_WORDS = (8, 120)
 MAX_TOKENS = (16, 40)
+#: The model name every request names: llama.cpp serves its one model whatever the name; the routers
+#: that require the field (smg, the vLLM router) or route by it (LiteLLM's ``model_name``) get this one.
+MODEL = "gemma-3-270m"
 #: The client's patience; a request still unanswered then is a timeout.
 TIMEOUT_S = 60.0
 #: Hard bounds: no drill sends more than this, or for longer than an hour.
@@ -112,7 +115,7 @@ class PoissonLoad:
 
     def _body(self, words: int, max_tokens: int) -> bytes:
         prompt = " ".join(self._rng.choice(WORDS) for _ in range(words))
-        return json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.8,
+        return json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.8,
                            "stream": False}).encode()
 
     def _send(self, req: Request, body: bytes) -> None:

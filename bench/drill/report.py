@@ -22,12 +22,28 @@ Definitions (the ones the user's report used, so a fix is judged against them):
   and the wait is the arrival process's (at 1.2 requests/s over 5 servers, a node's next request comes
   4.2 s apart on average).
 - **share**: the faulty node's fraction of the answered requests sent before the onset, after it, and
-  after the first cut.
+  after the first cut, where the gateway names the server in a header (``share_*``: not every router
+  does). **Token share** (``faulty_token_share_after``): the faulty server's fraction of the tokens
+  the whole fleet generated from the onset to the end, from every server's own llama.cpp counters
+  (``llamacpp:tokens_predicted_total``, read at the onset, every 5 s and at the end: the figure
+  every router's cell is compared on). The counter moves when a request ends, so a request sent
+  before the onset and finished after it counts after it. ``faulty_last_tokens_s``: seconds from
+  the onset to the last 5 s sample in which the faulty server's counter still moved.
+- **harmed**: requests sent after the onset that took longer than :data:`HARM_FACTOR` times the same
+  run's median before the onset, or timed out, or failed (a user notices each), as a fraction of
+  the requests sent after the onset. Relative to the run's own healthy median, so a host that is
+  slower in one run than another does not move it.
+- **healthy servers cut / quarantined**: how many distinct healthy servers were ever cut /
+  quarantined (the transitions give how many times).
+- P50 / P90 / P95 / P99 by linear interpolation: with fewer than ~300 requests P99 is the second or
+  third largest latency, so P95 stands beside it.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -44,6 +60,10 @@ def is_quarantine(state: str) -> bool:
     return state in OUT_OF_SERVICE_LABELS
 
 
+#: A request slower than this many times its run's healthy median is one a user notices.
+HARM_FACTOR = 3.0
+
+
 def _pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)), 3) if values else None
 
@@ -52,7 +72,8 @@ def latency_summary(reqs: list[dict[str, Any]]) -> dict[str, Any]:
     """P50/P99/max (s) over answered and timed-out requests, and the counts by outcome."""
     outcomes = Counter(r["outcome"] for r in reqs)
     lat = [r["latency_s"] for r in reqs if r["outcome"] in ("ok", "timeout", "http_error") and r["latency_s"] is not None]
-    return {"n": len(reqs), "p50_s": _pct(lat, 50), "p99_s": _pct(lat, 99), "max_s": round(max(lat), 3) if lat else None,
+    return {"n": len(reqs), "p50_s": _pct(lat, 50), "p90_s": _pct(lat, 90), "p95_s": _pct(lat, 95),
+            "p99_s": _pct(lat, 99), "max_s": round(max(lat), 3) if lat else None,
             "timeouts": outcomes.get("timeout", 0), "errors": outcomes.get("error", 0) + outcomes.get("http_error", 0),
             "dropped": outcomes.get("dropped", 0)}
 
@@ -71,6 +92,58 @@ def per_node(reqs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def harmed(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, Any]:
+    """Harmed requests after the onset (module docstring): count, fraction and the line they crossed."""
+    ok = [r["latency_s"] for r in before if r["outcome"] == "ok" and r["latency_s"] is not None]
+    if not ok or not after:
+        return {"harmed": None, "harmed_fraction": None, "harm_line_s": None}
+    line = HARM_FACTOR * float(np.median(ok))
+    n = sum(1 for r in after if r["outcome"] in ("timeout", "error", "http_error", "dropped")
+            or (r["latency_s"] is not None and r["latency_s"] > line))
+    return {"harmed": n, "harmed_fraction": round(n / len(after), 4), "harm_line_s": round(line, 3)}
+
+
+def token_share(samples: list[dict[str, Any]], faulty: str, t0: float, t1: float | None = None) -> float | None:
+    """The faulty server's fraction of the generated tokens between the first sample at or after
+    ``t0`` and the last at or before ``t1`` (every server's own counters; module docstring)."""
+    rows = [s for s in samples if s["at"] >= t0 and (t1 is None or s["at"] <= t1)]
+    if len(rows) < 2:
+        return None
+    first, last = rows[0], rows[-1]
+    names = [k for k in first if k not in ("at", "label")]
+    delta = {}
+    for name in names:
+        a, b = first.get(name), last.get(name)
+        if not a or not b:
+            return None  # a server that did not answer: no share rather than a wrong one
+        delta[name] = b["gen"] - a["gen"]
+    total = sum(delta.values())
+    return round(delta.get(faulty, 0.0) / total, 4) if total > 0 else None
+
+
+def fleet_busy(samples: list[dict[str, Any]], t0: float, t1: float, cores: int) -> float | None:
+    """The fleet's CPU seconds per wall second over ``[t0, t1]`` as a fraction of the host's ``cores``
+    (every server's own ``/proc`` counters): how close to saturation the load kept the fleet."""
+    rows = [s for s in samples if t0 <= s["at"] <= t1]
+    if len(rows) < 2 or rows[-1]["at"] - rows[0]["at"] < 1:
+        return None
+    first, last = rows[0], rows[-1]
+    used = 0.0
+    for name in (k for k in first if k not in ("at", "label")):
+        a, b = first.get(name), last.get(name)
+        if not a or not b or a.get("cpu") is None or b.get("cpu") is None:
+            return None
+        used += b["cpu"] - a["cpu"]
+    return round(used / (last["at"] - first["at"]) / cores, 3)
+
+
+def last_tokens_s(samples: list[dict[str, Any]], faulty: str, onset: float) -> float | None:
+    """Seconds from ``onset`` to the last sample in which ``faulty``'s counter moved (``None``: never after the onset)."""
+    rows = [s for s in samples if s["at"] >= onset and s.get(faulty)]
+    moved = [b["at"] for a, b in pairwise(rows) if b[faulty]["gen"] > a[faulty]["gen"]]
+    return round(moved[-1] - onset, 1) if moved else None
+
+
 def faulty_busy_from(requests: list[dict[str, Any]], faulty: str, onset: float) -> float | None:
     """Seconds from ``onset`` until ``faulty`` had work (module docstring); ``None``: never."""
     mine = [r for r in requests if r["served_by"] == faulty and r["latency_s"] is not None]
@@ -82,8 +155,10 @@ def faulty_busy_from(requests: list[dict[str, Any]], faulty: str, onset: float) 
 
 def summarise(*, requests: list[dict[str, Any]], transitions: list[dict[str, Any]],
               weights_changes: list[dict[str, Any]], onset: float, end: float, faulty: str,
-              addresses: list[str]) -> dict[str, Any]:
-    """The figures of one run (module docstring). ``faulty`` and ``addresses`` are engine addresses."""
+              addresses: list[str], token_samples: list[dict[str, Any]] | None = None,
+              faulty_name: str | None = None) -> dict[str, Any]:
+    """The figures of one run (module docstring). ``faulty`` and ``addresses`` are engine addresses;
+    ``token_samples`` (:class:`bench.drill.engines.TokenMeter`) are keyed by engine name (``faulty_name``)."""
     before = [r for r in requests if r["sent_at"] < onset]
     after = [r for r in requests if onset <= r["sent_at"] < end]
     faulty_tr = [t for t in transitions if t["address"] == faulty and t["at"] >= onset]
@@ -105,6 +180,7 @@ def summarise(*, requests: list[dict[str, Any]], transitions: list[dict[str, Any
         return round(t[key] - onset, 1) if t else None
 
     busy_from = faulty_busy_from(requests, faulty, onset)
+    samples = token_samples or []
 
     return {
         "onset_to_first_cut_s": rel(first_cut),
@@ -118,10 +194,20 @@ def summarise(*, requests: list[dict[str, Any]], transitions: list[dict[str, Any
                                            for t in faulty_tr][:40],
         "false_cuts": len(false_cuts),
         "false_quarantines": len(false_q),
+        "healthy_cut_nodes": len({t["address"] for t in false_cuts}),
+        "healthy_quarantined_nodes": len({t["address"] for t in false_q}),
         "false_cut_detail": [f"{t['address']} {t['at'] - onset:+.1f}s {t['from']}->{t['to']} ({t['reason']})"
                              for t in false_cuts][:40],
         "latency_before_onset": latency_summary(before),
         "latency_after_onset": latency_summary(after),
+        **harmed(before, after),
+        "faulty_token_share_before": token_share(samples, faulty_name, 0.0, onset) if faulty_name else None,
+        "faulty_token_share_after": token_share(samples, faulty_name, onset) if faulty_name else None,
+        "faulty_token_share_after_cut": (token_share(samples, faulty_name, first_cut["at"])
+                                         if faulty_name and first_cut else None),
+        "faulty_last_tokens_s": last_tokens_s(samples, faulty_name, onset) if faulty_name else None,
+        "fleet_busy_before": fleet_busy(samples, 0.0, onset, os.cpu_count() or 1),
+        "fleet_busy_after": fleet_busy(samples, onset, end + 120, os.cpu_count() or 1),
         "faulty_share_before": share(before, faulty),
         "faulty_share_after": share(after, faulty),
         "faulty_share_after_cut": share(after_cut, faulty) if first_cut else None,

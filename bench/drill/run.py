@@ -135,7 +135,7 @@ def run_drill(cfg: DrillConfig, *, log: Any = print) -> dict[str, Any]:
     group = new_group_name()
     faulty_name = cfg.faulty or f"s{cfg.servers - 1}"
     r = client_for(settings.REDIS_URL)
-    fleet = gateway = cp = watcher = fault = None
+    fleet = gateway = cp = watcher = fault = meter = None
     host: dict[str, Any] = {"cpus": os.cpu_count(), "loadavg_start": _load()}
     source = source_state()
     t_wall = time.time()
@@ -154,6 +154,8 @@ def run_drill(cfg: DrillConfig, *, log: Any = print) -> dict[str, Any]:
         if cfg.weights:
             cp.start_agent(gateway)
         watcher = WeightsWatcher(r, group)
+        meter = engines_mod.TokenMeter(fleet.ports, pids=fleet.pids)
+        meter.snapshot("start")
         load = PoissonLoad(gateway.url, rate=cfg.rate, duration_s=cfg.onset_s + cfg.after_s, seed=cfg.seed,
                            timeout_s=cfg.timeout_s, served_by=gateway.served_by, header=gateways_mod.SERVED_BY)
         log(f"[drill] group {group}, {cfg.gateway} at {gateway.url}, weights {'on' if cfg.weights else 'off'}, "
@@ -164,6 +166,7 @@ def run_drill(cfg: DrillConfig, *, log: Any = print) -> dict[str, Any]:
             nonlocal fault
             if fault is None and elapsed >= cfg.onset_s:
                 host["loadavg_onset"] = _load()
+                meter.snapshot("onset")
                 fault = spec.make(faulty.pid).start()
                 log(f"[drill] +{elapsed:.1f} s: {spec} on {faulty_name} (pid {faulty.pid})")
             if elapsed >= state["next_check"]:
@@ -178,6 +181,8 @@ def run_drill(cfg: DrillConfig, *, log: Any = print) -> dict[str, Any]:
         if state["dead"]:
             raise DrillFailed("a part of the drill died: " + " | ".join(state["dead"]))
         assert fault is not None and fault.onset is not None and load.started_at is not None
+        meter.snapshot("end")  # before the fault ends: every request sent has ended by now
+        meter.stop()
         fault.stop()  # the load is over: the fault ends here, and its record says when
         end = load.started_at + cfg.onset_s + cfg.after_s
         time.sleep(2.0)  # the last tick's transitions reach PostgreSQL
@@ -185,13 +190,15 @@ def run_drill(cfg: DrillConfig, *, log: Any = print) -> dict[str, Any]:
         transitions = cp.transitions()
         figures = summarise(requests=[q.to_dict() for q in requests], transitions=transitions,
                             weights_changes=watcher.changes, onset=fault.onset, end=end, faulty=faulty.address,
-                            addresses=list(addresses.values()))
+                            addresses=list(addresses.values()), token_samples=meter.samples,
+                            faulty_name=faulty_name)
         result = {
             "config": asdict(cfg), "group": group, "host": host, "source": source, "faulty": {"name": faulty_name, "address": faulty.address},
             "servers": addresses, "gateway": gateway.describe(), "fault": fault.describe(),
             "load_started_at": load.started_at, "figures": figures, "ingest": cp.ingest_counts(),
             "weights_documents_seen": watcher.documents, "transitions": transitions,
-            "weights_changes": watcher.changes, "requests": [q.to_dict() for q in requests],
+            "weights_changes": watcher.changes, "token_samples": meter.samples,
+            "requests": [q.to_dict() for q in requests],
             "wall_s": round(time.time() - t_wall, 1),
         }
         return result
@@ -200,6 +207,8 @@ def run_drill(cfg: DrillConfig, *, log: Any = print) -> dict[str, Any]:
             fault.stop()
         if watcher is not None:
             watcher.stop()
+        if meter is not None:
+            meter.stop()
         if cp is not None:
             cp.stop()
         if gateway is not None:

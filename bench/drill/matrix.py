@@ -1,0 +1,189 @@
+"""``python -m bench.drill.matrix``: the routers' matrix (issue 33), every run kept, resumable.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/oa_drill REDIS_URL=redis://127.0.0.1:6383/0 \\
+        setsid .venv/bin/python -m bench.drill.matrix --plan quota:0.2 --runs 3 --out docs/drill-matrix.json
+
+A **cell** is ``gateway:weights:fault`` (weights ``off``: the router alone with its own defence, the
+control plane running and deciding but nobody applying; ``on``: the agent applies the published
+weights to that router; fault ``none``: no fault, the router's floor). Cells run round-robin (the
+first run of every cell, then the second...), so a plan cut short still covers every cell; run ``k``
+of every cell uses seed ``k``, so the two arms of a router see the same arrivals and prompts.
+
+Every run is appended to ``--out`` as soon as it ends (its figures, configuration, host load, the
+router's defence, the faulty node's transitions, the token counters; a failed run as its error), and
+the file is rewritten atomically: a plan stopped half way loses nothing. Runs already in the file
+count towards ``--runs`` (a plan is resumed by running it again). The full result of each run (every
+request) goes to ``--raw-dir``. The tables (``python -m bench.drill.tables``) read only ``--out``.
+
+A shared host: the machine's load average is recorded at the start, the onset and the end of each
+run. Linux groups the CPU by session (``sched_autogroup``), so ``nice`` inside another session does not
+yield to the drill: ``--autogroup-nice`` sets this session's group weight (run under ``setsid`` to
+give the drill a group of its own); the value used is recorded with every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+#: Cells of a plan, in the order they are worth running (issue 33, "RUN IT").
+PLAN_GATEWAYS = ("nginx-rr", "haproxy", "caddy", "traefik", "envoy", "smg", "vllm-router", "litellm")
+#: What a compact run keeps of the drill's result (everything but the requests and the weights' changes).
+KEEP = ("config", "group", "host", "source", "faulty", "gateway", "fault", "figures", "ingest", "wall_s",
+        "load_started_at", "token_samples", "weights_documents_seen")
+MAX_RUNS = 20
+
+
+def cell_key(gateway: str, weights: bool, fault: str) -> str:
+    return f"{gateway}:{'on' if weights else 'off'}:{fault}"
+
+
+def parse_cell(text: str) -> tuple[str, bool, str]:
+    gateway, sep, rest = text.partition(":")
+    weights, sep2, fault = rest.partition(":")
+    if not sep or not sep2 or weights not in ("on", "off") or not fault:
+        raise argparse.ArgumentTypeError(f"a cell is GATEWAY:on|off:FAULT (fault 'none' for no fault), got {text!r}")
+    return gateway, weights == "on", fault
+
+
+def plan_cells(faults: list[str], gateways: tuple[str, ...], *, weights: tuple[bool, ...] = (False, True)) -> list[tuple[str, bool, str]]:
+    """Every gateway in both arms for each fault, then a no-fault run per gateway (``none`` in faults)."""
+    cells = []
+    for fault in faults:
+        for gw in gateways:
+            for w in ((False,) if fault == "none" else weights):
+                cells.append((gw, w, fault))
+    return cells
+
+
+def load_matrix(path: Path) -> dict[str, Any]:
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"benchmark": "routers' matrix: real llama.cpp servers behind each router, alone and with outlier-admin",
+            "runs": []}
+
+
+def save_matrix(path: Path, matrix: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(matrix, indent=1, default=str) + "\n")
+    tmp.replace(path)
+
+
+def compact(result: dict[str, Any]) -> dict[str, Any]:
+    out = {k: result[k] for k in KEEP if k in result}
+    f = dict(out.get("figures", {}))
+    f.pop("states_at_onset", None)
+    out["figures"] = f
+    return out
+
+
+def done_runs(matrix: dict[str, Any], key: str) -> int:
+    return sum(1 for r in matrix["runs"] if r.get("cell") == key and "figures" in r)
+
+
+def set_autogroup_nice(value: int | None) -> int | None:
+    """This session's CPU group weight (module docstring); returns what it is, ``None`` where unknown."""
+    path = Path("/proc/self/autogroup")
+    if value is not None:
+        try:
+            path.write_text(f"{value}\n")
+        except OSError as exc:
+            print(f"matrix: cannot set the autogroup nice ({exc})", file=sys.stderr)
+    try:
+        return int(path.read_text().split("nice")[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.drill.matrix", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cell", action="append", type=parse_cell, default=[], help="GATEWAY:on|off:FAULT (repeatable)")
+    ap.add_argument("--plan", action="append", default=[], metavar="FAULT",
+                    help="every gateway of --gateways, alone and with outlier-admin, under FAULT ('none': alone only)")
+    ap.add_argument("--gateways", default=",".join(PLAN_GATEWAYS))
+    ap.add_argument("--arms", choices=("both", "off", "on"), default="both")
+    ap.add_argument("--runs", type=int, default=3, help="runs per cell, counting those already in --out")
+    ap.add_argument("--rate", type=float, default=1.2)
+    ap.add_argument("--onset", type=float, default=60.0)
+    ap.add_argument("--after", type=float, default=120.0)
+    ap.add_argument("--servers", type=int, default=5)
+    ap.add_argument("--autogroup-nice", type=int, default=None, choices=range(-20, 20), metavar="-20..19")
+    ap.add_argument("--until", default=None, help="start no run after this UTC time (HH:MM)")
+    ap.add_argument("--out", default="docs/drill-matrix.json")
+    ap.add_argument("--raw-dir", default="reports/drill-raw")
+    args = ap.parse_args(argv)
+    if not 1 <= args.runs <= MAX_RUNS:
+        ap.error(f"--runs is 1 to {MAX_RUNS}")
+    from bench.drill.__main__ import ensure_database
+    from bench.drill.control_plane import django_env
+    from bench.drill.gateways import GATEWAYS, has_applier
+
+    gateways = tuple(g for g in args.gateways.split(",") if g)
+    unknown = [g for g in gateways + tuple(c[0] for c in args.cell) if g not in GATEWAYS]
+    if unknown:
+        ap.error(f"unknown gateways {unknown}; one of {GATEWAYS}")
+    arms = {"both": (False, True), "off": (False,), "on": (True,)}[args.arms]
+    cells = list(args.cell) + plan_cells(args.plan, gateways, weights=arms)
+    skipped = [cell_key(*c) for c in cells if c[1] and not has_applier(c[0])]
+    if skipped:
+        print(f"[matrix] no applier in this tree, not run: {skipped}")
+    cells = [c for c in cells if not (c[1] and not has_applier(c[0]))]
+    if not cells:
+        ap.error("nothing to run: give --cell or --plan")
+    django_env()
+    if "DATABASE_URL" not in os.environ or "REDIS_URL" not in os.environ:
+        print("set DATABASE_URL and REDIS_URL (the drill's own database and Redis db number)", file=sys.stderr)
+        return 2
+    ensure_database(os.environ["DATABASE_URL"])
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from bench.drill.run import DrillConfig, DrillFailed, DrillUnavailable, format_table, row, run_drill
+
+    call_command("migrate", verbosity=0)
+    autogroup = set_autogroup_nice(args.autogroup_nice)
+    out, raw_dir = Path(args.out), Path(args.raw_dir)
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    for k in range(1, args.runs + 1):
+        for gateway, weights, fault in cells:
+            key = cell_key(gateway, weights, fault)
+            matrix = load_matrix(out)
+            if done_runs(matrix, key) >= k:
+                continue
+            if args.until and time.strftime("%H:%M", time.gmtime()) >= args.until:
+                print(f"matrix: {args.until} UTC reached, stopping before {key} run {k}")
+                return 0
+            cfg = DrillConfig(gateway=gateway, weights=weights, fault=fault, servers=args.servers, rate=args.rate,
+                              onset_s=args.onset, after_s=args.after, seed=k)
+            print(f"[matrix] {key} run {k} (seed {k}), load {os.getloadavg()[0]:.2f}", flush=True)
+            t0 = time.time()
+            try:
+                result = run_drill(cfg)
+            except (DrillFailed, DrillUnavailable, TimeoutError, RuntimeError, NotImplementedError, ValueError) as exc:
+                print(f"[matrix] {key} run {k} failed: {exc}", flush=True)
+                matrix = load_matrix(out)
+                matrix["runs"].append({"cell": key, "run": k, "started_at": t0, "error": str(exc)[:3000],
+                                       "config": {"gateway": gateway, "weights": weights, "fault": fault, "seed": k}})
+                save_matrix(out, matrix)
+                continue
+            result["host"]["autogroup_nice"] = autogroup
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(t0))
+            (raw_dir / f"{stamp}-{key.replace(':', '_')}-{k}.json").write_text(json.dumps(result, default=str))
+            matrix = load_matrix(out)
+            matrix["runs"].append({"cell": key, "run": k, "started_at": t0, **compact(result)})
+            save_matrix(out, matrix)
+            print(format_table([row(result)]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
