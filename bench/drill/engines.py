@@ -275,6 +275,11 @@ def serve(port: int, *, threads: int = THREADS, slots: int = SLOTS, context: int
     p.port = port
     p.hostnames = ["127.0.0.1"] if isinstance(p.hostnames, list) else "127.0.0.1"
     p.warmup = False
+    # The name /v1/models answers with (llama.cpp's --alias): the routers that register a worker under
+    # the model it serves (smg) route a request only to workers serving the model the request names.
+    from bench.drill.load import MODEL
+
+    p.model_alias = {MODEL}
     server = xllamacpp.Server(p)
     print("listening", server.listening_address, flush=True)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})

@@ -449,45 +449,35 @@ class EnvoyGateway(RouterGateway):
 
 class SMGGateway(RouterGateway):
     """SGLang Model Gateway (``smg`` 1.13 on PyPI; ``smg launch --help`` is its reference) over the
-    engines as HTTP workers:
-
-    - ``--policy power_of_two``: two random workers, the less loaded one; its load metric is left at
-      the default ``expected_wait`` (queue and in-flight work per worker);
-    - the circuit breaker at 3 failures within 10 s (``--cb-failure-threshold 3
-      --cb-window-duration-secs 10``; the default 10 within 120 s would never open in a drill), which
-      counts errors only;
-    - health checks every 5 s (``--health-check-interval-secs 5``, default 60);
-    - its wedge and stall guards (``--worker-wedge-secs`` 3, ``--worker-stall-secs`` 2) at their
-      defaults: a worker with requests in flight that makes no progress is skipped until it does;
-    - ``--request-timeout-secs 300`` and retries only on failures (the default).
-
-    No served-by header; the shares come from the engines' counters."""
+    engines as HTTP workers, with the defence of the routers' test harness (the same flags, each cited
+    there): ``--policy power_of_two`` (its load metric left at the default ``expected_wait``), the
+    circuit breaker at 3 consecutive failures, half-open after 10 s (it counts errors, never
+    latency), ``/health`` probes every 5 s, 2 retries of a failed request; its wedge and stall guards
+    (``--worker-wedge-secs`` 3, ``--worker-stall-secs`` 2) at their defaults. No served-by header;
+    the shares come from the engines' counters."""
 
     kind = "smg"
     binary = "smg"
-    defence = {"policy": "power_of_two", "cb_failure_threshold": 3, "cb_window_duration_secs": 10,
-               "health_check_interval_secs": 5}
+    defence = {"policy": "power_of_two", "cb_failure_threshold": 3, "cb_success_threshold": 2,
+               "cb_timeout_duration_secs": 10, "health_check_interval_secs": 5, "health_failure_threshold": 3,
+               "health_success_threshold": 2, "retry_max_retries": 2}
     start_timeout_s = 60.0
     log_level = "warn"
 
     def __init__(self, workdir: Path, servers: dict[str, str]) -> None:
         super().__init__(workdir, servers)
+        flags = [x for k, v in self.defence.items() for x in (f"--{k.replace('_', '-')}", str(v))]
         self._launch([router_bin(self.binary), *(["launch"] if self.binary == "smg" else []),
                       "--host", "127.0.0.1", "--port", str(self.port),
-                      "--worker-urls", *[f"http://{a}" for a in servers.values()],
-                      *self.policy_args(), "--prometheus-port", str(free_port()), "--prometheus-host", "127.0.0.1",
+                      "--worker-urls", *[f"http://{a}" for a in servers.values()], *flags,
+                      "--prometheus-port", str(free_port()), "--prometheus-host", "127.0.0.1",
                       "--request-timeout-secs", str(PROXY_TIMEOUT_S), "--log-level", self.log_level])
-
-    def policy_args(self) -> list[str]:
-        return ["--policy", "power_of_two", "--cb-failure-threshold", "3", "--cb-window-duration-secs", "10",
-                "--health-check-interval-secs", "5"]
 
 
 class VLLMRouterGateway(SMGGateway):
-    """The vLLM router (``vllm-router`` 0.1 on PyPI, a fork of the SGLang router; ``vllm-router --help``):
-    ``--policy power_of_two`` on in-flight requests, the circuit breaker at 3 failures within 10 s
-    and health checks every 5 s, as :class:`SMGGateway` (its defaults: 10 failures within 60 s,
-    checks every 60 s). It has no wedge guard."""
+    """The vLLM router (``vllm-router`` 0.1 on PyPI, a fork of the SGLang router; ``vllm-router --help``)
+    with the same defence as :class:`SMGGateway` (``power_of_two`` on in-flight requests; it has no
+    wedge guard)."""
 
     kind = "vllm-router"
     binary = "vllm-router"

@@ -12,7 +12,8 @@ of every cell uses seed ``k``, so the two arms of a router see the same arrivals
 Every run is appended to ``--out`` as soon as it ends (its figures, configuration, host load, the
 router's defence, the faulty node's transitions, the token counters; a failed run as its error), and
 the file is rewritten atomically: a plan stopped half way loses nothing. Runs already in the file
-count towards ``--runs`` (a plan is resumed by running it again). The full result of each run (every
+count towards ``--runs`` (a plan is resumed by running it again; ``--max-new 1`` in a shell loop
+runs each drill in a fresh process, on the tree's code as it is when that run starts). The full result of each run (every
 request) goes to ``--raw-dir``. The tables (``python -m bench.drill.tables``) read only ``--out``.
 
 A shared host: the machine's load average is recorded at the start, the onset and the end of each
@@ -115,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--after", type=float, default=120.0)
     ap.add_argument("--servers", type=int, default=5)
     ap.add_argument("--autogroup-nice", type=int, default=None, choices=range(-20, 20), metavar="-20..19")
+    ap.add_argument("--max-new", type=int, default=None,
+                    help="stop after this many new runs (exit 0), exit 3 when the plan is complete: a shell loop "
+                         "that starts the matrix again after each run picks up the tree's code as it is then")
     ap.add_argument("--until", default=None, help="start no run after this UTC time (HH:MM)")
     ap.add_argument("--out", default="docs/drill-matrix.json")
     ap.add_argument("--raw-dir", default="reports/drill-raw")
@@ -153,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     autogroup = set_autogroup_nice(args.autogroup_nice)
     out, raw_dir = Path(args.out), Path(args.raw_dir)
     raw_dir.mkdir(parents=True, exist_ok=True)
+    new = 0
     for k in range(1, args.runs + 1):
         for gateway, weights, fault in cells:
             key = cell_key(gateway, weights, fault)
@@ -160,8 +165,11 @@ def main(argv: list[str] | None = None) -> int:
             if done_runs(matrix, key) >= k:
                 continue
             if args.until and time.strftime("%H:%M", time.gmtime()) >= args.until:
-                print(f"matrix: {args.until} UTC reached, stopping before {key} run {k}")
+                print(f"[matrix] {args.until} UTC reached, stopping before {key} run {k}")
+                return 3
+            if args.max_new is not None and new >= args.max_new:
                 return 0
+            new += 1
             cfg = DrillConfig(gateway=gateway, weights=weights, fault=fault, servers=args.servers, rate=args.rate,
                               onset_s=args.onset, after_s=args.after, seed=k)
             print(f"[matrix] {key} run {k} (seed {k}), load {os.getloadavg()[0]:.2f}", flush=True)
@@ -182,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             matrix["runs"].append({"cell": key, "run": k, "started_at": t0, **compact(result)})
             save_matrix(out, matrix)
             print(format_table([row(result)]), flush=True)
-    return 0
+    return 3
 
 
 if __name__ == "__main__":
