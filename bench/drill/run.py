@@ -149,9 +149,10 @@ def run_drill(cfg: DrillConfig, *, log: Any = print) -> dict[str, Any]:
                           database_url=child_database_url(), redis_url=settings.REDIS_URL,
                           thresholds=cfg.thresholds, tick_ms=cfg.tick_ms)
         cp.setup()
-        gateway = gateways_mod.start_gateway(cfg.gateway, workdir / "gateway", addresses, group)
+        gateway = gateways_mod.start_gateway(cfg.gateway, workdir / "gateway", addresses, group,
+                                             weights=cfg.weights, redis_url=settings.REDIS_URL)
         cp.start(gateway)
-        if cfg.weights:
+        if cfg.weights and cfg.gateway != "litellm":  # LiteLLM's callback reads the weights itself
             cp.start_agent(gateway)
         watcher = WeightsWatcher(r, group)
         meter = engines_mod.TokenMeter(fleet.ports, pids=fleet.pids)
