@@ -241,6 +241,17 @@ class ControlPlane:
                  "from": r["from_state"], "to": r["to_state"], "reason": r["reason"], "signal": r["signal"],
                  "z": r["z"], "shadow": r["shadow"]} for r in rows]
 
+    def probes(self) -> list[dict[str, Any]]:
+        """Every canary probe the control plane sent the group's nodes (time, node, tokens, outcome):
+        its own traffic, which the engines' counters count with the clients'."""
+        from outlier_admin.control.models import CanaryProbe
+
+        rows = CanaryProbe.objects.filter(node__group__name=self.group_name).order_by("at").values(
+            "at", "node__address", "ok", "prompt_tokens", "completion_tokens", "total_ms")
+        return [{"at": r["at"].timestamp(), "address": r["node__address"], "ok": r["ok"],
+                 "prompt_tokens": r["prompt_tokens"], "completion_tokens": r["completion_tokens"],
+                 "total_ms": r["total_ms"]} for r in rows]
+
     def ingest_counts(self) -> dict[str, Any]:
         """What ``tail_logs`` accepted and refused (by reason), summed from the lines it printed, and
         the scraper's closing line. From the printed lines, not ``IngestSource.accepted_total``: the

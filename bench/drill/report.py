@@ -27,7 +27,9 @@ Definitions (the ones the user's report used, so a fix is judged against them):
   the whole fleet generated from the onset to the end, from every server's own llama.cpp counters
   (``llamacpp:tokens_predicted_total``, read at the onset, every 5 s and at the end: the figure
   every router's cell is compared on). The counter moves when a request ends, so a request sent
-  before the onset and finished after it counts after it. ``faulty_last_tokens_s``: seconds from
+  before the onset and finished after it counts after it. It counts the control plane's canary
+  probes too (a quarantined node is probed to see whether it healed): ``faulty_client_token_share_after``
+  takes the probes' recorded tokens out of every server's count, the clients' share alone. ``faulty_last_tokens_s``: seconds from
   the onset to the last 5 s sample in which the faulty server's counter still moved.
 - **harmed**: requests sent after the onset that took longer than :data:`HARM_FACTOR` times the same
   run's median before the onset, or timed out, or failed (a user notices each), as a fraction of
@@ -137,11 +139,54 @@ def fleet_busy(samples: list[dict[str, Any]], t0: float, t1: float, cores: int) 
     return round(used / (last["at"] - first["at"]) / cores, 3)
 
 
+def client_token_share(samples: list[dict[str, Any]], faulty: str, t0: float, probes: list[dict[str, Any]],
+                       names: dict[str, str]) -> float | None:
+    """:func:`token_share` less the control plane's own canary probes (``probes``: their recorded
+    completion tokens, by engine address; ``names``: engine name -> address): the share of the
+    *clients'* tokens the faulty server generated from ``t0`` on."""
+    rows = [s for s in samples if s["at"] >= t0]
+    if len(rows) < 2:
+        return None
+    first, last = rows[0], rows[-1]
+    probed: dict[str, float] = {}
+    for pr in probes:
+        if first["at"] <= pr["at"] <= last["at"]:
+            probed[pr["address"]] = probed.get(pr["address"], 0.0) + (pr["completion_tokens"] or 0)
+    delta = {}
+    for name, address in names.items():
+        a, b = first.get(name), last.get(name)
+        if not a or not b:
+            return None
+        delta[name] = max(0.0, b["gen"] - a["gen"] - probed.get(address, 0.0))
+    total = sum(delta.values())
+    return round(delta.get(faulty, 0.0) / total, 4) if total > 0 else None
+
+
 def last_tokens_s(samples: list[dict[str, Any]], faulty: str, onset: float) -> float | None:
     """Seconds from ``onset`` to the last sample in which ``faulty``'s counter moved (``None``: never after the onset)."""
     rows = [s for s in samples if s["at"] >= onset and s.get(faulty)]
     moved = [b["at"] for a, b in pairwise(rows) if b[faulty]["gen"] > a[faulty]["gen"]]
     return round(moved[-1] - onset, 1) if moved else None
+
+
+def faulty_tokens_split(requests: list[dict[str, Any]], faulty: str, onset: float, cut: float | None,
+                        samples: list[dict[str, Any]], faulty_name: str | None) -> dict[str, Any] | None:
+    """Where the faulty server's tokens after the onset came from, where the gateway names the server
+    (``served_by``): client requests that ended after the onset, split by whether they were *sent*
+    before the cut (work it had accepted: nothing a weight can take back) or after it; the rest of
+    its counter's increase is the control plane's own canary probes. ``None`` without a header."""
+    if not any(r["served_by"] for r in requests) or not faulty_name:
+        return None
+    rows = [s for s in samples if s["at"] >= onset and s.get(faulty_name)]
+    if len(rows) < 2:
+        return None
+    counted = rows[-1][faulty_name]["gen"] - rows[0][faulty_name]["gen"]
+    mine = [r for r in requests if r["served_by"] == faulty and r["completion_tokens"]
+            and r["sent_at"] + (r["latency_s"] or 0) >= onset]
+    before_cut = sum(r["completion_tokens"] for r in mine if cut is None or r["sent_at"] < cut)
+    after_cut = sum(r["completion_tokens"] for r in mine if cut is not None and r["sent_at"] >= cut)
+    return {"counter": counted, "sent_before_cut": before_cut, "sent_after_cut": after_cut,
+            "probes_and_other": max(0.0, counted - before_cut - after_cut)}
 
 
 def faulty_busy_from(requests: list[dict[str, Any]], faulty: str, onset: float) -> float | None:
@@ -156,7 +201,8 @@ def faulty_busy_from(requests: list[dict[str, Any]], faulty: str, onset: float) 
 def summarise(*, requests: list[dict[str, Any]], transitions: list[dict[str, Any]],
               weights_changes: list[dict[str, Any]], onset: float, end: float, faulty: str,
               addresses: list[str], token_samples: list[dict[str, Any]] | None = None,
-              faulty_name: str | None = None) -> dict[str, Any]:
+              faulty_name: str | None = None, probes: list[dict[str, Any]] | None = None,
+              names: dict[str, str] | None = None) -> dict[str, Any]:
     """The figures of one run (module docstring). ``faulty`` and ``addresses`` are engine addresses;
     ``token_samples`` (:class:`bench.drill.engines.TokenMeter`) are keyed by engine name (``faulty_name``)."""
     before = [r for r in requests if r["sent_at"] < onset]
@@ -203,9 +249,15 @@ def summarise(*, requests: list[dict[str, Any]], transitions: list[dict[str, Any
         **harmed(before, after),
         "faulty_token_share_before": token_share(samples, faulty_name, 0.0, onset) if faulty_name else None,
         "faulty_token_share_after": token_share(samples, faulty_name, onset) if faulty_name else None,
+        "faulty_client_token_share_after": (client_token_share(samples, faulty_name, onset, probes or [], names)
+                                            if faulty_name and names else None),
+        "probe_tokens_faulty_after": (sum(p["completion_tokens"] or 0 for p in probes or []
+                                          if p["address"] == faulty and p["at"] >= onset)),
         "faulty_token_share_after_cut": (token_share(samples, faulty_name, first_cut["at"])
                                          if faulty_name and first_cut else None),
         "faulty_last_tokens_s": last_tokens_s(samples, faulty_name, onset) if faulty_name else None,
+        "faulty_tokens_after_onset": faulty_tokens_split(requests, faulty, onset, first_cut["at"] if first_cut else None,
+                                                         samples, faulty_name),
         "fleet_busy_before": fleet_busy(samples, 0.0, onset, os.cpu_count() or 1),
         "fleet_busy_after": fleet_busy(samples, onset, end + 120, os.cpu_count() or 1),
         "faulty_share_before": share(before, faulty),

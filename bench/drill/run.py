@@ -189,16 +189,17 @@ def run_drill(cfg: DrillConfig, *, log: Any = print) -> dict[str, Any]:
         time.sleep(2.0)  # the last tick's transitions reach PostgreSQL
         host["loadavg_end"] = _load()
         transitions = cp.transitions()
+        probes = cp.probes()
         figures = summarise(requests=[q.to_dict() for q in requests], transitions=transitions,
                             weights_changes=watcher.changes, onset=fault.onset, end=end, faulty=faulty.address,
                             addresses=list(addresses.values()), token_samples=meter.samples,
-                            faulty_name=faulty_name)
+                            faulty_name=faulty_name, probes=probes, names=addresses)
         result = {
             "config": asdict(cfg), "group": group, "host": host, "source": source, "faulty": {"name": faulty_name, "address": faulty.address},
             "servers": addresses, "gateway": gateway.describe(), "fault": fault.describe(),
             "load_started_at": load.started_at, "figures": figures, "ingest": cp.ingest_counts(),
             "weights_documents_seen": watcher.documents, "transitions": transitions,
-            "weights_changes": watcher.changes, "token_samples": meter.samples,
+            "weights_changes": watcher.changes, "token_samples": meter.samples, "probes": probes,
             "requests": [q.to_dict() for q in requests],
             "wall_s": round(time.time() - t_wall, 1),
         }

@@ -105,3 +105,46 @@ def test_a_node_busy_at_the_onset_is_busy_from_zero_and_an_idle_one_from_its_nex
              {"sent_at": 1003.5, "served_by": bad, "latency_s": 9.0, "outcome": "ok"}]
     assert faulty_busy_from(ended, bad, 1000.0) == 3.5
     assert faulty_busy_from(ended[:1], bad, 1000.0) is None
+
+
+def test_harmed_requests_are_those_slower_than_three_times_the_runs_healthy_median_or_failed():
+    from bench.drill.report import harmed
+
+    before = [{"latency_s": v, "outcome": "ok"} for v in (1.0, 2.0, 3.0)]  # median 2 s: the line is 6 s
+    after = [{"latency_s": v, "outcome": "ok"} for v in (1.0, 5.9, 6.1, 30.0)]
+    after += [{"latency_s": 60.0, "outcome": "timeout"}, {"latency_s": 0.1, "outcome": "error"}]
+    h = harmed(before, after)
+    assert h == {"harmed": 4, "harmed_fraction": round(4 / 6, 4), "harm_line_s": 6.0}
+    assert harmed([], after)["harmed"] is None  # no healthy median, no line
+
+
+def test_token_share_and_busy_come_from_every_servers_own_counters():
+    from bench.drill.report import fleet_busy, last_tokens_s, token_share
+
+    def sample(at: float, s0: float, s1: float, cpu: float = 0.0) -> dict:
+        return {"at": at, "label": "", "s0": {"gen": s0, "prompt": 0.0, "cpu": cpu},
+                "s1": {"gen": s1, "prompt": 0.0, "cpu": cpu}}
+
+    samples = [sample(0, 0, 0, 0.0), sample(10, 100, 100, 5.0), sample(15, 110, 150, 6.0), sample(20, 110, 190, 8.0)]
+    assert token_share(samples, "s0", 0, 10) == 0.5
+    assert token_share(samples, "s0", 10) == round(10 / 100, 4)  # after 10: s0 +10, s1 +90
+    assert last_tokens_s(samples, "s0", 10) == 5.0  # its counter last moved between +0 and +5 s
+    assert last_tokens_s(samples, "s1", 10) == 10.0
+    assert fleet_busy(samples, 0, 20, cores=2) == round((8.0 * 2) / 20 / 2, 3)
+    # A server that did not answer a sample: no share rather than a wrong one.
+    samples[-1]["s1"] = None
+    assert token_share(samples, "s0", 10) is None
+    assert token_share(samples[:1], "s0", 0) is None
+
+
+def test_the_clients_token_share_leaves_out_the_control_planes_canary_probes():
+    from bench.drill.report import client_token_share
+
+    samples = [{"at": 0, "label": "", "s0": {"gen": 0.0}, "s1": {"gen": 0.0}},
+               {"at": 10, "label": "", "s0": {"gen": 40.0}, "s1": {"gen": 100.0}}]
+    names = {"s0": "127.0.0.1:1", "s1": "127.0.0.1:2"}
+    probes = [{"at": 5, "address": "127.0.0.1:1", "completion_tokens": 30},
+              {"at": 5, "address": "127.0.0.1:2", "completion_tokens": 10},
+              {"at": 50, "address": "127.0.0.1:1", "completion_tokens": 99}]  # after the last sample: not in it
+    assert client_token_share(samples, "s0", 0, probes, names) == 0.1  # (40 - 30) / (10 + 90)
+    assert client_token_share(samples, "s0", 0, [], names) == round(40 / 140, 4)
