@@ -307,6 +307,10 @@ WEIGHTS_STALE_AFTER_S = envint("WEIGHTS_STALE_AFTER_S", DEFAULT_STALE_AFTER_S, m
 CANARY_TIMEOUT_S = envint("CANARY_TIMEOUT_S", 30, minimum=1)
 CANARY_MAX_TOKENS = envint("CANARY_MAX_TOKENS", 32, minimum=1)
 CANARY_MODEL = envstr("CANARY_MODEL") or ""
+# Seconds between the beat's rounds of due canary probes. A benchmark that runs the control plane
+# beside a router without applying its weights (bench/drill: the router alone) stretches it so no
+# probe adds work to the node under test.
+CANARY_INTERVAL_S = envint("CANARY_INTERVAL_S", 1, minimum=1)
 DCGM_SCRAPE_INTERVAL_S = envint("DCGM_SCRAPE_INTERVAL_S", 15, minimum=1)
 # One exporter's scrape (outlier_admin.ingest.dcgm): the timeout runs from the request to the last byte;
 # a page is cut at DCGM_MAX_BYTES (8 GPUs with every DCP field are about 200 KB; the model-server
@@ -325,7 +329,7 @@ LOG_TAIL_INTERVAL_S = envint("LOG_TAIL_INTERVAL_S", 2, minimum=1)
 
 CELERY_BEAT_SCHEDULE = {
     "tick-all-groups": {"task": "control.tick_all_groups", "schedule": TICK_INTERVAL_MS / 1000.0},
-    "canary-probes": {"task": "control.run_due_canaries", "schedule": 1.0},
+    "canary-probes": {"task": "control.run_due_canaries", "schedule": float(CANARY_INTERVAL_S)},
     # A DCGM round not started within its period is dropped (the next one is due), never queued behind.
     "dcgm-scrape": {"task": "ingest.scrape_all_dcgm", "schedule": float(DCGM_SCRAPE_INTERVAL_S),
                     "options": {"expires": float(DCGM_SCRAPE_INTERVAL_S)}},

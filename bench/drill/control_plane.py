@@ -204,10 +204,13 @@ class ControlPlane:
         return child
 
     # -- processes
-    def start(self, gateway: Any) -> None:
-        """Worker+beat, the scraper and the log tailer for ``gateway``'s access log."""
+    def start(self, gateway: Any, *, canaries: bool = True) -> None:
+        """Worker+beat, the scraper and the log tailer for ``gateway``'s access log. ``canaries=False``:
+        no canary probe is sent (``CANARY_INTERVAL_S`` a day): the router-alone arm of the drill,
+        where nothing acts on the decisions and a probe would only add work to the throttled node."""
+        extra = {} if canaries else {"CANARY_INTERVAL_S": "86400"}
         self.worker = CeleryWorker(self.workdir / "celery", self.env(LOG_TAIL_INTERVAL_S="3600",
-                                                                     DCGM_SCRAPE_INTERVAL_S="3600"), cwd=ROOT)
+                                                                     DCGM_SCRAPE_INTERVAL_S="3600", **extra), cwd=ROOT)
         manage = [sys.executable, str(ROOT / "manage.py")]
         self._child("scrape_metrics", [*manage, "scrape_metrics", "--refresh", "5", "--metrics-port", "0"])
         gateway.access_log.touch()

@@ -35,8 +35,8 @@ from typing import Any
 #: Cells of a plan, in the order they are worth running (issue 33, "RUN IT").
 PLAN_GATEWAYS = ("nginx-rr", "haproxy", "caddy", "traefik", "envoy", "smg", "vllm-router", "litellm")
 #: What a compact run keeps of the drill's result (everything but the requests and the weights' changes).
-KEEP = ("config", "group", "host", "source", "faulty", "gateway", "fault", "figures", "ingest", "wall_s",
-        "load_started_at", "token_samples", "weights_documents_seen")
+KEEP = ("config", "group", "host", "source", "faulty", "servers", "gateway", "fault", "figures", "ingest", "wall_s",
+        "load_started_at", "token_samples", "probes", "weights_documents_seen")
 MAX_RUNS = 20
 
 
@@ -84,8 +84,48 @@ def compact(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def counts(run: dict[str, Any]) -> bool:
+    """A run that counts: it ended with figures, and in the router-alone arm no canary probe added
+    work to the throttled node (runs before ``canaries`` was recorded probed in both arms)."""
+    c = run.get("config", {})
+    return "figures" in run and (c.get("weights") or c.get("canaries") is False)
+
+
 def done_runs(matrix: dict[str, Any], key: str) -> int:
-    return sum(1 for r in matrix["runs"] if r.get("cell") == key and "figures" in r)
+    return sum(1 for r in matrix["runs"] if r.get("cell") == key and counts(r))
+
+
+def backfill_probes(matrix: dict[str, Any], raw_dir: Path) -> int:
+    """Runs recorded before the drill kept the canary probes: their probes from PostgreSQL (the
+    group's rows outlive the retired group) and the clients' token share from them. Returns how many."""
+    from bench.drill.control_plane import ControlPlane
+    from bench.drill.report import client_token_share
+
+    n = 0
+    for run in matrix["runs"]:
+        f = run.get("figures")
+        if not f or f.get("faulty_client_token_share_after") is not None or "token_samples" not in run:
+            continue
+        cp = ControlPlane.__new__(ControlPlane)
+        cp.group_name = run["group"]
+        probes = cp.probes()
+        onset = run["fault"]["onset"]
+        if "servers" not in run:
+            for raw in raw_dir.glob("*.json"):
+                full = json.loads(raw.read_text())
+                if full.get("group") == run["group"]:
+                    run["servers"] = full["servers"]
+                    break
+        names = run.get("servers")
+        if names is None:
+            continue
+        f["faulty_client_token_share_after"] = client_token_share(run["token_samples"], run["faulty"]["name"], onset,
+                                                                  probes, names)
+        f["probe_tokens_faulty_after"] = sum(p["completion_tokens"] or 0 for p in probes
+                                             if p["address"] == run["faulty"]["address"] and p["at"] >= onset)
+        run["probes"] = probes
+        n += 1
+    return n
 
 
 def set_autogroup_nice(value: int | None) -> int | None:
@@ -157,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     autogroup = set_autogroup_nice(args.autogroup_nice)
     out, raw_dir = Path(args.out), Path(args.raw_dir)
     raw_dir.mkdir(parents=True, exist_ok=True)
+    matrix = load_matrix(out)
+    if backfill_probes(matrix, raw_dir):
+        save_matrix(out, matrix)
     new = 0
     for k in range(1, args.runs + 1):
         for gateway, weights, fault in cells:

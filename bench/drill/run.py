@@ -70,6 +70,13 @@ class DrillConfig:
     thresholds: dict[str, Any] = field(default_factory=dict)
     tick_ms: int | None = None
     keep_workdir: bool = False
+    #: Canary probes; ``None``: only when the weights are applied (a probe of the throttled node in the
+    #: router-alone arm would add work to it that the router alone never sends: an unfair arm).
+    canaries: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.canaries is None:
+            self.canaries = self.weights
 
     def check(self) -> faults_mod.FaultSpec:
         if self.gateway not in gateways_mod.GATEWAYS:
@@ -151,7 +158,7 @@ def run_drill(cfg: DrillConfig, *, log: Any = print) -> dict[str, Any]:
         cp.setup()
         gateway = gateways_mod.start_gateway(cfg.gateway, workdir / "gateway", addresses, group,
                                              weights=cfg.weights, redis_url=settings.REDIS_URL)
-        cp.start(gateway)
+        cp.start(gateway, canaries=cfg.canaries)
         if cfg.weights and cfg.gateway != "litellm":  # LiteLLM's callback reads the weights itself
             cp.start_agent(gateway)
         watcher = WeightsWatcher(r, group)
@@ -267,7 +274,7 @@ def run_matrix(base: DrillConfig, gateways: tuple[str, ...] = gateways_mod.GATEW
     results = []
     for gw in gateways:
         for weights in (False, True):
-            cfg = DrillConfig(**{**asdict(base), "gateway": gw, "weights": weights})
+            cfg = DrillConfig(**{**asdict(base), "gateway": gw, "weights": weights, "canaries": None})
             try:
                 results.append(run_drill(cfg, log=log))
             except (DrillFailed, TimeoutError, RuntimeError) as exc:

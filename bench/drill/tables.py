@@ -85,6 +85,7 @@ def figure(run: dict[str, Any], name: str) -> Any:
         "p50": after["p50_s"], "p90": after.get("p90_s"), "p95": after.get("p95_s"), "p99": after["p99_s"],
         "n_after": after["n"], "failed": after["timeouts"] + after["errors"] + after.get("dropped", 0),
         "harmed": f.get("harmed_fraction"), "share": f.get("faulty_token_share_after"),
+        "client_share": f.get("faulty_client_token_share_after"),
         "cut": f["onset_to_first_cut_s"], "quarantine": f["onset_to_quarantine_s"],
         "busy": f.get("faulty_busy_from_s"), "cut_busy": f.get("busy_to_first_cut_s"),
         "healthy_cut": f.get("healthy_cut_nodes"), "healthy_q": f.get("healthy_quarantined_nodes"),
@@ -96,15 +97,17 @@ def figure(run: dict[str, Any], name: str) -> Any:
 def cells(matrix: dict[str, Any]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
     """(gateway, on|off, fault) -> its runs that ended with figures."""
     out: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    from bench.drill.matrix import counts
+
     for run in matrix.get("runs", []):
-        if "figures" in run:
+        if counts(run):
             c = run["config"]
             out[(c["gateway"], "on" if c["weights"] else "off", c["fault"])].append(run)
     return out
 
 
 def cell_stats(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    names = ("p50", "p90", "p95", "p99", "n_after", "failed", "harmed", "share", "cut", "quarantine", "busy",
+    names = ("p50", "p90", "p95", "p99", "n_after", "failed", "harmed", "share", "client_share", "cut", "quarantine", "busy",
              "cut_busy", "healthy_cut", "healthy_q", "last_tokens", "busy_before", "load")
     return {name: stats([figure(r, name) for r in runs]) for name in names} | {"runs": len(runs)}
 
@@ -125,7 +128,7 @@ def peers_table(matrix: dict[str, Any]) -> str:
     for fault in _faults(found):
         lines += [f"#### Fault `{fault}`", "",
                   "| router, its own defence on | outlier-admin | runs | P50 s | P90 s | P95 s | P99 s | harmed | "
-                  "timeouts + errors | throttled server's token share after the onset | onset -> cut s | "
+                  "timeouts + errors | throttled server's share of the clients' tokens after the onset (all, with probes) | onset -> cut s | "
                   "onset -> quarantine s | healthy servers cut / quarantined | P99 vs alone | harmed vs alone |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for gw in _gateways(found):
@@ -139,7 +142,7 @@ def peers_table(matrix: dict[str, Any]) -> str:
                 lines.append(
                     f"| {LABELS.get(gw, gw)} | {'**on**' if arm == 'on' else 'alone'} | {s['runs']} | {fmt(s['p50'])} | "
                     f"{fmt(s['p90'])} | {fmt(s['p95'])} | {fmt(s['p99'])} | {fmt(s['harmed'], pct=True)} | "
-                    f"{fmt(s['failed'], digits=0)} | {fmt(s['share'], pct=True)} | "
+                    f"{fmt(s['failed'], digits=0)} | {fmt(s['client_share'], pct=True)} ({fmt(s['share'], pct=True)}) | "
                     f"{fmt(s['cut'], digits=1) if arm == 'on' else '(' + fmt(s['cut'], digits=1) + ')'} | "
                     f"{fmt(s['quarantine'], digits=1) if arm == 'on' else '(' + fmt(s['quarantine'], digits=1) + ')'} | "
                     f"{fmt(s['healthy_cut'], digits=0)} / {fmt(s['healthy_q'], digits=0)} | {vs_p99} | {vs_harm} |")
@@ -157,8 +160,12 @@ def peers_table(matrix: dict[str, Any]) -> str:
     commits = sorted({r.get("source", {}).get("commit", "")[:7] for runs in found.values() for r in runs} - {""})
     loads = [figure(r, "load") for runs in found.values() for r in runs]
     n_requests = [figure(r, "n_after") for runs in found.values() for r in runs]
+    from bench.drill.matrix import counts
+
+    probed_alone = sum(1 for r in matrix.get("runs", []) if "figures" in r and not counts(r))
     lines += [f"Runs: {sum(len(v) for v in found.values())} ({sum(1 for r in matrix.get('runs', []) if 'error' in r)} "
-              f"failed, kept in the JSON with their error); commits {', '.join(commits) or '-'}; the host's 1-minute "
+              f"failed, kept in the JSON with their error; {probed_alone} router-alone runs left out because the "
+              f"control plane's canary probes added work to the throttled server, kept in the JSON); commits {', '.join(commits) or '-'}; the host's 1-minute "
               f"load average at each run's start {fmt(stats(loads))}; requests after the onset per run "
               f"{fmt(stats(n_requests), digits=0)}" + (" (fewer than 300: read P95 beside P99)."
                                                        if n_requests and max(n_requests) < P99_MIN_REQUESTS else ".")]
@@ -168,7 +175,7 @@ def peers_table(matrix: dict[str, Any]) -> str:
 def targets_table(st: dict[tuple[str, str, str], dict[str, Any]], found: dict[tuple[str, str, str], Any]) -> list[str]:
     """Issue 33's targets for outlier-admin on each router, measured (medians; ranges above)."""
     lines = ["#### Targets (issue 33), outlier-admin on top of each router", "",
-             "| fault | router | share after the onset (target) | harmed vs alone (target) | P99 vs alone (target: no worse) | "
+             "| fault | router | share of the clients' tokens after the onset (target) | harmed vs alone (target) | P99 vs alone (target: no worse) | "
              "P99 vs no-fault floor (target <= 1.2x) | healthy quarantined (target 0) | quarantine s |",
              "|---|---|---|---|---|---|---|---|"]
     targets = {"quota:0.2": (0.01, 0.5), "quota:0.5": (0.02, 0.7)}
@@ -184,7 +191,7 @@ def targets_table(st: dict[tuple[str, str, str], dict[str, Any]], found: dict[tu
             def verdict(ok: bool | None, text: str) -> str:
                 return text if ok is None else f"{text} {'met' if ok else '**missed**'}"
 
-            share = on["share"]
+            share = on["client_share"]
             share_txt = verdict(None if share is None or share_t is None else share["median"] <= share_t,
                                 f"{fmt(share, pct=True)} (<= {100 * share_t:.0f} %)" if share_t else fmt(share, pct=True))
             harm = "-"
@@ -218,7 +225,7 @@ def drill_table(matrix: dict[str, Any]) -> str:
              "detector's own part of the delay; *alone*: the same router with the control plane deciding and "
              "nobody applying (its cut and quarantine are what it would have done).", "",
              "| gateway | weights | runs | busy s | onset -> cut s | cut - busy s | onset -> quarantine s | "
-             "healthy cut / quarantined | P99 after the onset s | P95 s | harmed | throttled server's token share after |",
+             "healthy cut / quarantined | P99 after the onset s | P95 s | harmed | throttled server's share of the clients' tokens after |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for gw in _gateways(found):
         for arm in ("off", "on"):
@@ -229,7 +236,7 @@ def drill_table(matrix: dict[str, Any]) -> str:
                 f"| {LABELS.get(gw, gw).split(',')[0]} | {'**on**' if arm == 'on' else 'off'} | {s['runs']} | "
                 f"{fmt(s['busy'], digits=1)} | {fmt(s['cut'], digits=1)} | {fmt(s['cut_busy'], digits=1)} | "
                 f"{fmt(s['quarantine'], digits=1)} | {fmt(s['healthy_cut'], digits=0)} / {fmt(s['healthy_q'], digits=0)} | "
-                f"{fmt(s['p99'])} | {fmt(s['p95'])} | {fmt(s['harmed'], pct=True)} | {fmt(s['share'], pct=True)} |")
+                f"{fmt(s['p99'])} | {fmt(s['p95'])} | {fmt(s['harmed'], pct=True)} | {fmt(s['client_share'], pct=True)} |")
     q = [figure(r, "quarantine") for (g, a, f), runs in found.items() if a == "on" and f == fault for r in runs]
     qs = stats(q)
     if qs:
