@@ -34,10 +34,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent.client import effective_weights
+from agent.nginx import NginxApplier, upstream_name_for
 from bench.drill.load import MODEL
-from outlier_admin.agent.nginx import NginxApplier, upstream_name_for
-from outlier_admin.gateway_client import effective_weights, parse_document
-from tests.harness.gateways import (
+from contract.weights_document import parse_document
+from harness.gateways import (
     HAPROXY_BIN,
     NGINX_BIN,
     _Process,
@@ -62,7 +63,7 @@ def router_bin(name: str) -> str:
 #: The response header that names the engine that served a request.
 SERVED_BY = "X-Upstream"
 #: The user's access log: nginx's ``combined`` plus the three timing fields, in the order the nginx
-#: parser reads (:mod:`outlier_admin.ingest.logformats.nginx`).
+#: parser reads (:mod:`contract.logformats.nginx`).
 NGINX_LOG_FORMAT = ('$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent '
                     '"$http_referer" "$http_user_agent" $request_time $upstream_addr $upstream_response_time')
 #: Longer than any drill request: the client's timeout decides, never the gateway's (module docstring).
@@ -234,8 +235,8 @@ def start_gateway(kind: str, workdir: Path, servers: dict[str, str], group: str,
 
 
 class RouterGateway:
-    """A router from the test harnesses (:mod:`tests.harness.routers`: Envoy, Traefik, Caddy;
-    :mod:`tests.harness.routers_llm`: smg, the vLLM router, LiteLLM), started with its own documented
+    """A router from the test harnesses (:mod:`harness.routers`: Envoy, Traefik, Caddy;
+    :mod:`harness.routers_llm`: smg, the vLLM router, LiteLLM), started with its own documented
     slow-backend defence (each setting and its source are in those modules' docstrings), seen through
     the surface the drill uses (``url``, ``access_log``, ``node_map``, ``served_by``, ``agent_args``,
     ``describe``, ``stop``). One owner for how each router is started and configured: the harness.
@@ -289,11 +290,11 @@ def start_router_gateway(kind: str, workdir: Path, servers: dict[str, str], grou
     """Router ``kind`` with its defence on; for LiteLLM with ``weights``, the outlier-admin callback
     for ``group`` loaded by the proxy (LiteLLM has no agent: the callback reads the weights itself)."""
     if kind in ("envoy", "traefik", "caddy"):
-        from tests.harness.routers import start_router
+        from harness.routers import start_router
 
         router = start_router(kind, workdir, servers, policy=ROUTER_POLICY[kind], defence=True)
         return RouterGateway(kind, router, workdir, group, policy=ROUTER_POLICY[kind])
-    from tests.harness.routers_llm import start_router as start_llm_router
+    from harness.routers_llm import start_router as start_llm_router
 
     extra: tuple[str, ...] = ()
     if kind in ("smg", "vllm-router"):
@@ -316,8 +317,8 @@ def has_applier(kind: str) -> bool:
     if kind == "litellm":
         import importlib.util
 
-        return importlib.util.find_spec("outlier_admin.agent.litellm_callback") is not None
-    from outlier_admin.agent.__main__ import build_parser
+        return importlib.util.find_spec("agent.litellm_callback") is not None
+    from agent.__main__ import build_parser
 
     choices = next((a.choices for a in build_parser()._actions if "--gateway" in a.option_strings), None) or ()
     return AGENT_GATEWAY.get(kind) in choices
@@ -326,13 +327,13 @@ def has_applier(kind: str) -> bool:
 def unavailable_reason(kind: str) -> str | None:
     """Why gateway ``kind`` cannot run here (its binary is missing), else ``None``."""
     if kind in ("envoy", "traefik", "caddy"):
-        from tests.harness.routers import router_unavailable
+        from harness.routers import router_unavailable
 
         return router_unavailable(kind)
     if kind in ("smg", "vllm-router"):
         return None if router_bin(kind) else f"{kind} not found (pip install -e '.[routers]')"
     if kind == "litellm":
-        from tests.harness.routers_llm import LITELLM_SCRIPT, litellm_venv
+        from harness.routers_llm import LITELLM_SCRIPT, litellm_venv
 
         return None if litellm_venv(create=True) else f"no LiteLLM venv (bash {LITELLM_SCRIPT})"
     binary = HAPROXY_BIN if kind.startswith("haproxy") else NGINX_BIN
