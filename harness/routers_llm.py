@@ -78,6 +78,8 @@ LITELLM_VENV = ROOT / ".venv-litellm"
 LITELLM_SCRIPT = ROOT / "scripts" / "ensure-litellm-venv.sh"
 
 ROUTERS = ("smg", "vllm-router", "litellm")
+#: The LiteLLM proxy's master key (a client sends ``Authorization: Bearer <key>``).
+MASTER_KEY = "sk-outlier-test"
 
 #: The documented slow-backend defence of each router (module docstring), as CLI flags.
 SMG_DEFENCE = ("--policy", "power_of_two", "--cb-failure-threshold", "3", "--cb-success-threshold", "2",
@@ -116,7 +118,7 @@ def _http(method: str, url: str, body: Any = None, timeout_s: float = 5.0) -> tu
     try:
         data = None if body is None else json.dumps(body)
         conn.request(method, path, body=data, headers={"Content-Type": "application/json",
-                                                         "Authorization": "Bearer sk-outlier-test"})
+                                                         "Authorization": f"Bearer {MASTER_KEY}"})
         resp = conn.getresponse()
         raw = resp.read()
     finally:
@@ -131,8 +133,10 @@ class RouterProcess(_Process):
     """A router we started: ``url`` (its OpenAI entry point), ``kind``, ``backends``, ``log_path``."""
 
     def __init__(self, kind: str, argv: list[str], workdir: Path, backends: dict[str, str], *,
-                 env: dict[str, str] | None = None, ready_timeout_s: float = 60.0, port: int) -> None:
+                 env: dict[str, str] | None = None, ready_timeout_s: float = 60.0, port: int,
+                 model: str = FAKE_MODEL) -> None:
         self.kind = kind
+        self.model = model  # what the readiness request names (LiteLLM routes by it)
         self.workdir = Path(workdir)
         self.backends = dict(backends)
         self.port = port
@@ -181,7 +185,7 @@ class RouterProcess(_Process):
                 return None
             return {w["url"].removeprefix("http://") for w in body.get("workers", []) if w.get("is_healthy")}
         status, _ = _http("POST", f"{self.url}/v1/chat/completions",
-                          {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 1},
+                          {"model": self.model, "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 1},
                           timeout_s=10)
         return set(self.backends.values()) if status == 200 else None
 
@@ -243,7 +247,7 @@ def litellm_config(backends: dict[str, str], *, defence: bool = True, model: str
                         "model_info": {"id": name}}
                        for name, addr in backends.items()],
         "router_settings": {**(LITELLM_DEFENCE if defence else LITELLM_PLAIN), **(router_settings or {})},
-        "general_settings": {"master_key": "sk-outlier-test"},
+        "general_settings": {"master_key": MASTER_KEY},
     }
     if outlier:
         config["litellm_settings"] = {"callbacks": ["agent.litellm_callback.outlier_filter"]}
@@ -290,4 +294,4 @@ def start_router(kind: str, backends: dict[str, str], workdir: Path | None = Non
     argv = [str(bindir / "litellm"), "--config", str(config_path), "--host", "127.0.0.1", "--port", str(port),
             "--num_workers", "1", *extra]
     return RouterProcess(kind, argv, workdir, backends, env={**run_env, **(env or {})},
-                         ready_timeout_s=ready_timeout_s, port=port)
+                         ready_timeout_s=ready_timeout_s, port=port, model=model)

@@ -261,6 +261,15 @@ class RouterGateway:
     def served_by(self, header: str | None) -> str | None:
         return header.split(",")[-1].strip() if header else None
 
+    @property
+    def request_headers(self) -> dict[str, str]:
+        """What every client request carries (the LiteLLM proxy wants its key)."""
+        if self.kind == "litellm":
+            from harness.routers_llm import MASTER_KEY
+
+            return {"Authorization": f"Bearer {MASTER_KEY}"}
+        return {}
+
     def agent_args(self, group: str) -> list[str]:
         if self.kind == "litellm":
             raise NotImplementedError("LiteLLM is driven by its callback, loaded by the proxy at start")

@@ -94,7 +94,7 @@ class PoissonLoad:
 
     def __init__(self, url: str, *, rate: float, duration_s: float, seed: int = 1, timeout_s: float = TIMEOUT_S,
                  served_by: Callable[[str | None], str | None] = lambda h: h, header: str = "X-Upstream",
-                 max_in_flight: int = 512) -> None:
+                 max_in_flight: int = 512, headers: dict[str, str] | None = None) -> None:
         host, _, port = url.removeprefix("http://").partition(":")
         if host != "127.0.0.1" and host != "localhost":
             raise ValueError(f"the drill sends only to loopback, got {url!r}")
@@ -106,6 +106,7 @@ class PoissonLoad:
         self.rate, self.duration_s = rate, duration_s
         self.served_by_of = served_by
         self.header = header
+        self.headers = dict(headers or {})
         self._rng = random.Random(seed + 1)
         self._slots = threading.BoundedSemaphore(max_in_flight)
         self._stop = threading.Event()
@@ -123,7 +124,7 @@ class PoissonLoad:
         t0 = time.monotonic()
         try:
             conn.request("POST", "/v1/completions", body=body,
-                         headers={"Content-Type": "application/json", "Connection": "close"})
+                         headers={"Content-Type": "application/json", "Connection": "close", **self.headers})
             resp = conn.getresponse()
             data = resp.read()
             req.latency_s = time.monotonic() - t0

@@ -165,7 +165,8 @@ def run_drill(cfg: DrillConfig, *, log: Any = print) -> dict[str, Any]:
         meter = engines_mod.TokenMeter(fleet.ports, pids=fleet.pids)
         meter.snapshot("start")
         load = PoissonLoad(gateway.url, rate=cfg.rate, duration_s=cfg.onset_s + cfg.after_s, seed=cfg.seed,
-                           timeout_s=cfg.timeout_s, served_by=gateway.served_by, header=gateways_mod.SERVED_BY)
+                           timeout_s=cfg.timeout_s, served_by=gateway.served_by, header=gateways_mod.SERVED_BY,
+                           headers=getattr(gateway, "request_headers", None))
         log(f"[drill] group {group}, {cfg.gateway} at {gateway.url}, weights {'on' if cfg.weights else 'off'}, "
             f"{len(load.offsets)} requests over {cfg.onset_s + cfg.after_s:.0f} s, fault {spec} at +{cfg.onset_s:.0f} s")
         state: dict[str, Any] = {"next_check": ALIVE_EVERY_S, "dead": []}
