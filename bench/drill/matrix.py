@@ -92,7 +92,9 @@ def counts(run: dict[str, Any]) -> bool:
 
 
 def done_runs(matrix: dict[str, Any], key: str) -> int:
-    return sum(1 for r in matrix["runs"] if r.get("cell") == key and counts(r))
+    """Runs of ``key`` that count, and failed ones (a run that fails is not tried again in the same round:
+    a cell that cannot run, e.g. an applier missing in this tree, must not hold the plan up)."""
+    return sum(1 for r in matrix["runs"] if r.get("cell") == key and (counts(r) or "error" in r))
 
 
 def backfill_probes(matrix: dict[str, Any], raw_dir: Path) -> int:
