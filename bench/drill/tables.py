@@ -37,12 +37,12 @@ LABELS = {
     "nginx-rr": "nginx round robin",
     "nginx-lc": "nginx `least_conn`",
     "haproxy": "HAProxy `leastconn`",
-    "caddy": "Caddy `least_conn`, `unhealthy_latency 5s`, `max_fails 3`",
-    "traefik": "Traefik `leasttime`, passive + active health checks",
-    "envoy": "Envoy `LEAST_REQUEST`, outlier detection (3 x 5xx / local-origin)",
-    "smg": "SGLang Model Gateway `power_of_two`, breaker 3 / 10 s, health checks 5 s",
-    "vllm-router": "vLLM router `power_of_two`, breaker 3 / 10 s, health checks 5 s",
-    "litellm": "LiteLLM `latency-based-routing`, `allowed_fails 1`, `cooldown_time 10`, `num_retries 2`",
+    "caddy": "Caddy 2.11 `least_conn`, `unhealthy_latency 5s`, `max_fails 3` / 30 s",
+    "traefik": "Traefik 3.7 `leasttime`, passive health check (3 failures / 3 s)",
+    "envoy": "Envoy 1.40 `LEAST_REQUEST`, outlier detection (3 x 5xx / local-origin)",
+    "smg": "SGLang Model Gateway 1.13 `power_of_two`, breaker 3 failures / 10 s, health checks 5 s, 2 retries",
+    "vllm-router": "vLLM router 0.1.17 `power_of_two`, breaker 3 failures / 10 s, health checks 5 s, 2 retries",
+    "litellm": "LiteLLM 1.108 `latency-based-routing`, `allowed_fails 1`, `cooldown_time 10`, `num_retries 2`",
 }
 ORDER = list(LABELS)
 #: Fewer requests than this after the onset and P99 is the second or third largest: P95 beside it.
