@@ -286,7 +286,10 @@ def start_router(kind: str, backends: dict[str, str], workdir: Path | None = Non
     run_env = {"LITELLM_LOG": "ERROR", "LITELLM_MODE": "PRODUCTION", "NO_DOCS": "True",
                "DISABLE_SCHEMA_UPDATE": "True", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                # The venv's own site-packages only: the test's PYTHONPATH (the worktree) must not leak in.
-               "PYTHONPATH": ""}
+               "PYTHONPATH": "",
+               # The project's database is not the proxy's: given a DATABASE_URL, LiteLLM sets up its
+               # own tables through prisma (not installed) and exits.
+               "DATABASE_URL": ""}
     if outlier_group is not None:
         run_env["OUTLIER_LITELLM_GROUPS"] = f"{model}={outlier_group}"
         if redis_url:
