@@ -133,7 +133,7 @@ class RouterProcess(_Process):
     """A router we started: ``url`` (its OpenAI entry point), ``kind``, ``backends``, ``log_path``."""
 
     def __init__(self, kind: str, argv: list[str], workdir: Path, backends: dict[str, str], *,
-                 env: dict[str, str] | None = None, ready_timeout_s: float = 60.0, port: int,
+                 env: dict[str, str | None] | None = None, ready_timeout_s: float = 60.0, port: int,
                  model: str = FAKE_MODEL) -> None:
         self.kind = kind
         self.model = model  # what the readiness request names (LiteLLM routes by it)
@@ -144,7 +144,7 @@ class RouterProcess(_Process):
         self.log_path = self.workdir / f"{kind}.log"
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=self.workdir,
-                                     env={**os.environ, **(env or {})})
+                                     env={k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None})
         try:
             self._wait_ready(ready_timeout_s)
         except BaseException:
@@ -287,9 +287,9 @@ def start_router(kind: str, backends: dict[str, str], workdir: Path | None = Non
                "DISABLE_SCHEMA_UPDATE": "True", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                # The venv's own site-packages only: the test's PYTHONPATH (the worktree) must not leak in.
                "PYTHONPATH": "",
-               # The project's database is not the proxy's: given a DATABASE_URL, LiteLLM sets up its
-               # own tables through prisma (not installed) and exits.
-               "DATABASE_URL": ""}
+               # The project's database is not the proxy's: given a DATABASE_URL (even empty), LiteLLM
+               # sets up its own tables through prisma (not installed) and exits. None: left out.
+               "DATABASE_URL": None}
     if outlier_group is not None:
         run_env["OUTLIER_LITELLM_GROUPS"] = f"{model}={outlier_group}"
         if redis_url:
