@@ -2,7 +2,7 @@
 
     python -m bench.routers_apply --out reports/bench-routers-apply.json
 
-For each router (tests/harness/routers.py, configured as docs/gateways.md says) in front of four fake
+For each router (harness/routers.py, configured as docs/gateways.md says) in front of four fake
 inference servers: an agent on the real Redis (``REDIS_URL``) with the router's applier, confirming
 where the router lets it (Envoy's admin ``/clusters``, Traefik's API; Caddy's admin API answers a
 PATCH once the new config runs). ``--n`` documents alternately quarantine and restore one node,
@@ -23,15 +23,15 @@ import threading
 import time
 import uuid
 
+from agent.caddy import CaddyApplier
+from agent.client import GatewayClient, redis_from_url
+from agent.core import Agent
+from agent.envoy import EnvoyApplier
+from agent.traefik import TraefikApplier
 from bench.agent import write_report
-from outlier_admin import keys
-from outlier_admin.agent.caddy import CaddyApplier
-from outlier_admin.agent.core import Agent
-from outlier_admin.agent.envoy import EnvoyApplier
-from outlier_admin.agent.traefik import TraefikApplier
-from outlier_admin.gateway_client import GatewayClient, redis_from_url
-from tests.harness.gateways import FakeInferenceServer, make_workdir, publish, weights_document
-from tests.harness.routers import CaddyRouter, EnvoyRouter, TraefikRouter, router_unavailable
+from contract import keys
+from harness.gateways import FakeInferenceServer, make_workdir, publish, weights_document
+from harness.routers import CaddyRouter, EnvoyRouter, TraefikRouter, router_unavailable
 
 #: Seconds between documents per router: Traefik applies a provider's change at most every 2 s.
 DEFAULT_GAPS = {"envoy": 0.5, "traefik": 3.0, "caddy": 0.5}
