@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.__main__ import main
 from agent.base import ApplyError
 from agent.caddy import CaddyApplier
 from agent.client import GatewayClient, effective_weights
@@ -32,7 +33,7 @@ from agent.metrics import make_registry
 from agent.traefik import TraefikApplier, parked_service
 from contract.weights_document import parse_document
 from harness.gateways import publish, send_traffic, weights_document
-from harness.routers import CaddyRouter, EnvoyRouter, TraefikRouter, router_unavailable
+from harness.routers import CaddyRouter, EnvoyRouter, TraefikRouter, router_unavailable, start_router
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(90)]
 N = 80  # requests per phase: 20 per server under round robin; the weighted cycles repeat within it
@@ -244,5 +245,20 @@ def test_caddy_least_conn_takes_quarantined_upstreams_out_and_back(tmp_path, gro
         assert sorted(u["dial"] for u in router.handler()["upstreams"]) == sorted(addresses.values())
         assert_shares(shares(router.url, 40), EVEN)
         assert applier.apply(eff(group, addresses, 3, weights={"s3": DEGRADED})).note == ""  # said once
+    finally:
+        router.stop()
+
+
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) if k == "traefik" else k for k in ROUTERS])
+def test_the_command_line_the_harness_gives_drives_the_router(kind, tmp_path, redis_client, group, addresses, settings):
+    """``python -m agent`` with the router's ``agent_args`` (what the drill runs, and what
+    docs/gateways.md shows): one ``--once`` apply reaches the router, confirmed where it can be."""
+    _skip_without(kind)
+    router = start_router(kind, tmp_path / kind, addresses)
+    try:
+        publish(redis_client, weights_document(group, 1, addresses, quarantined=("s1",)))
+        assert main([*router.agent_args(group), "--redis-url", settings.REDIS_URL, "--once"]) == 0
+        assert out_of_service(kind, router, addresses["s1"])
+        assert not out_of_service(kind, router, addresses["s0"])
     finally:
         router.stop()
