@@ -62,3 +62,24 @@ def state_icon(state: str) -> str:
     from outlier_admin.dashboard.tables import STATE_ICONS
 
     return STATE_ICONS.get(state, "○")
+
+
+@register.filter
+def incident_cause(incident: Any) -> str:
+    """An incident's deciding cause with its signal and units (:func:`outlier_admin.control.incidents.cause_text`)."""
+    from outlier_admin.control.incidents import cause_text
+
+    return cause_text(incident)
+
+
+@register.filter
+def duration(incident: Any) -> str:
+    """How long an incident lasted (or has lasted), in words."""
+    end = incident.ended_at or timezone.now()
+    seconds = max(0, int((end - incident.started_at).total_seconds()))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, s = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {s} s"
+    return f"{minutes // 60} h {minutes % 60} min"
