@@ -5,20 +5,19 @@ each request of their median size: ``outlier_admin.control.probe_load``) and rea
 scale: its latency over what the group's cost model, fitted on the healthy peers' requests,
 expects for its tokens (``x expected``; 1.0 = as a healthy peer answers). It passes at or under::
 
-    limit = clip(baseline + canary_tolerance_sigma * sigma,
-                 healthy, quarantine_materiality * healthy)
+    limit   = min(healthy + canary_tolerance_sigma * sigma, quarantine_materiality * healthy)
     healthy = max(baseline, 1.0)      (learned normalisation; seed: baseline)
     sigma   = max(peer spread, per-request spread of healthy peers)
 
 Why each part:
 
-- ``baseline + tolerance * sigma``: the peers' ``norm`` now, plus the spread of one healthy answer
-  (a probe is a handful of requests, not an average over minutes: judged against the spread of
-  averages a healthy node fails a third of its probes);
-- **never below** ``healthy``: the limit is never under what a healthy peer answers at that load.
-  The cost model says 1.0 for a healthy peer; the peers' baseline can sit under it (their recent
-  requests were lighter than the fit's), and a limit of 0.87x then failed a healed node that
-  answered at 0.97x — a node faster than expected passes;
+- ``healthy``: what a healthy peer answers at that load, and **never below 1.0x expected**. The
+  peers' baseline can sit under 1.0 (their recent requests lighter than the fit's), and a limit
+  built on it failed a healed node: 0.87x against a node that answered at 0.97x. A node faster than
+  expected passes;
+- ``+ tolerance * sigma``: one healthy answer's spread over that level (a probe is a handful of
+  requests, not an average over minutes: judged against the spread of averages, a healthy node
+  fails a third of its probes; judged against 1.0 alone, half of them);
 - **never above** ``quarantine_materiality * healthy`` (1.5x by default): a latency at which the
   detector quarantines a node in service (``Thresholds.quarantine_materiality``) cannot restore one.
   A wide per-request spread (a long-tailed workload) would otherwise let a node still 2x slow at
@@ -26,7 +25,7 @@ Why each part:
 
 Unknown baseline (too few peers): ``healthy`` is 1.0 in learned normalisation and the limit is
 ``1.0 + tolerance * spread_floor``; in seed normalisation there is no scale, the limit is NaN and no
-probe passes. Pure numpy: scalars or arrays (one limit per node)."""
+probe passes. Pure: numpy's NaN-aware max/min over the peers' scalars, no I/O."""
 
 from __future__ import annotations
 
@@ -43,29 +42,25 @@ UNIT_SEED = "ms/token"
 
 @dataclass(frozen=True)
 class ProbeLimit:
-    """A probe limit and how it was set: ``limit`` = ``clip(raw, floor, cap)``, in ``unit``."""
+    """A probe limit and how it was set: ``limit = min(raw, cap)``, ``raw = healthy + tolerance * sigma``,
+    all in ``unit``."""
 
     limit: float
-    raw: float  # baseline + tolerance * sigma
-    floor: float  # what a healthy peer answers
-    cap: float  # quarantine_materiality * floor
+    raw: float
+    healthy: float  # what a healthy peer answers at that load (>= 1.0 in learned normalisation)
+    cap: float  # quarantine_materiality * healthy
     unit: str
 
     @property
     def bound(self) -> str:
-        """Which part set the limit: ``"peers"`` (baseline + tolerance x sd), ``"floor"`` or ``"cap"``."""
-        if self.limit == self.floor and self.raw < self.floor:
-            return "floor"
-        if self.limit == self.cap and self.raw > self.cap:
-            return "cap"
-        return "peers"
+        """``"cap"`` when the quarantine line set the limit, else ``"peers"``."""
+        return "cap" if self.raw > self.cap else "peers"
 
     def words(self) -> str:
-        """``limit 1.14x expected (peers 0.93 + 1 sd)`` style: the limit and the part that set it."""
-        why = {"peers": "peer baseline + tolerance x sd",
-               "floor": "never below a healthy peer",
-               "cap": "never above the quarantine line"}[self.bound]
-        return f"limit {fmt(self.limit, self.unit)} ({why})"
+        """``limit 1.21x expected (healthy 1.00x + 1 sd)``: the limit and what set it."""
+        if self.bound == "cap":
+            return f"limit {fmt(self.limit, self.unit)} (the quarantine line)"
+        return f"limit {fmt(self.limit, self.unit)} (healthy {fmt(self.healthy, self.unit)} + tolerance x sd)"
 
 
 def fmt(value: float, unit: str) -> str:
@@ -85,7 +80,7 @@ def probe_limit(baseline: float, spread: float, request_sd: float, t: Thresholds
         baseline = 1.0 if learned else float("nan")
         sigma = t.spread_floor * baseline
     healthy = float(np.fmax(baseline, 1.0)) if learned else float(baseline)
-    raw = float(baseline + t.canary_tolerance_sigma * sigma)
+    raw = float(healthy + t.canary_tolerance_sigma * sigma)
     cap = t.quarantine_materiality * healthy
-    limit = float(np.clip(raw, healthy, cap)) if np.isfinite(raw) else float("nan")
+    limit = float(np.fmin(raw, cap)) if np.isfinite(raw) else float("nan")
     return ProbeLimit(limit, raw, healthy, cap, unit)

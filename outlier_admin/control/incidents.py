@@ -186,20 +186,26 @@ def figure(value: float | None, unit: str) -> str:
     return f"{value:.2f}x expected" if unit == "x expected" else f"{value:.3g} {unit}".rstrip()
 
 
-def cause_text(inc: Incident) -> str:
-    """The deciding cause in one line, with its signal and units: ``decode time per token: Z 18.4,
-    EMA 30.9 ms/token vs peer baseline 16.1 ms/token (1.92x)``; for a cause without a signal
+def evidence_words(reason: str, signal: str = "", z: float | None = None, ema: float | None = None,
+                   baseline: float | None = None, unit: str = "") -> str:
+    """A decision in one line, with its signal and units: ``slower than its peers on decode time per
+    token: Z 18.4, EMA 30.9 ms/token vs peer baseline 16.1 ms/token (1.92x)``; without a signal
     (errors, an operator), its reason's words."""
-    words = cause_in_words(inc.reason)
-    if not inc.signal:
+    words = cause_in_words(reason, signal)
+    if not signal:
         return words
-    parts = [cause_in_words(inc.reason, inc.signal)]
-    if inc.z is not None:
-        parts.append(f"Z {inc.z:.1f}")
-    if inc.ema is not None and inc.baseline is not None:
-        ratio = f" ({inc.ema / inc.baseline:.2f}x)" if inc.baseline > 0 else ""
-        parts.append(f"EMA {figure(inc.ema, inc.unit)} vs peer baseline {figure(inc.baseline, inc.unit)}{ratio}")
-    return ": ".join([parts[0], ", ".join(parts[1:])]) if len(parts) > 1 else parts[0]
+    parts = []
+    if z is not None:
+        parts.append(f"Z {z:.1f}")
+    if ema is not None and baseline is not None:
+        ratio = f" ({ema / baseline:.2f}x)" if baseline > 0 else ""
+        parts.append(f"EMA {figure(ema, unit)} vs peer baseline {figure(baseline, unit)}{ratio}")
+    return f"{words}: {', '.join(parts)}" if parts else words
+
+
+def cause_text(inc: Incident) -> str:
+    """The incident's deciding cause in one line (:func:`evidence_words`)."""
+    return evidence_words(inc.reason, inc.signal, inc.z, inc.ema, inc.baseline, inc.unit)
 
 
 def probe_summary(probes: list[Any], now: Any, unit: str = "x expected") -> str:

@@ -1,8 +1,10 @@
 """The overview's first screen, for the on-call engineer woken at 3 a.m.: what is wrong *now*.
 
 Every live node that is not ``healthy``, most urgent first (:data:`outlier_admin.api.queries.ATTENTION_ORDER`,
-then the highest Z), each with its state, since when (the transition into it), the cause in words,
-its weight, and whether the group's gateways have applied the weights that say so: the agents
+then the highest Z), each with its state, since when and why: for a node in an incident
+(:mod:`outlier_admin.control.incidents`) the incident's start and its deciding cause (signal, Z, EMA
+vs peer baseline with units), which the canary's cycles do not move, with its latest probe beneath
+("3 probes failed, last 11 s ago: 2.70x expected, limit 1.50x expected"); its weight, and whether the group's gateways have applied the weights that say so: the agents
 report the version they applied (:meth:`outlier_admin.gateway_client.GatewayClient.report_applied`,
 hash ``outlier:applied:<group>``), and a published version that no gateway applied is a control loop
 that is not closed. Three queries whatever the fleet size, plus one Redis round trip.
@@ -11,6 +13,10 @@ Below it, **every operator override in force** (:func:`overrides_in_force`): pin
 states and silenced proposals, each with who set it, why and until when. A pin on a node the detector
 calls healthy is otherwise invisible here, and a forgotten pin (or a forced-active node that is slow
 again) is exactly what the on-call engineer must see at 3 a.m. Four more queries.
+
+Then **the incidents that ended in the last hour** with their outcome — one that ended without a probe
+finding the node slow reads "cut and restored: no fault found" — and, in the demo, **the faults it
+injected** (:func:`injected_faults`), so a newcomer tells them from the detector's own calls.
 """
 
 from __future__ import annotations

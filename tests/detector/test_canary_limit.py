@@ -1,5 +1,6 @@
-"""The canary's pass limit (issue 35, ``detector.canary``): stated once, never below what a healthy
-peer answers (a node faster than expected passes), never above the quarantine line, and a probe judged
+"""The canary's pass limit (issue 35, ``detector.canary``): stated once, a healthy answer (never
+below 1x expected: a node faster than expected passes) plus one per-request sd, never above the
+quarantine line, and a probe judged
 at the peers' load: a healed node passes its probes, a node still 2x slow at the peers' load does not."""
 
 from __future__ import annotations
@@ -16,20 +17,20 @@ from outlier_admin.control.probe_load import peer_load
 T = Thresholds()
 
 
-def test_the_limit_is_the_peers_plus_one_request_sd_within_the_floor_and_the_cap():
-    # The peers' baseline under 1x (their recent requests lighter than the fit's): the limit is 1.00x,
-    # not 0.87x, so the healed node that answered at 0.97x and 0.995x passes.
+def test_the_limit_is_a_healthy_answer_plus_one_request_sd_under_the_quarantine_line():
+    # The peers' baseline under 1x (their recent requests lighter than the fit's): the limit starts
+    # from 1.00x expected, not 0.72x (it read 0.87x and failed a healed node at 0.97x and 0.995x).
     low = probe_limit(0.72, 0.05, 0.15, T)
-    assert (low.limit, low.bound) == (1.0, "floor")
-    assert low.limit >= 0.974 and low.limit >= 0.995
-    # In between: the peers' baseline plus one per-request sd (the larger spread).
-    mid = probe_limit(1.0, 0.04, 0.21, T)
-    assert mid.limit == pytest.approx(1.21) and mid.bound == "peers"
+    assert low.healthy == 1.0 and low.limit == pytest.approx(1.15) and low.bound == "peers"
+    assert low.limit > 0.995
+    # Peers over 1x: their level plus one per-request sd (the larger spread).
+    mid = probe_limit(1.1, 0.04, 0.21, T)
+    assert mid.limit == pytest.approx(1.31) and "healthy 1.10x expected" in mid.words()
     # A long-tailed workload's wide per-request sd: capped at the quarantine line (1.5x), so a node
     # 2x slow at the peers' load never passes.
     wide = probe_limit(1.05, 0.05, 0.9, T)
     assert wide.limit == pytest.approx(1.5 * 1.05) and wide.bound == "cap" and wide.limit < 2.0
-    assert "never above the quarantine line" in wide.words()
+    assert "the quarantine line" in wide.words()
 
 
 def test_unknown_peers_fall_back_to_as_expected_and_seed_mode_has_no_scale():

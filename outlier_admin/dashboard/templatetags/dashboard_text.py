@@ -83,3 +83,18 @@ def duration(incident: Any) -> str:
     if minutes < 60:
         return f"{minutes} min {s} s"
     return f"{minutes // 60} h {minutes % 60} min"
+
+
+@register.filter
+def proposal_cause(proposal: Any) -> str:
+    """A proposal's evidence once, with its signal and units (:func:`outlier_admin.control.incidents.evidence_words`),
+    instead of ``EMA=90.423 baseline=57.582``; a GPU proposal's reason as it was written."""
+    from detector.signals import unit_of
+    from outlier_admin.control.incidents import evidence_words
+
+    e = proposal.evidence or {}
+    if not e.get("reason"):
+        return proposal.reason
+    signal = e.get("signal") or ""
+    unit = unit_of(signal, proposal.group.thresholds().normalization) if signal else ""
+    return evidence_words(e["reason"], signal, e.get("z"), e.get("ema"), e.get("baseline"), unit)
