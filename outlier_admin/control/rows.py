@@ -19,8 +19,8 @@ import orjson
 from django.db import connection, transaction
 from django.db.models import Model
 
-from detector import NodeState, Transition
 from detector.signals import SIGNALS
+from detector.states import NodeState, Transition
 from outlier_admin.control import incidents
 from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.control.models import Transition as TransitionRow

@@ -4,8 +4,9 @@ Every live node that is not ``healthy``, most urgent first (:data:`outlier_admin
 then the highest Z), each with its state, since when and why: for a node in an incident
 (:mod:`outlier_admin.control.incidents`) the incident's start and its deciding cause (signal, Z, EMA
 vs peer baseline with units), which the canary's cycles do not move, with its latest probe beneath
-("3 probes failed, last 11 s ago: 2.70x expected, limit 1.50x expected"); its weight, and whether the group's gateways have applied the weights that say so: the agents
-report the version they applied (:meth:`outlier_admin.gateway_client.GatewayClient.report_applied`,
+("3 probes failed, last 11 s ago: 2.70x expected, limit 1.50x expected"); its weight, and whether the
+group's gateways have applied the weights that say so: the agents
+report the version they applied (:meth:`agent.client.GatewayClient.report_applied`,
 hash ``outlier:applied:<group>``), and a published version that no gateway applied is a control loop
 that is not closed. Three queries whatever the fleet size, plus one Redis round trip.
 
@@ -31,10 +32,10 @@ import redis
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
+from contract import keys
 from detector.signals import unit_of
 from detector.states import NodeState as S
 from detector.thresholds import Thresholds
-from outlier_admin import keys
 from outlier_admin.api.queries import attention_rank
 from outlier_admin.control.incidents import cause_in_words, cause_text, probe_summary
 from outlier_admin.control.models import (

@@ -30,7 +30,7 @@ from typing import Any
 
 from django.db.models import Max
 
-from outlier_admin import keys
+from contract import keys
 from outlier_admin.control.incidents import CANARY_CYCLE
 from outlier_admin.control.models import AuditEvent, Transition
 from outlier_admin.control.redis_conn import GroupLock, get_redis
