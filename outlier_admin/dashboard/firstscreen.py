@@ -263,6 +263,12 @@ def injected_faults() -> list[InjectedFault]:
     return sorted(out, key=lambda f: f.starts_at)
 
 
+def mark_injected(incidents: list[Incident], faults: list[InjectedFault]) -> None:
+    """Set ``injected`` on each incident (the demo's fault on its node at its start, in words, or "")."""
+    for inc in incidents:
+        inc.injected = _injected_on(faults, inc.node, inc.started_at)
+
+
 def _injected_on(faults: list[InjectedFault], node: Node, at: datetime | None) -> str:
     hit = next((f for f in faults if f.node_pk == node.pk and f.covers(at)), None)
     return hit.words() if hit else ""
@@ -299,6 +305,7 @@ def first_screen(gateways: dict[str, GroupGateways] | None = None, now: float | 
     at = datetime.fromtimestamp(now, UTC) if now is not None else timezone.now()
     screen.ended = list(Incident.objects.filter(ended_at__gte=at - timedelta(seconds=ENDED_WINDOW_S))
                         .select_related("node", "group").order_by("-ended_at")[:ENDED_MAX])
+    mark_injected(screen.ended, screen.injected)
     cache: dict[int, Thresholds] = {}
 
     def thresholds_of(group: ModelGroup) -> Thresholds:

@@ -47,7 +47,7 @@ from outlier_admin.control.models import (
     Transition,
 )
 from outlier_admin.dashboard.charts import node_charts, signal_unit
-from outlier_admin.dashboard.firstscreen import applied_versions, first_screen
+from outlier_admin.dashboard.firstscreen import applied_versions, first_screen, injected_faults, mark_injected
 from outlier_admin.dashboard.forms import (
     OverrideForm,
     PolicyForm,
@@ -213,6 +213,7 @@ def node_page(request: HttpRequest, pk: int) -> HttpResponse:
     # cause, then what happened beneath it, the canary's probes folded.
     incidents = list(Incident.objects.filter(node=node).select_related("group", "node")[:20])
     current = next((i for i in incidents if i.is_open), incidents[0] if incidents else None)
+    mark_injected(incidents, injected_faults())  # the demo's own faults, told from the detector's calls
     # The transitions below, without the canary's cycles (each one a probe outcome, in the probes table).
     recent = list(Transition.objects.filter(node=node)[:200])
     told = [t for t in recent if t.reason not in CANARY_CYCLE][:50]
