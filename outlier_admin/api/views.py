@@ -39,7 +39,14 @@ from outlier_admin.api.preview import (
 from outlier_admin.api.renderers import FastJSONRenderer
 from outlier_admin.api.timeline import MAX_POINTS, RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.control import actions
-from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
+from outlier_admin.control.models import (
+    AuditEvent,
+    CanaryProbe,
+    Incident,
+    Override,
+    QuarantineProposal,
+    Transition,
+)
 from outlier_admin.fleet.models import ApiToken, ModelGroup, Node
 from outlier_admin.ingest.models import GpuReading
 
@@ -430,6 +437,28 @@ class TransitionViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.TransitionSerializer
     filterset_class = filters.TransitionFilter
     ordering_fields = ["at"]
+
+
+class IncidentViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
+    """A node's episodes out of full service, newest first: one start, one deciding cause (signal, Z,
+    EMA vs peer baseline with units), the canary's probes counted beneath it, and how it ended
+    (:mod:`outlier_admin.control.incidents`)."""
+
+    queryset = Incident.objects.select_related("node", "group")
+    serializer_class = s.IncidentSerializer
+    filterset_class = filters.IncidentFilter
+    ordering_fields = ["started_at", "ended_at"]
+
+    @extend_schema(responses={(200, "text/csv"): OpenApiTypes.STR})
+    @action(detail=False, methods=["get"])
+    def export(self, request: Request) -> HttpResponse:
+        """The incidents under the same filters as CSV, newest first (the audit log's CSV writer:
+        :func:`outlier_admin.dashboard.export.csv_response`)."""
+        from outlier_admin.dashboard.export import INCIDENT_COLUMNS, csv_response, incident_rows
+
+        stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+        return csv_response(f"outlier-admin-incidents-{stamp}.csv", INCIDENT_COLUMNS,
+                            incident_rows(self.filter_queryset(self.get_queryset())))
 
 
 class ProposalViewSet(ApiView, viewsets.ReadOnlyModelViewSet):

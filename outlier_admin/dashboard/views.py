@@ -20,7 +20,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from detector.signals import SIGNALS
+from detector.signals import SIGNALS, unit_of
 from detector.states import CANARY_STATES
 from detector.thresholds import ThresholdError
 from outlier_admin.api import queries
@@ -34,9 +34,12 @@ from outlier_admin.api.preview import (
 )
 from outlier_admin.api.timeline import RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.control import actions
+from outlier_admin.control.incidents import CANARY_CYCLE
+from outlier_admin.control.incidents import story as incident_story
 from outlier_admin.control.models import (
     AuditEvent,
     CanaryProbe,
+    Incident,
     NodeHistory,
     Override,
     QuarantineProposal,
@@ -44,7 +47,7 @@ from outlier_admin.control.models import (
     Transition,
 )
 from outlier_admin.dashboard.charts import node_charts, signal_unit
-from outlier_admin.dashboard.firstscreen import applied_versions, first_screen
+from outlier_admin.dashboard.firstscreen import applied_versions, first_screen, injected_faults, mark_injected
 from outlier_admin.dashboard.forms import (
     OverrideForm,
     PolicyForm,
@@ -206,10 +209,20 @@ def node_page(request: HttpRequest, pk: int) -> HttpResponse:
     latest_gpu: dict[str, GpuReading] = {}
     for r in GpuReading.objects.filter(node=node).order_by("-at")[:64]:
         latest_gpu.setdefault(r.gpu, r)
+    # The page opens on the node's incident (the open one, else the latest): its start, its deciding
+    # cause, then what happened beneath it, the canary's probes folded.
+    incidents = list(Incident.objects.filter(node=node).select_related("group", "node")[:20])
+    current = next((i for i in incidents if i.is_open), incidents[0] if incidents else None)
+    mark_injected(incidents, injected_faults())  # the demo's own faults, told from the detector's calls
+    # The transitions below, without the canary's cycles (each one a probe outcome, in the probes table).
+    recent = list(Transition.objects.filter(node=node)[:200])
+    told = [t for t in recent if t.reason not in CANARY_CYCLE][:50]
     return render(request, "dashboard/node.html", _ctx(
         request, node=node, charts=charts, start=start, end=end, hours=request.GET.get("hours", "1"),
         signal=signal, signals=SIGNALS, signal_label=queries.SIGNAL_LABELS[signal],
-        decision_signal=decision, points=len(points), transitions=Transition.objects.filter(node=node)[:50],
+        decision_signal=decision, points=len(points), transitions=told, cycles=len(recent) - len(told) if len(recent) < 200 else None,
+        story=incident_story(current) if current else None, incidents=incidents,
+        probe_unit=unit_of("norm", node.group.thresholds().normalization),
         probes=CanaryProbe.objects.filter(node=node)[:50], overrides=Override.objects.filter(node=node).select_related("transition")[:50],
         gpus=sorted(latest_gpu.values(), key=lambda r: r.gpu), override_form=OverrideForm(),
         scrape_failures=list(scrape_failures),
