@@ -30,6 +30,9 @@ CAPABILITIES: dict[str, frozenset[str]] = {
     "decide": frozenset({"operator"}),
     "override": frozenset({"oncall"}),
 }
+#: Capabilities that allow a threshold preview (any one): ``tune`` (operator) and ``override``
+#: (oncall); the preview itself is :mod:`outlier_admin.history.preview`.
+PREVIEW_CAPABILITIES = ("tune", "override")
 
 
 def roles_of(user: Any) -> frozenset[str]:
@@ -100,3 +103,13 @@ def capability_permission(capability: str) -> type[_Capability]:
     if capability not in CAPABILITIES:
         raise KeyError(f"unknown capability {capability!r}")
     return type(f"Can{capability.title()}", (_Capability,), {"capability": capability})
+
+
+def may_preview(user: Any) -> bool:
+    """True if ``user`` may run a threshold preview (see :data:`PREVIEW_CAPABILITIES`)."""
+    return any(user_can(user, cap) for cap in PREVIEW_CAPABILITIES)
+
+
+def preview_roles() -> list[str]:
+    """The role names that may preview, sorted (for the 403 messages)."""
+    return sorted(set().union(*(CAPABILITIES[cap] for cap in PREVIEW_CAPABILITIES)))

@@ -1,6 +1,6 @@
 """The overview's first screen, for the on-call engineer woken at 3 a.m.: what is wrong *now*.
 
-Every live node that is not ``healthy``, most urgent first (:data:`outlier_admin.api.queries.ATTENTION_ORDER`,
+Every live node that is not ``healthy``, most urgent first (:data:`outlier_admin.history.queries.ATTENTION_ORDER`,
 then the highest Z), each with its state, since when (the transition into it), the cause in words,
 its weight, and whether the group's gateways have applied the weights that say so: the agents
 report the version they applied (:meth:`outlier_admin.gateway_client.GatewayClient.report_applied`,
@@ -28,7 +28,6 @@ from django.utils import timezone
 from detector.states import NodeState as S
 from detector.thresholds import Thresholds
 from outlier_admin import keys
-from outlier_admin.api.queries import attention_rank
 from outlier_admin.control.models import (
     Outcome,
     Override,
@@ -40,6 +39,7 @@ from outlier_admin.control.models import (
 from outlier_admin.control.redis_conn import get_redis
 from outlier_admin.dashboard.tables import STATE_ICONS
 from outlier_admin.fleet.models import ModelGroup, Node
+from outlier_admin.history.queries import attention_rank
 from outlier_admin.observability.alerts import held_degraded_since
 
 log = logging.getLogger(__name__)

@@ -65,7 +65,7 @@ class NodeRow:
 
 
 def node_rows(nodes: list[Node]) -> list[NodeRow]:
-    """Table rows of nodes annotated by :func:`outlier_admin.api.queries.group_nodes`."""
+    """Table rows of nodes annotated by :func:`outlier_admin.history.queries.group_nodes`."""
     return [
         NodeRow(
             pk=n.pk, name=n.name, address=n.address, state=n.state, icon=STATE_ICONS.get(n.state, "○"),

@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 from django.test import Client
 
-from outlier_admin.api.preview import preview_thresholds
 from outlier_admin.control.models import Transition
+from outlier_admin.history.preview import preview_thresholds
 
 pytestmark = pytest.mark.django_db
 
