@@ -122,11 +122,13 @@ def group_page(request: HttpRequest, slug: str) -> HttpResponse:
     if sort.lstrip("-") not in SORTS:
         sort = "attention"
     signal = _signal(request, group)
-    ordered = queries.group_nodes(group, sort, signal=signal)
+    # Without ?signal=, each node's Z on its deciding signal: the API's, and the heatmap's.
+    ordered = queries.group_nodes(group, sort, signal=_asked_signal(request))
     page = Paginator(ordered, GROUP_PAGE_SIZE).get_page(request.GET.get("page"))
     counts = queries.state_counts([group.pk]).get(group.pk, {})
-    ctx = _ctx(request, group=group, nodes=node_rows(page.object_list), page=page, sort=sort,
-               signal=signal, signal_label=queries.SIGNAL_LABELS[signal], signals=SIGNALS,
+    ctx = _ctx(request, group=group, nodes=node_rows(page.object_list, group.thresholds()), page=page, sort=sort,
+               signal=signal, signal_asked=_asked_signal(request), signal_label=queries.SIGNAL_LABELS[signal],
+               signals=SIGNALS,
                ema_unit=signal_unit(signal, group.thresholds()),
                baseline=queries.latest_baseline(group, signal),
                safeguard=queries.safeguard_status(group, counts), thresholds=group.thresholds().to_dict(),
@@ -144,7 +146,7 @@ def _heatmap_ctx(group: ModelGroup, asked: str | None, nodes: list[Node] | None 
     now = timezone.now()
     window = data_window(now, first_write(group.pk, now - timedelta(hours=1)), settings.HISTORY_EVERY_S)
     signals = (asked,) if asked else queries.judged_signals(ModelGroup.objects.filter(pk=group.pk))[group.pk]
-    nodes = queries.group_nodes(group, "attention", signal=signals[0]) if nodes is None else nodes
+    nodes = queries.group_nodes(group, "attention", signal=asked) if nodes is None else nodes
     t = group.thresholds()
     return {"group": group, "heatmap_signal": asked, "heatmap_signals": signals,
             "heatmap_start": window.start, "heatmap_end": window.end, "heatmap_step_s": window.step_s,
