@@ -304,6 +304,9 @@ HISTORY_RAW_DAYS = envint("HISTORY_RAW_DAYS", 2, minimum=1)
 HISTORY_KEEP_DAYS = envint("HISTORY_KEEP_DAYS", 30, minimum=1)
 # Weights documents older than this should be ignored by gateways (they fall back to base weights).
 WEIGHTS_STALE_AFTER_S = envint("WEIGHTS_STALE_AFTER_S", DEFAULT_STALE_AFTER_S, minimum=1)
+# A gateway whose agent has not reported for this long is shown as gone, not as "behind": a running
+# agent reports at least every resync (30 s); one run once (--once) or stopped reports no more.
+GATEWAY_GONE_AFTER_S = envint("GATEWAY_GONE_AFTER_S", 300, minimum=1)
 CANARY_TIMEOUT_S = envint("CANARY_TIMEOUT_S", 30, minimum=1)
 CANARY_MAX_TOKENS = envint("CANARY_MAX_TOKENS", 32, minimum=1)
 CANARY_MODEL = envstr("CANARY_MODEL") or ""

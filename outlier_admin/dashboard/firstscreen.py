@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 
 import orjson
 import redis
+from django.conf import settings
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
@@ -85,13 +86,16 @@ def cause_in_words(reason: str, signal: str = "") -> str:
 
 @dataclass(frozen=True)
 class GatewayReport:
-    """What one gateway said it applied (``behind``: versions behind the published one)."""
+    """What one gateway said it applied (``behind``: versions behind the published one). ``gone``: no
+    report for ``GATEWAY_GONE_AFTER_S`` (a running agent reports at every resync, 30 s): an agent
+    run once (``--once``) or stopped, not a gateway left behind; it is not counted as behind."""
 
     gateway: str
     version: int
     applied_at: datetime
     mode: str
     behind: int
+    gone: bool = False
 
 
 @dataclass
@@ -111,11 +115,17 @@ class GroupGateways:
             return "unknown (Redis unreachable)"
         if not self.reports:
             return f"no gateway has reported (published v{self.published})"
-        behind = [r for r in self.reports if r.behind > 0]
+        live = [r for r in self.reports if not r.gone]
+        gone = len(self.reports) - len(live)
+        quiet = f"; {gone} gone (no report for {settings.GATEWAY_GONE_AFTER_S} s)" if gone else ""
+        if not live:
+            return f"no gateway reporting (published v{self.published}){quiet}"
+        behind = [r for r in live if r.behind > 0]
         if not behind:
-            return f"v{self.published} on all {len(self.reports)} gateway(s)"
-        return (f"v{self.oldest} on the oldest of {len(self.reports)} gateway(s); published v{self.published} "
-                f"({len(behind)} gateway(s) behind)")
+            return f"v{self.published} on all {len(live)} gateway(s){quiet}"
+        oldest = min(r.version for r in live)
+        return (f"v{oldest} on the oldest of {len(live)} gateway(s); published v{self.published} "
+                f"({len(behind)} gateway(s) behind){quiet}")
 
 
 @dataclass(frozen=True)
@@ -186,7 +196,8 @@ def applied_versions(groups: list[ModelGroup], now: float | None = None) -> dict
             except (ValueError, TypeError, KeyError, OverflowError, OSError):
                 continue
             reports.append(GatewayReport(gw.decode(errors="replace")[:200], version, applied, str(d.get("mode", ""))[:20],
-                                         max(0, g.weights_version - version)))
+                                         max(0, g.weights_version - version),
+                                         gone=now - at > settings.GATEWAY_GONE_AFTER_S))
         out[g.name] = GroupGateways(g.weights_version, reports)
     return out
 

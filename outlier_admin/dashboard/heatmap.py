@@ -96,23 +96,24 @@ class Cell:
     readings: int = 0
 
 
-def cells(nodes: list[Node], window: Window, signals: Sequence[str], thresholds: Thresholds) -> dict[int, list[Cell]]:
-    """``{node pk: [Cell per bucket]}``: each bucket's median reading (by level, then Z) on ``signals``
-    (the read model's :func:`~outlier_admin.history.replay.reading`: the same Z the nodes table shows
-    for the same history write) and its most urgent state
-    (:func:`~outlier_admin.history.queries.attention_rank`); ``Cell(None, None)`` for a bucket without
-    history.
+def cells(nodes: list[Node], window: Window, thresholds: Thresholds, signal: str | None = None) -> dict[int, list[Cell]]:
+    """``{node pk: [Cell per bucket]}``: each bucket's median reading (by level, then Z) on each
+    node's deciding signal (or on ``signal``): the read model's
+    :func:`~outlier_admin.history.replay.reading`, the same Z the nodes table shows for the same
+    history write; and its most urgent state (:func:`~outlier_admin.history.queries.attention_rank`);
+    ``Cell(None, None)`` for a bucket without history.
 
     Vectorised (numpy) after the read model's two reads: 50 nodes x an hour of writes every 10 s x
-    two signals is 36,000 rows."""
+    four signals is 72,000 rows."""
     buckets = window.buckets
     out = {n.pk: [Cell(None, None)] * buckets for n in nodes}
     if not nodes:
         return out
-    f = load(nodes[0].group_id, window.start, window.end, signals, node_ids=list(out))
+    f = load(nodes[0].group_id, window.start, window.end, SIGNALS if signal is None else (signal,),
+             node_ids=list(out))
     if not f.columns:
         return out
-    r = reading(f, thresholds, signals)
+    r = reading(f, thresholds, signal)
     row_of = {pk: i for i, pk in enumerate(out)}
     col_row = np.array([row_of[f.node_ids[k]] for k in f.col_node.tolist()], dtype=np.int64)
     bucket = np.clip(((f.writes[f.col_write] - window.start.timestamp()) / window.step_s).astype(np.int64),
@@ -148,12 +149,14 @@ def cells(nodes: list[Node], window: Window, signals: Sequence[str], thresholds:
     return out
 
 
-def heatmap(nodes: list[Node], thresholds: Thresholds, *, window: Window, signals: Sequence[str]) -> SafeString:
+def heatmap(nodes: list[Node], thresholds: Thresholds, *, window: Window, signals: Sequence[str],
+            signal: str | None = None) -> SafeString:
     """The SVG (see the module docstring) of the first :data:`MAX_ROWS` of ``nodes`` (in order), read
-    on ``signals`` (the group's judged signals: each node's deciding one; or one signal) over
-    ``window`` (:func:`data_window`)."""
+    on each node's deciding signal (``signals``: the group's judged ones now, for the caption) or on
+    ``signal``, over ``window`` (:func:`data_window`)."""
     nodes = nodes[:MAX_ROWS]
-    grid = cells(nodes, window, signals, thresholds)
+    grid = cells(nodes, window, thresholds, signal)
+    signals = (signal,) if signal else signals
     start, end, buckets = window.start, window.end, window.buckets
     label_w, top, cell_h, band_h, gap = 170, 18, 12, 4, 3
     cell_w = PLOT_W / buckets

@@ -52,6 +52,7 @@ from outlier_admin.dashboard.heatmap import data_window, first_write, heatmap, h
 from outlier_admin.dashboard.tables import node_rows
 from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.history import queries
+from outlier_admin.history.audit import fold
 from outlier_admin.history.preview import (
     PreviewThrottled,
     PreviewTooLarge,
@@ -151,7 +152,7 @@ def _heatmap_ctx(group: ModelGroup, asked: str | None, nodes: list[Node] | None 
     return {"group": group, "heatmap_signal": asked, "heatmap_signals": signals,
             "heatmap_start": window.start, "heatmap_end": window.end, "heatmap_step_s": window.step_s,
             "heatmap_rows": min(len(nodes), HEATMAP_ROWS), "heatmap_nodes": len(nodes),
-            "heatmap": heatmap(nodes, t, window=window, signals=signals),
+            "heatmap": heatmap(nodes, t, window=window, signals=signals, signal=asked),
             "heatmap_states": HEATMAP_STATES, "heatmap_legend": heatmap_legend(t)}
 
 
@@ -430,7 +431,9 @@ def audit_log(request: HttpRequest) -> HttpResponse:
     page = Paginator(flt.qs, 50).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
-    return render(request, "dashboard/audit.html", _ctx(request, filter=flt, page=page, query=query.urlencode()))
+    # Runs of registrations (a fleet registered at once) folded into one entry each.
+    return render(request, "dashboard/audit.html", _ctx(request, filter=flt, page=page, rows=fold(page),
+                                                        query=query.urlencode()))
 
 
 def _export(request: HttpRequest, filter_cls: Any, model: Any, name: str, columns: list[str],

@@ -233,28 +233,48 @@ class Readings:
     level: np.ndarray
 
 
-def reading(f: Frames, t: Thresholds, signals: Sequence[str]) -> Readings:
-    """Every column's reading on ``signals`` (the group's judged signals, or one signal): the deciding
-    signal picked by :func:`detector.detectors.zscore.decide` and its place against
-    :func:`~detector.detectors.zscore.lines`, in one vectorised call over all columns.
+def reading(f: Frames, t: Thresholds, signal: str | None = None) -> Readings:
+    """Every column's reading: on its **deciding** signal (``signal=None``), picked by
+    :func:`detector.detectors.zscore.decide` among the signals the detector judged at that write
+    (:func:`~detector.detectors.zscore.judged_signals` over the write's baselines: ``norm`` before
+    ``decode`` had a baseline), and its place against :func:`~detector.detectors.zscore.lines`; or
+    on one ``signal``. Vectorised: one decision per distinct set of judged signals in the window.
 
-    Each column is a node of one peer view whose baseline is 1 on the signals that had one at its
-    write (the EMAs are divided by their own write's baseline), so ``EMA / baseline`` is each column's
-    own excess; its recorded state is the node's state (a cut node's prefill time is judged against
-    its exit line, as in the tick)."""
+    Each column is a node of one peer view whose baseline is 1 on the judged signals (the EMAs are
+    divided by their own write's baseline), so ``EMA / baseline`` is each column's own excess; its
+    recorded state is the node's state (a cut node's prefill time is judged against its exit line,
+    as in the tick)."""
     c = f.columns
+    z_out, which_out = np.full(c, np.nan), np.full(c, -1, dtype=np.int64)
+    excess_out, level_out = np.full(c, np.nan), np.full(c, -1, dtype=np.int64)
     with np.errstate(invalid="ignore", divide="ignore"):
         excess = f.ema / f.baseline[:, f.col_write]
+    if signal is not None:
+        judged = [(signal,)] * len(f.writes)
+    else:
+        judged = [zscore.judged_signals(f.baselines(k), t) for k in range(len(f.writes))]
+    for signals in dict.fromkeys(judged):
+        writes = np.array([k for k, j in enumerate(judged) if j == signals], dtype=np.int64)
+        cols = np.flatnonzero(np.isin(f.col_write, writes))
+        # The signals of the set that had a baseline at these writes (the others have no Z there).
+        based = tuple(s for s in signals if np.isfinite(f.baseline[_SIGNAL[s], writes]).any())
+        z, w, x, lv = _decide(f, t, cols, based or signals[:1], excess[:, cols])
+        z_out[cols], which_out[cols], excess_out[cols], level_out[cols] = z, w, x, lv
+    return Readings(z=z_out, which=which_out, excess=excess_out, level=level_out)
+
+
+def _decide(f: Frames, t: Thresholds, cols: np.ndarray, signals: Sequence[str],
+            excess: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`reading` of columns ``cols``, all judged on ``signals``."""
+    c = len(cols)
     keep = np.array([s in signals for s in SIGNALS])
-    # As in a tick, a signal without any baseline in the window is not one the detector judges on.
-    with_base = keep & np.isfinite(f.baseline).any(axis=1)
-    z = np.where(keep[:, None], f.z, np.nan)
-    base = {s: 1.0 if with_base[k] else math.nan for k, s in enumerate(SIGNALS)}
-    view = PeerView(z=z, ema=np.where(keep[:, None], excess, np.nan), baseline=base,
+    z = np.where(keep[:, None], f.z[:, cols], np.nan)
+    view = PeerView(z=z, ema=np.where(keep[:, None], excess, np.nan),
+                    baseline={s: 1.0 if keep[k] else math.nan for k, s in enumerate(SIGNALS)},
                     spread=dict.fromkeys(SIGNALS, math.nan), peers=dict.fromkeys(SIGNALS, 0),
                     fresh=np.ones(c, dtype=bool))
     a = NodeArrays(map(str, range(c)))
-    a.state[:] = np.where(f.state >= 0, f.state, int(NodeState.HEALTHY))
+    a.state[:] = np.where(f.state[cols] >= 0, f.state[cols], int(NodeState.HEALTHY))
     with np.errstate(invalid="ignore", divide="ignore"):
         d = zscore.decide(view, a, t, now=0.0)
         over = zscore.lines(d, t)
@@ -262,10 +282,10 @@ def reading(f: Frames, t: Thresholds, signals: Sequence[str]) -> Readings:
                                                                 np.where(d.score > 0, SLOWER, AT_OR_UNDER)))
         decided = np.isfinite(d.score)
         # No deciding Z: the group's deciding signal's Z, under every line (see the module docstring).
-        group_k = _SIGNAL.get(d.name or "", -1)
+        group_k = _SIGNAL.get(signals[0], -1)
         fallback = z[group_k] if group_k >= 0 else np.full(c, np.nan)
         shown = np.where(decided, d.score, fallback)
         which = np.where(decided, d.which, np.where(np.isfinite(fallback), group_k, -1))
         ratio = np.where(which >= 0, view.ema[np.maximum(which, 0), np.arange(c)], np.nan)
         level = np.where(decided, level, np.where(np.isfinite(shown), np.where(shown > 0, SLOWER, AT_OR_UNDER), -1))
-    return Readings(z=shown, which=which, excess=ratio, level=level)
+    return shown, which, ratio, level

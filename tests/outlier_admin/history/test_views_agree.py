@@ -42,9 +42,8 @@ def _ticks(settings, make_group, count: int = 12) -> tuple[ModelGroup, float]:
 def test_the_rebuild_of_each_write_picks_the_row_the_tick_flagged(redis_client, settings, make_group):
     group, t0 = _ticks(settings, make_group)
     start, end = (datetime.fromtimestamp(t, tz=UTC) for t in (t0 - 1, t0 + 60))
-    signals = queries.judged_signals(ModelGroup.objects.filter(pk=group.pk))[group.pk]
     f = load(group.pk, start, end, SIGNALS)
-    r = reading(f, group.thresholds(), signals)
+    r = reading(f, group.thresholds())
     flagged = f.deciding >= 0
     assert flagged.sum() >= 8 * 8, "the ticks flagged the deciding row of most writes"
     assert (r.which[flagged] == f.deciding[flagged]).all()
@@ -59,8 +58,7 @@ def test_the_heatmap_and_the_nodes_table_show_the_same_z(redis_client, settings,
     window = data_window(now, datetime.fromtimestamp(t0, tz=UTC), 1)
     assert window.step_s == 1 and window.buckets <= 15  # one write per cell
     table = queries.group_nodes(group, "name", signal=None)  # the dashboard's default: deciding signals
-    signals = queries.judged_signals(ModelGroup.objects.filter(pk=group.pk))[group.pk]
-    grid = cells(table, window, signals, group.thresholds())
+    grid = cells(table, window, group.thresholds())
     compared = 0
     for n in table:
         last = next((c for c in reversed(grid[n.pk]) if c.state is not None), None)
@@ -76,3 +74,4 @@ def test_the_heatmap_and_the_nodes_table_show_the_same_z(redis_client, settings,
     api = {n.name: (n.latest_signal, n.latest_z) for n in queries.with_latest_figures(group.nodes.all())}
     assert api == {n.name: (n.latest_signal, n.latest_z) for n in table}
     assert window.end - window.start <= timedelta(seconds=20)
+
