@@ -1,7 +1,7 @@
 """Dashboard pages. Thin: check the role, read through :mod:`outlier_admin.history.queries`, change through
 :mod:`outlier_admin.control.actions` (which validates and audits), render a template.
 
-Roles (:mod:`outlier_admin.api.permissions`): every page needs a role; anonymous users go to the
+Roles (:mod:`outlier_admin.fleet.roles`): every page needs a role; anonymous users go to the
 login page, users without the capability get a 403 page that says which role they need.
 """
 
@@ -25,7 +25,7 @@ from detector.signals import SIGNALS
 from detector.states import CANARY_STATES
 from detector.thresholds import ThresholdError
 from outlier_admin.api.filters import AuditFilter
-from outlier_admin.api.permissions import CAPABILITIES, capabilities_of, may_preview, preview_roles, user_can
+from outlier_admin.api.permissions import may_preview, preview_roles
 from outlier_admin.control import actions
 from outlier_admin.control.models import (
     AuditEvent,
@@ -51,6 +51,7 @@ from outlier_admin.dashboard.heatmap import STATE_COLORS as HEATMAP_STATES
 from outlier_admin.dashboard.heatmap import data_window, first_write, heatmap, heatmap_legend
 from outlier_admin.dashboard.tables import node_rows
 from outlier_admin.fleet.models import ModelGroup, Node
+from outlier_admin.fleet.roles import CAPABILITIES, capabilities_of, user_can
 from outlier_admin.history import queries
 from outlier_admin.history.audit import fold
 from outlier_admin.history.preview import (

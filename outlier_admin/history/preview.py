@@ -67,11 +67,11 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
+from contract import keys
 from detector.signals import QUEUE_FREE, SIGNALS
 from detector.states import JUDGED_STATES, OPERATOR_STATES, Reason
 from detector.states import NodeState as S
 from detector.thresholds import Thresholds
-from outlier_admin import keys
 from outlier_admin.control.models import GroupBaseline, NodeHistory, Transition
 from outlier_admin.control.redis_conn import get_redis
 from outlier_admin.fleet.models import ModelGroup

@@ -58,10 +58,10 @@ import httpx
 import orjson
 from django.conf import settings
 
+from contract import keys
+from contract.weights_document import DocumentError, WeightsDocument
 from detector.states import CANARY_STATES, OPERATOR_STATES, OUT_OF_SERVICE
-from outlier_admin import keys
 from outlier_admin.observability import metrics
-from outlier_admin.weights_document import DocumentError, WeightsDocument
 
 log = logging.getLogger("outlier_admin.alerts")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from detector import Thresholds
+from detector.thresholds import Thresholds
 from outlier_admin.history import preview
 from outlier_admin.history.replay import build
 

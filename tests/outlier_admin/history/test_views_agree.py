@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from detector.signals import SIGNALS
+from harness.records import make_records
 from outlier_admin.control.tick import run_tick
 from outlier_admin.dashboard.heatmap import cells, data_window
 from outlier_admin.fleet.models import ModelGroup
 from outlier_admin.history import queries
 from outlier_admin.history.replay import load, reading
-from tests.outlier_admin.helpers import make_records
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services]
 
