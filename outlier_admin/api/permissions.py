@@ -13,10 +13,6 @@ from rest_framework import permissions
 from outlier_admin.fleet.models import ApiToken, TokenScope
 from outlier_admin.fleet.roles import CAPABILITIES, ROLES, capabilities_of, roles_of, user_can  # noqa: F401
 
-#: Capabilities that allow a threshold preview (any one): ``tune`` (operator) and ``override``
-#: (oncall); the preview itself is :mod:`outlier_admin.history.preview`.
-PREVIEW_CAPABILITIES = ("tune", "override")
-
 
 class _Capability(permissions.BasePermission):
     capability = "read"
@@ -58,12 +54,3 @@ def capability_permission(capability: str) -> type[_Capability]:
         raise KeyError(f"unknown capability {capability!r}")
     return type(f"Can{capability.title()}", (_Capability,), {"capability": capability})
 
-
-def may_preview(user: Any) -> bool:
-    """True if ``user`` may run a threshold preview (see :data:`PREVIEW_CAPABILITIES`)."""
-    return any(user_can(user, cap) for cap in PREVIEW_CAPABILITIES)
-
-
-def preview_roles() -> list[str]:
-    """The role names that may preview, sorted (for the 403 messages)."""
-    return sorted(set().union(*(CAPABILITIES[cap] for cap in PREVIEW_CAPABILITIES)))

@@ -29,11 +29,12 @@ from outlier_admin.api import filters
 from outlier_admin.api import serializers as s
 from outlier_admin.api.errors import PROBLEM_CONTENT_TYPE, problem_response
 from outlier_admin.api.inputs import PARSERS, Pagination
-from outlier_admin.api.permissions import CanRead, capability_permission, may_preview, preview_roles
+from outlier_admin.api.permissions import CanRead, capability_permission
 from outlier_admin.api.renderers import FastJSONRenderer
 from outlier_admin.control import actions
 from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
 from outlier_admin.fleet.models import ApiToken, ModelGroup, Node
+from outlier_admin.fleet.roles import may_preview, preview_roles
 from outlier_admin.history import queries
 from outlier_admin.history.preview import PreviewThrottled, preview_thresholds
 from outlier_admin.history.timeline import MAX_POINTS, RangeError, group_baseline, node_timeline, parse_range

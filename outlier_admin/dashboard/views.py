@@ -25,7 +25,6 @@ from detector.signals import SIGNALS
 from detector.states import CANARY_STATES
 from detector.thresholds import ThresholdError
 from outlier_admin.api.filters import AuditFilter
-from outlier_admin.api.permissions import may_preview, preview_roles
 from outlier_admin.control import actions
 from outlier_admin.control.models import (
     AuditEvent,
@@ -51,7 +50,7 @@ from outlier_admin.dashboard.heatmap import STATE_COLORS as HEATMAP_STATES
 from outlier_admin.dashboard.heatmap import data_window, first_write, heatmap, heatmap_legend
 from outlier_admin.dashboard.tables import node_rows
 from outlier_admin.fleet.models import ModelGroup, Node
-from outlier_admin.fleet.roles import CAPABILITIES, capabilities_of, user_can
+from outlier_admin.fleet.roles import CAPABILITIES, capabilities_of, may_preview, preview_roles, user_can
 from outlier_admin.history import queries
 from outlier_admin.history.audit import fold
 from outlier_admin.history.preview import (

@@ -30,7 +30,7 @@ are not replayed, so a simulated quarantine lasts to the end of the window; node
 warming, probing, recovering or forced by an operator are not judged at those rows.
 
 Who and how much: a preview reads a whole group's history into memory and replays it twice, so it
-is for the roles that act on thresholds and nodes (:data:`outlier_admin.api.permissions.PREVIEW_CAPABILITIES`: operator, oncall),
+is for the roles that act on thresholds and nodes (:data:`outlier_admin.fleet.roles.PREVIEW_CAPABILITIES`: operator, oncall),
 and it is bounded — a window of at most ``PREVIEW_MAX_WINDOW_S`` seconds, a group of at most
 ``PREVIEW_MAX_NODES`` nodes, at most ``PREVIEW_MAX_ROWS`` history rows read (per query). Over a bound
 the preview is refused with :class:`PreviewTooLarge` naming it (a 400), never silently truncated: a
