@@ -21,7 +21,10 @@ The history is read once, by the read model (:mod:`outlier_admin.history.replay`
 each write, with the detector's stored baseline (and its one fallback for rows older than stored
 baselines), is the one the heatmap reads too.
 
-Approximations, stated so nobody over-reads the preview: the evidence is replayed as recorded, i.e.
+Approximations, stated so nobody over-reads the preview: a node the detector took out between two
+history rows (within seconds of its cut: the detector judges every request, the replay one row every
+``HISTORY_EVERY_S``) has its persistence counted as recorded at the row of its quarantine, which
+the replayed thresholds' lines still decide (:func:`_as_recorded`); the evidence is replayed as recorded, i.e.
 as accumulated under the materiality and allowance in force then (a new ``degrade_evidence`` line is
 replayed exactly, a new ``degrade_materiality`` only through the EMA test); a history step counts as
 one sample and one evaluation (the detector counts every request and tick, so real quarantines come
@@ -68,6 +71,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from contract import keys
+from detector.ejection import in_time
+from detector.nodes import NodeArrays
 from detector.signals import QUEUE_FREE, SIGNALS
 from detector.states import JUDGED_STATES, OPERATOR_STATES, Reason
 from detector.states import NodeState as S
@@ -204,6 +209,8 @@ class Fidelity:
     missed: list[tuple[str, str]]
     extra: list[tuple[str, str]]
     unread: list[str]
+    #: Why each missed one was not reproduced, in words: ``{(node, kind): reason}``.
+    why: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @property
     def faithful(self) -> bool:
@@ -211,7 +218,7 @@ class Fidelity:
 
     def to_dict(self) -> dict[str, Any]:
         return {"faithful": self.faithful, "recorded": self.recorded, "reproduced": self.reproduced,
-                "missed": [{"node": n, "to_state": s} for n, s in self.missed],
+                "missed": [{"node": n, "to_state": s, "why": self.why.get((n, s), "")} for n, s in self.missed],
                 "extra": [{"node": n, "to_state": s} for n, s in self.extra],
                 "nodes_without_rows": self.unread}
 
@@ -223,14 +230,29 @@ def _kind(state: str) -> str:
     return "quarantine" if state in QUARANTINE_LABELS else state
 
 
-def fidelity(recorded: list[tuple[str, str]], current: list[SimTransition], replayed_nodes: set[str]) -> Fidelity:
-    """Compare the recorded (node, cut or quarantine) with the current-threshold replay's (see :class:`Fidelity`)."""
+#: Why a recorded cut or quarantine was not replayed (see :func:`fidelity`).
+WHY_NO_ROWS = "no history rows of this node in the window"
+WHY_OUT_AT_START = "already out of service at its first row in the window (its way out began before it)"
+WHY_BETWEEN_ROWS = {
+    "quarantine": "its recorded figures are under the current quarantine line at every row (a Z or tail "
+                  "reading the detector saw between two history rows, one every HISTORY_EVERY_S)",
+    "degraded": "a cut made between two history rows (one every HISTORY_EVERY_S) that its rows do not show",
+}
+
+
+def fidelity(recorded: list[tuple[str, str]], current: list[SimTransition], replayed_nodes: set[str],
+             out_at_start: set[str] | frozenset[str] = frozenset()) -> Fidelity:
+    """Compare the recorded (node, cut or quarantine) with the current-threshold replay's (see
+    :class:`Fidelity`), and say why each missed one was missed: no rows of the node, the node already
+    out at its first row in the window (``out_at_start``), or between two rows."""
     rec = {(n, _kind(st)) for n, st in recorded}
     sim = {(t.node, _kind(t.to_state)) for t in current
            if t.to_state in REPLAYED_STATES and t.rule in REPLAYED_REASONS}
     missed, extra = sorted(rec - sim), sorted(sim - rec)
+    why = {(n, k): WHY_NO_ROWS if n not in replayed_nodes else WHY_OUT_AT_START if n in out_at_start
+           else WHY_BETWEEN_ROWS.get(k, WHY_BETWEEN_ROWS["quarantine"]) for n, k in missed}
     return Fidelity(recorded=len(rec), reproduced=len(rec & sim), missed=missed, extra=extra,
-                    unread=sorted({n for n, _ in missed if n not in replayed_nodes}))
+                    unread=sorted({n for n, _ in missed if n not in replayed_nodes}), why=why)
 
 
 @dataclass
@@ -272,6 +294,7 @@ class Preview:
 _PAD = "\x00pad"  # nodes of the group without history rows: they count toward the safeguard's cap
 _JUDGED = np.array(sorted(int(x) for x in JUDGED_STATES))
 _FOLLOWED = np.array(sorted(int(x) for x in FOLLOWED_STATES))
+_QUARANTINE = np.array(sorted(int(S.from_label(x)) for x in QUARANTINE_LABELS))
 
 
 def replay(f: Frames, t: Thresholds, node_count: int, *, signal: str = "decode",
@@ -298,13 +321,14 @@ def replay(f: Frames, t: Thresholds, node_count: int, *, signal: str = "decode",
     from detector.detectors.zscore import ZScoreDetector
     from detector.evaluation import evaluate
     from detector.moves import Moves
-    from detector.nodes import NodeArrays
 
     names = sorted(f.names)
     a = NodeArrays(names + [f"{_PAD}{k}" for k in range(max(node_count - len(names), 0))])
     a.state[:] = S.HEALTHY
     slot = np.array([a.index[n] for n in f.names], dtype=np.int64)  # f's node index -> a's
     seen = np.zeros(len(a), dtype=bool)
+    last = np.full(len(a), -1, dtype=np.int64)  # each node's recorded state at its previous row
+    timed = in_time(t)
     signals = (signal, *also)
     k_sig = SIGNALS.index(signal)  # a node is judged at a write with a row of the deciding signal
     out: list[SimTransition] = []
@@ -321,10 +345,15 @@ def replay(f: Frames, t: Thresholds, node_count: int, *, signal: str = "decode",
         # Warming, forced by an operator, or in the detector's quarantine path: follow the record,
         # except that a node the replay keeps in service stays there.
         follow = ~seen[i] | (~rec_judged & (~cur_judged | np.isin(recorded, _FOLLOWED)))
+        # Taken out by the detector at this write (its row is the evaluation that did it) while the
+        # replay still has it in service: judged on that row, its persistence as the detector
+        # recorded it (see _as_recorded).
+        entering = np.isin(recorded, _QUARANTINE) & np.isin(last[i], _JUDGED) & cur_judged & seen[i]
         a.state[i[follow]] = recorded[follow]
         seen[i] = True
+        last[i] = recorded
         has = np.zeros(len(a), dtype=bool)
-        has[i[rec_judged]] = True
+        has[i[rec_judged | entering]] = True
         p50, p99, evidence = (np.full(len(a), np.nan) for _ in range(3))
         p50[i], p99[i] = f.p50[cols], f.p99[cols]
         # Rows from before evidence was recorded: not gated.
@@ -339,6 +368,7 @@ def replay(f: Frames, t: Thresholds, node_count: int, *, signal: str = "decode",
         a.new_samples = judged.astype(np.int64)  # one sample per history step
         with np.errstate(invalid="ignore"):
             a.new_drained = (judged & (when >= a.cut_at + t.queue_drain_s)).astype(np.int64)
+        _as_recorded(a, t, i[entering], when, timed)
         moves = Moves(a.state)
         # Errors are not recorded in the history: the replay's detectors are the latency ones.
         evaluate(a, t, when, view, (ZScoreDetector(), RecordedTail(p50, p99, judged & np.isfinite(p50)),
@@ -349,6 +379,25 @@ def replay(f: Frames, t: Thresholds, node_count: int, *, signal: str = "decode",
                 rule = "safeguard_blocked" if m.safeguard_hold else m.reason.value
                 out.append(SimTransition(a.ids[m.i], at, m.src.label, m.dst.label, rule))
     return out
+
+
+def _as_recorded(a: NodeArrays, t: Thresholds, nodes: np.ndarray, now: float, timed: bool) -> None:
+    """Nodes the detector took out at this history write: count their quarantine strength as held for
+    as long as the thresholds ask, one evaluation short of enough. The detector judged every request
+    and tick between two history rows (10 s apart; a 3x-slow node is out within a few seconds of its
+    cut), the replay one row each: without this it never saw enough rows to reproduce the quarantine.
+    The evaluation of this write still decides: the node goes only if its recorded figures are over
+    the quarantine line of the thresholds replayed (and the evidence gate, the cap, approval and
+    ``dry_run`` allow it), so a higher ``quarantine_z`` or materiality still shows as a quarantine that
+    would not happen; a longer persistence does not, for these nodes (stated in the module docstring)."""
+    if not len(nodes):
+        return
+    if timed:
+        a.q_held[nodes] = t.quarantine_persistence_s
+        a.q_seen_at[nodes] = now
+    else:
+        a.over_q[nodes] = max(t.quarantine_persistence - 1, 0)
+    a.over_q_evals[nodes] = t.quarantine_min_evaluations - 1
 
 
 def preview_thresholds(
@@ -410,5 +459,12 @@ def _replay_window(group: ModelGroup, current: Thresholds, proposed: Thresholds,
     return Preview(
         rows=rows, nodes=len(f.names), start=start, end=end, current=now_replay,
         proposed=replay(f, proposed, n, signal=signal, also=others), signal=signal,
-        fidelity=fidelity(recorded, now_replay, set(f.names)),
+        fidelity=fidelity(recorded, now_replay, set(f.names), _out_at_start(f)),
     )
+
+
+def _out_at_start(f: Frames) -> set[str]:
+    """The nodes whose first row in the window records them in neither a judged nor a warming state."""
+    first = np.unique(f.col_node, return_index=True)[1]  # columns are in time order
+    judged = np.isin(f.state[first], np.r_[_JUDGED, int(S.WARMING)])
+    return {f.names[int(j)] for j in f.col_node[first][~judged].tolist()}
