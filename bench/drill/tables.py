@@ -129,9 +129,9 @@ def peers_table(matrix: dict[str, Any]) -> str:
     for fault in _faults(found):
         lines += [f"#### Fault `{fault}`", "",
                   "| router, its own defence on | outlier-admin | runs | P50 s | P90 s | P95 s | P99 s | harmed | "
-                  "timeouts + errors | throttled server's share of the clients' tokens after the onset (all, with probes) | onset -> cut s | "
+                  "timeouts + errors | throttled server's share of the clients' tokens after the onset | the same with the canary probes | onset -> cut s | "
                   "onset -> quarantine s | healthy servers cut / quarantined | P99 vs alone | harmed vs alone |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for gw in _gateways(found):
             for arm in ("off", "on"):
                 s = st.get((gw, arm, fault))
@@ -143,7 +143,7 @@ def peers_table(matrix: dict[str, Any]) -> str:
                 lines.append(
                     f"| {LABELS.get(gw, gw)} | {'**on**' if arm == 'on' else 'alone'} | {s['runs']} | {fmt(s['p50'])} | "
                     f"{fmt(s['p90'])} | {fmt(s['p95'])} | {fmt(s['p99'])} | {fmt(s['harmed'], pct=True)} | "
-                    f"{fmt(s['failed'], digits=0)} | {fmt(s['client_share'], pct=True)} ({fmt(s['share'], pct=True)}) | "
+                    f"{fmt(s['failed'], digits=0)} | {fmt(s['client_share'], pct=True)} | {fmt(s['share'], pct=True)} | "
                     f"{fmt(s['cut'], digits=1) if arm == 'on' else '(' + fmt(s['cut'], digits=1) + ')'} | "
                     f"{fmt(s['quarantine'], digits=1) if arm == 'on' else '(' + fmt(s['quarantine'], digits=1) + ')'} | "
                     f"{fmt(s['healthy_cut'], digits=0)} / {fmt(s['healthy_q'], digits=0)} | {vs_p99} | {vs_harm} |")
