@@ -323,10 +323,8 @@ AGENT_GATEWAY = {"nginx-rr": "nginx", "nginx-lc": "nginx", "haproxy": "haproxy",
 
 def has_applier(kind: str) -> bool:
     """Whether outlier-admin can drive gateway ``kind`` in this tree (``--weights on`` needs it)."""
-    if kind == "litellm":
-        import importlib.util
-
-        return importlib.util.find_spec("agent.litellm_callback") is not None
+    if kind == "litellm":  # the callback the proxy loads, from this tree (its venv has the agent installed)
+        return (Path(__file__).resolve().parents[2] / "agent" / "litellm_callback.py").exists()
     from agent.__main__ import build_parser
 
     choices = next((a.choices for a in build_parser()._actions if "--gateway" in a.option_strings), None) or ()
