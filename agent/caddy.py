@@ -12,7 +12,7 @@ The upstreams it lists are the backends Caddy knows (matched to nodes by their `
 ``host:port``); the agent never adds one. Per apply it reads the handler (``GET /id/<id>``, with its
 ``ETag``), computes the new handler and, when it differs, writes it back in one ``PATCH /id/<id>``
 with ``If-Match`` (a config changed in between answers 412 and the apply is redone on the fresh one).
-Caddy applies it by a graceful config reload (25 ms here).
+Caddy applies it by a graceful config reload, in milliseconds (docs/gateways.md).
 
 * ``weighted_round_robin`` (Caddy >= 2.8; weight 0 skips an upstream in 2.11): the weights are set,
   aligned with ``upstreams``; a quarantined node gets 0. Caddy's implementation serves an upstream

@@ -35,7 +35,7 @@ left as it is (``unknown``). Nodes and endpoints are matched by ``address:port``
 Envoy only notices a file *moved* into the watched directory, so the new text is written to a temp
 file there and renamed over the target (``write_atomically``); nothing is written when it renders the
 same bytes. ``version_info`` is a digest of the assignment (the routing content, not the document
-version), so unchanged weights render identical bytes. Envoy loads it within milliseconds (5 ms here).
+version), so unchanged weights render identical bytes. Envoy loads it within milliseconds (docs/gateways.md).
 
 With ``admin_url`` (Envoy's admin interface) every apply is confirmed: the applier reads
 ``/clusters?format=json`` until each endpoint it set shows the weight and EDS health it wrote
