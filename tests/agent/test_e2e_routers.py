@@ -117,16 +117,19 @@ def test_router_follows_quarantine_degrade_restore_and_fails_open(kind, tmp_path
         wait_version(agent, 4, 15.0)
         assert_shares(shares(router.url), EVEN)
 
-        # The control plane died with s3 quarantined: the document goes stale and the agent fails open.
-        publish(redis_client, weights_document(group, 5, addresses, quarantined=("s3",),
-                                               generated_at=time.time() - 120, stale_after_s=60))
+        # s3 quarantined again, then the control plane dies: its last document goes stale and the
+        # agent fails open on the clock (no new message), every node back at its base weight.
+        publish(redis_client, weights_document(group, 5, addresses, quarantined=("s3",), stale_after_s=4.0))
         wait_version(agent, 5, 15.0)
-        assert agent.state.mode == "fail_open"
+        deadline = time.time() + 15
+        while agent.state.mode != "fail_open" and time.time() < deadline:
+            time.sleep(0.05)
+        assert agent.state.mode == "fail_open" and agent.state.last_error == ""
         assert_shares(shares(router.url), EVEN)
-        assert agent.state.apply_errors == 0 and agent.state.applies == 3
+        assert agent.state.apply_errors == 0 and agent.state.applies == 5  # v2..v5 and the fail-open
         assert agent.state.missing == [] and agent.state.unknown == []
         latencies = [lat for _, lat in agent.change_latencies]
-        assert len(latencies) == 3 and max(latencies) < 10.0  # Traefik's 2 s provider throttle included
+        assert len(latencies) == 4 and max(latencies) < 10.0  # Traefik's 2 s provider throttle included
     finally:
         stop.set()
         thread.join(timeout=10)
