@@ -23,7 +23,11 @@ from outlier_admin.agent.envoy import EnvoyApplier
 from outlier_admin.agent.haproxy import HAProxyApplier
 from outlier_admin.agent.metrics import start_metrics_server
 from outlier_admin.agent.nginx import NginxApplier, check_directive, upstream_name_for
+from outlier_admin.agent.smg import SmgApplier
+from outlier_admin.agent.vllm_router import VllmRouterApplier
 from outlier_admin.gateway_client import CHANNEL, KEY_PREFIX, GatewayClient, RedisURLError
+
+GATEWAYS = ("haproxy", "nginx", "envoy", "smg", "vllm-router")
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -33,7 +37,7 @@ def _env(name: str, default: str | None = None) -> str | None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m outlier_admin.agent", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gateway", choices=["haproxy", "nginx", "envoy"], default=_env("gateway"),
+    p.add_argument("--gateway", choices=list(GATEWAYS), default=_env("gateway"),
                    help="which local gateway to drive")
     p.add_argument("--group", default=_env("group"), help="model group whose weights to apply")
     p.add_argument("--redis-url", default=_env("redis_url", os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")))
@@ -72,6 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
     e = p.add_argument_group("Envoy")
     e.add_argument("--envoy-eds-path", default=_env("envoy_eds_path"), help="EDS file the cluster watches")
     e.add_argument("--envoy-cluster", default=_env("envoy_cluster"), help="cluster_name (default: the group)")
+    r = p.add_argument_group("SGLang Model Gateway (smg) and vLLM router (vllm-router): their worker API")
+    r.add_argument("--router-url", default=_env("router_url"),
+                   help="the router's base URL, e.g. http://127.0.0.1:30000 (its admin routes)")
+    r.add_argument("--router-workers", nargs="*", default=None, metavar="URL",
+                   help="worker URLs the agent may register again after a removal: the router's --worker-urls "
+                        "(env OUTLIER_AGENT_ROUTER_WORKERS, space-separated). A document node outside these "
+                        "and the router's own list is skipped")
+    r.add_argument("--router-api-key", default=_env("router_api_key"),
+                   help="bearer token for the router's admin routes (its --api-key), if it has one")
+    r.add_argument("--router-remove-below", type=float, default=float(_env("router_remove_below", "0")),
+                   help="also remove a node whose weight is below this fraction of its base weight (0..1; "
+                        "default 0: only quarantined nodes are removed; these routers have no weights)")
     return p
 
 
@@ -105,7 +121,19 @@ def build_applier(args: argparse.Namespace) -> Applier:
         if not args.envoy_eds_path:
             raise SystemExit("--envoy-eds-path is required for --gateway envoy")
         return EnvoyApplier(args.envoy_eds_path, args.envoy_cluster or args.group)
-    raise SystemExit("--gateway is required (haproxy, nginx or envoy)")
+    if args.gateway in ("smg", "vllm-router"):
+        if not args.router_url:
+            raise SystemExit(f"--router-url is required for --gateway {args.gateway}")
+        workers = args.router_workers
+        if workers is None:
+            workers = (_env("router_workers", "") or "").split()
+        cls = SmgApplier if args.gateway == "smg" else VllmRouterApplier
+        try:
+            return cls(args.router_url, api_key=args.router_api_key, router_workers=workers,
+                       remove_below=args.router_remove_below)
+        except ValueError as exc:
+            raise SystemExit(f"--gateway {args.gateway}: {exc}") from None
+    raise SystemExit(f"--gateway is required ({', '.join(GATEWAYS)})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
