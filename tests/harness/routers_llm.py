@@ -78,6 +78,9 @@ LITELLM_VENV = ROOT / ".venv-litellm"
 LITELLM_SCRIPT = ROOT / "scripts" / "ensure-litellm-venv.sh"
 
 ROUTERS = ("smg", "vllm-router", "litellm")
+#: The test suite's own settings, which a router must not take for its own (LiteLLM would set up a
+#: database at DATABASE_URL).
+DROPPED_ENV = ("DATABASE_URL", "DIRECT_URL", "DJANGO_SETTINGS_MODULE")
 
 #: The documented slow-backend defence of each router (module docstring), as CLI flags.
 SMG_DEFENCE = ("--policy", "power_of_two", "--cb-failure-threshold", "3", "--cb-success-threshold", "2",
@@ -149,8 +152,10 @@ class RouterProcess(_Process):
         self.argv = argv
         self.log_path = self.workdir / f"{kind}.log"
         self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=self.workdir,
-                                     env={**os.environ, **(env or {})})
+        run_env = {**os.environ, **(env or {})}
+        for name in DROPPED_ENV:
+            run_env.pop(name, None)
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=self.workdir, env=run_env)
         try:
             self._wait_ready(ready_timeout_s)
         except BaseException:
@@ -200,6 +205,11 @@ class RouterProcess(_Process):
             if status != 200:
                 return None
             return {w["url"].removeprefix("http://") for w in body.get("workers", []) if w.get("is_healthy")}
+        # /health/readiness answers once the proxy has loaded its config (callbacks included): a
+        # completion sent earlier could be routed before the callbacks are in place.
+        status, _ = self.call("GET", "/health/readiness")
+        if status != 200:
+            return None
         status, _ = self.chat("ready?", 1)
         return set(self.backends.values()) if status == 200 else None
 
@@ -306,6 +316,7 @@ def start_router(kind: str, backends: dict[str, str], workdir: Path | None = Non
                "PYTHONPATH": ""}
     if outlier_group is not None:
         run_env["OUTLIER_LITELLM_GROUPS"] = f"{model}={outlier_group}"
+        run_env["OUTLIER_LITELLM_LOG_LEVEL"] = "DEBUG"
         if redis_url:
             run_env["OUTLIER_LITELLM_REDIS_URL"] = redis_url
     argv = [str(bindir / "litellm"), "--config", str(config_path), "--host", "127.0.0.1", "--port", str(port),
