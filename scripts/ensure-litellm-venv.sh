@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The LiteLLM proxy in its own venv (.venv-litellm), with the gateway agent's distribution
-# (deploy/agent: outlier_admin.agent.litellm_callback imports only that) beside it. LiteLLM pins many
+# (deploy/agent: agent.litellm_callback imports only that) beside it. LiteLLM pins many
 # packages, so it never goes into the project's .venv. Idempotent: a stamp holds the LiteLLM
 # requirement it was made with; the agent is reinstalled (seconds) when one of its sources is newer
 # than its own stamp. Serialised with flock: the test workers may call it at once.
-# Used by `make test` (target litellm-venv) and by tests/harness/routers_llm.py.
+# Used by `make test` (target litellm-venv) and by harness/routers_llm.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${LITELLM_VENV:-.venv-litellm}
@@ -25,8 +25,8 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$LITELLM_SPEC" ]; then
     "$VENV/bin/pip" check
     touch "$AGENT_STAMP"
     echo "$LITELLM_SPEC" > "$STAMP"
-elif [ ! -f "$AGENT_STAMP" ] || [ -n "$(find outlier_admin detector deploy/agent pyproject.toml \
-            -newer "$AGENT_STAMP" \( -name '*.py' -o -name '*.toml' \) -print -quit)" ]; then
+elif [ ! -f "$AGENT_STAMP" ] || [ -n "$(find agent contract deploy/agent pyproject.toml -newer "$AGENT_STAMP" \
+            \( -name '*.py' -o -name '*.toml' \) -print -quit)" ]; then
     "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-build-isolation --no-deps \
         --force-reinstall ./deploy/agent
     touch "$AGENT_STAMP"

@@ -39,7 +39,7 @@ TABLE_KEYS = ("p50_ms", "p99_ms", "p999_ms", "ttft_p99_ms", "timeouts", "errors"
 #: /metrics every 250 ms (METRICS_SCRAPE_INTERVAL_MS) and the ticker ticks a group as soon as a scrape
 #: round's rows are in its stream, so the tick period is the scrape period; from the scrape to the
 #: gateway: the tick itself (~30-50 ms, docs/scale.md) and publish + pub/sub + agent apply (bench_e2e:
-#: p50 21-42 ms, p99 59-100 ms, outlier_admin/agent/README.md): 0.1 s.
+#: p50 21-42 ms, p99 59-100 ms, agent/README.md): 0.1 s.
 PRODUCTION_CADENCE = (0.25, 0.25, 0.1)
 #: The beat-driven path before it: a Celery beat tick, scrapes and publishes every 1 s.
 BEAT_CADENCE = (1.0, 1.0, 1.0)

@@ -351,8 +351,10 @@ def run_fast(nodes: int = 64, hours: float = 1.0, rate_per_node: float = 3.0, ti
     ids = np.asarray([f"n{i}" for i in range(nodes)], dtype=object)
     gd = None
     if "default" in policies:
-        from detector import GroupDetector, ProgressBatch, SampleBatch, Thresholds
+        from detector.group import GroupDetector
+        from detector.samples import ProgressBatch, SampleBatch
         from detector.states import OUT_OF_SERVICE
+        from detector.thresholds import Thresholds
 
         th = Thresholds.from_dict(thresholds) if thresholds else Thresholds()
         gd = GroupDetector(thresholds=th, nodes=list(ids), now=EPOCH)

@@ -46,7 +46,7 @@ def _fresh_preview_buckets(settings):
     repeat between runs of the suite, and a bucket outlives its test by up to a minute."""
     import redis
 
-    from outlier_admin import keys
+    from contract import keys
 
     try:
         client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5)

@@ -16,8 +16,8 @@ drf-standardized-errors does the work for DRF views (it turns every exception in
 errors, rolls the transaction back, answers an unexpected exception with a 500 in the same shape and
 still reports it to Django's ``got_request_exception`` and log); this module only names our own
 exceptions for it (:class:`ProblemHandler`) and writes its list as a problem (:class:`ProblemFormatter`).
-The views outside DRF build the same body with :func:`~outlier_admin.api.problem.problem`
-(:mod:`outlier_admin.api.problem`, which needs neither DRF nor anything of ours): the ingest endpoint
+The views outside DRF build the same body with :func:`~outlier_admin.problem.problem`
+(:mod:`outlier_admin.problem`, which needs neither DRF nor anything of ours): the ingest endpoint
 (:mod:`outlier_admin.ingest.views`), the database outage's 503 (:mod:`outlier_admin.observability.outage`)
 and the API's 404 for unknown paths (:func:`outlier_admin.api.views.api_not_found`).
 
@@ -44,7 +44,7 @@ from rest_framework.exceptions import ErrorDetail
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
-from outlier_admin.api.problem import (  # noqa: F401  (re-exported: the views name them here)
+from outlier_admin.problem import (  # noqa: F401  (re-exported: the views name them here)
     DEFAULT_CODES,
     PROBLEM_CONTENT_TYPE,
     problem,

@@ -66,7 +66,7 @@ class NodeFilter(filters.FilterSet):
 
 def is_node_id(value: str) -> bool:
     """A ``?node=`` of ASCII digits is a node's id; anything else is a name (:data:`NODE_ID_RE
-    <outlier_admin.fleet.names.NODE_ID_RE>` allows a name of digits: address that one within its group)."""
+    <contract.names.NODE_ID_RE>` allows a name of digits: address that one within its group)."""
     return value.isascii() and value.isdigit()
 
 

@@ -72,8 +72,8 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
+from contract import keys
 from detector.thresholds import Thresholds
-from outlier_admin import keys
 from outlier_admin.api.permissions import CAPABILITIES, user_can
 from outlier_admin.api.queries import decision_signal
 from outlier_admin.control.models import GroupBaseline, NodeHistory, Transition

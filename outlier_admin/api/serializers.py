@@ -14,11 +14,11 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.exceptions import ErrorDetail
 
+from contract.names import ADDRESS_MAX, GROUP_NAME_MAX, NODE_ID_MAX, URL_MAX
 from detector.signals import SIGNALS
 from outlier_admin.control.actions import DEFAULT_SILENCE_S, MAX_SILENCE_S, REASON_MAX
 from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
 from outlier_admin.fleet.models import ModelGroup, Node, Policy, ThresholdChange
-from outlier_admin.fleet.names import ADDRESS_MAX, GROUP_NAME_MAX, NODE_ID_MAX, URL_MAX
 from outlier_admin.ingest.models import GpuReading
 
 

@@ -21,8 +21,8 @@ import logging
 import math
 from typing import Any
 
-from detector import GroupDetector, NodeState, Transition
-from detector.states import IllegalTransition
+from detector.group import GroupDetector
+from detector.states import IllegalTransition, NodeState, Transition
 from outlier_admin.control.actions import do_propose_quarantine, do_supersede_proposals
 from outlier_admin.control.models import (
     CanaryProbe,

@@ -18,8 +18,8 @@ import orjson
 from django.db import connection
 from django.db.models import Model
 
-from detector import NodeState, Transition
 from detector.signals import SIGNALS
+from detector.states import NodeState, Transition
 from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.control.models import Transition as TransitionRow
 from outlier_admin.control.publish import lifted, record_version, version_update_sql

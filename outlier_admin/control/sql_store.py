@@ -32,8 +32,9 @@ import redis
 from django.db import connection
 from django.utils import timezone
 
-from detector import GroupDetector, NodeState
-from outlier_admin import keys
+from contract import keys
+from detector.group import GroupDetector
+from detector.states import NodeState
 from outlier_admin.control import degraded, operator_inputs
 from outlier_admin.control.models import CanaryProbe
 from outlier_admin.control.rows import (

@@ -3,7 +3,7 @@
 Every live node that is not ``healthy``, most urgent first (:data:`outlier_admin.api.queries.ATTENTION_ORDER`,
 then the highest Z), each with its state, since when (the transition into it), the cause in words,
 its weight, and whether the group's gateways have applied the weights that say so: the agents
-report the version they applied (:meth:`outlier_admin.gateway_client.GatewayClient.report_applied`,
+report the version they applied (:meth:`agent.client.GatewayClient.report_applied`,
 hash ``outlier:applied:<group>``), and a published version that no gateway applied is a control loop
 that is not closed. Three queries whatever the fleet size, plus one Redis round trip.
 
@@ -25,9 +25,9 @@ import redis
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
+from contract import keys
 from detector.states import NodeState as S
 from detector.thresholds import Thresholds
-from outlier_admin import keys
 from outlier_admin.api.queries import attention_rank
 from outlier_admin.control.models import (
     Outcome,

@@ -1,7 +1,7 @@
 """Dashboard pages. Thin: check the role, read through :mod:`outlier_admin.api.queries`, change through
 :mod:`outlier_admin.control.actions` (which validates and audits), render a template.
 
-Roles (:mod:`outlier_admin.api.permissions`): every page needs a role; anonymous users go to the
+Roles (:mod:`outlier_admin.fleet.roles`): every page needs a role; anonymous users go to the
 login page, users without the capability get a 403 page that says which role they need.
 """
 
@@ -25,7 +25,6 @@ from detector.states import CANARY_STATES
 from detector.thresholds import ThresholdError
 from outlier_admin.api import queries
 from outlier_admin.api.filters import AuditFilter
-from outlier_admin.api.permissions import CAPABILITIES, capabilities_of, user_can
 from outlier_admin.api.preview import (
     PreviewThrottled,
     PreviewTooLarge,
@@ -60,6 +59,7 @@ from outlier_admin.dashboard.heatmap import default_window as heatmap_window
 from outlier_admin.dashboard.heatmap import heatmap, heatmap_legend
 from outlier_admin.dashboard.tables import node_rows
 from outlier_admin.fleet.models import ModelGroup, Node
+from outlier_admin.fleet.roles import CAPABILITIES, capabilities_of, user_can
 from outlier_admin.ingest.models import GpuReading, RejectedInput
 
 SORTS = queries.NODE_SORTS

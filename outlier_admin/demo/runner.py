@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from outlier_admin import keys
+from contract import keys
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 DEMO_DB = BASE_DIR / "demo.sqlite3"
@@ -106,7 +106,7 @@ def choose_redis(url: str) -> tuple[Any, str]:
     in-process fakeredis (the demo then needs no service at all)."""
     import redis
 
-    from outlier_admin.gateway_client import redis_from_url
+    from contract.topology import redis_from_url
 
     try:
         client = redis_from_url(url, socket_connect_timeout=0.5, socket_timeout=2)
@@ -339,6 +339,7 @@ def run(cfg: Any, client: Any, httpd: Any) -> int:
     """The demo itself, serving on ``httpd`` (bound by :func:`bind_web`) until ``DEMO_SECONDS`` or Ctrl-C."""
     from django.db import close_old_connections
 
+    from agent.client import GatewayClient
     from outlier_admin.control.models import Transition
     from outlier_admin.control.tasks import run_due_canaries
     from outlier_admin.control.tick import run_tick
@@ -351,7 +352,6 @@ def run(cfg: Any, client: Any, httpd: Any) -> int:
         SimulatedFleet,
         node_name,
     )
-    from outlier_admin.gateway_client import GatewayClient
     from outlier_admin.ingest.pipeline import directory, submit
     from outlier_admin.ingest.scraper import scrape_round as scrape_model_servers
     from outlier_admin.observability.events import scan_events

@@ -58,9 +58,9 @@ import httpx
 import orjson
 from django.conf import settings
 
-from outlier_admin import keys
+from contract import keys
+from contract.weights_document import DocumentError, WeightsDocument
 from outlier_admin.observability import metrics
-from outlier_admin.weights_document import DocumentError, WeightsDocument
 
 log = logging.getLogger("outlier_admin.alerts")
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from django.db.models import Max
 
-from outlier_admin import keys
+from contract import keys
 from outlier_admin.control.models import AuditEvent, Transition
 from outlier_admin.control.redis_conn import GroupLock, get_redis
 from outlier_admin.observability import alerts, metrics

@@ -73,8 +73,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from outlier_admin import keys
-from outlier_admin.weights_document import DocumentError, WeightsDocument
+from contract import keys
+from contract.weights_document import DocumentError, WeightsDocument
 
 #: In-process registry of the event metrics (used when not in multi-process mode).
 EVENTS = CollectorRegistry(auto_describe=True)
@@ -118,7 +118,7 @@ REDIS_REDIRECTIONS = Counter(
 
 
 def count_redirection(kind: str) -> None:
-    """The listener of a Redis Cluster client's redirections (``gateway_client.on_redirection``),
+    """The listener of a Redis Cluster client's redirections (``contract.topology.on_redirection``),
     registered once per process by the observability app."""
     REDIS_REDIRECTIONS.labels(kind).inc()
 

@@ -1,5 +1,5 @@
 """The control plane on a Redis Cluster of three primaries (real ``redis-server --cluster-enabled yes``
-processes on loopback, tests/harness/redis_cluster.py), ``REDIS_URL=redis+cluster://...``: a start-up
+processes on loopback, harness/redis_cluster.py), ``REDIS_URL=redis+cluster://...``: a start-up
 check that names what is wrong; ticks and ingest of groups whose slots sit on different primaries; a
 gateway client that follows the weights through the sharded notification; and a resharding that moves a
 group's slot to another primary while records arrive at a fixed rate and ticks run: every record answered
@@ -20,20 +20,21 @@ import orjson
 import pytest
 from prometheus_client import generate_latest
 
-from outlier_admin import keys
-from outlier_admin.agent.base import ApplyResult
-from outlier_admin.agent.core import Agent
-from outlier_admin.agent.metrics import make_registry
+from agent.base import ApplyResult
+from agent.client import GatewayClient
+from agent.core import Agent
+from agent.metrics import make_registry
+from contract import keys
+from contract.topology import REDIRECTIONS, cluster_problem, is_cluster
+from harness import redis_cluster
+from harness.records import make_records
+from harness.redis_cluster import RedisClusterProcs, slot_of
 from outlier_admin.control import redis_conn, tick
 from outlier_admin.control.actions import do_register_node
 from outlier_admin.control.tick import run_tick
 from outlier_admin.fleet.models import ModelGroup
-from outlier_admin.gateway_client import REDIRECTIONS, GatewayClient, cluster_problem, is_cluster
 from outlier_admin.observability.metrics import REDIS_REDIRECTIONS
-from tests.harness import redis_cluster
-from tests.harness.redis_cluster import RedisClusterProcs, slot_of
 from tests.outlier_admin.control.test_redis_sentinel import _settings_of
-from tests.outlier_admin.helpers import make_records
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.slow,
               pytest.mark.timeout(120)]
@@ -108,7 +109,7 @@ def test_a_cluster_with_an_unreachable_or_foreign_node_is_named_at_start(cluster
     assert plain is not None and "127.0.0.1:6379 is not a cluster node" in plain
     assert "database 0" in cluster_problem("redis+cluster://127.0.0.1:6379/3")
     # The agent: one line naming the URL and why, exit 1, no traceback and no hang.
-    agent = subprocess.run([sys.executable, "-m", "outlier_admin.agent", "--gateway", "envoy", "--group", "g1",
+    agent = subprocess.run([sys.executable, "-m", "agent", "--gateway", "envoy", "--group", "g1",
                             "--envoy-eds-path", str(tmp_path / "eds.json"), "--once",
                             "--redis-url", "redis+cluster://127.0.0.1:1"], capture_output=True, text=True, timeout=60)
     assert agent.returncode == 1 and "Traceback" not in agent.stderr

@@ -1,5 +1,5 @@
 """The Redis primary dies (``kill -9``) under load, with Sentinel: one primary, one replica, three
-Sentinels, all real processes on loopback (tests/reliability/sentinel_cluster.py), the control plane on
+Sentinels, all real processes on loopback (harness/sentinel_cluster.py), the control plane on
 ``redis+sentinel://`` with ``REDIS_MIN_REPLICAS_ACK=1``.
 
 Records come at a fixed rate through the real ingest path (the view, ``submit``, the replica
@@ -18,14 +18,14 @@ import numpy as np
 import orjson
 import pytest
 
-from outlier_admin import keys
+from agent.client import GatewayClient
+from contract import keys
+from harness.records import make_records
+from harness.sentinel_cluster import sentinel_cluster  # noqa: F401 - the fixture
 from outlier_admin.control import redis_conn, tick
 from outlier_admin.control.actions import do_register_node
 from outlier_admin.control.tick import run_tick
 from outlier_admin.fleet.models import ModelGroup
-from outlier_admin.gateway_client import GatewayClient
-from tests.outlier_admin.helpers import make_records
-from tests.reliability.sentinel_cluster import sentinel_cluster  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.slow,
               pytest.mark.timeout(90)]
@@ -176,9 +176,9 @@ def test_fence_holds_when_a_replica_is_promoted_under_a_live_primary(tmp_path, s
     applies every record once, and its version is not below what a gateway saw from the old one."""
     import shutil
 
+    from harness.sentinel_cluster import SentinelCluster
     from outlier_admin.control.redis_conn import tick_lock
     from outlier_admin.control.tick import CONSUMER_GROUP
-    from tests.reliability.sentinel_cluster import SentinelCluster
 
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server binary not installed")

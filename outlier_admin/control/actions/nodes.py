@@ -9,6 +9,14 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from contract.names import (
+    NameError_,
+    host_allowed,
+    parse_address,
+    validate_node_id,
+    validate_scrape_url,
+)
+from contract.weights_document import DEFAULT_BASE_WEIGHT, MAX_BASE_WEIGHT
 from outlier_admin.control.actions.core import (
     ActionError,
     Actor,
@@ -20,14 +28,6 @@ from outlier_admin.control.actions.core import (
 )
 from outlier_admin.control.models import AuditEvent
 from outlier_admin.fleet.models import ModelGroup, Node, RegisteredVia
-from outlier_admin.fleet.names import (
-    NameError_,
-    host_allowed,
-    parse_address,
-    validate_node_id,
-    validate_scrape_url,
-)
-from outlier_admin.weights_document import DEFAULT_BASE_WEIGHT, MAX_BASE_WEIGHT
 
 
 def do_register_node(
@@ -77,7 +77,7 @@ def do_register_nodes_from_ingest(
 ) -> dict[str, str | None]:
     """Register nodes that first appeared in ingest data, in one transaction: ``{node_id: None}`` when
     registered (or already there) under the address's one spelling
-    (:func:`~outlier_admin.fleet.names.address_key`), ``{node_id: reason}`` when refused.
+    (:func:`~contract.names.address_key`), ``{node_id: reason}`` when refused.
 
     A node id is registered only when it is an address (``host:port``) whose host lies inside the
     group's ``auto_register_allow`` (or ``AUTO_REGISTER_DEFAULT_ALLOW``): reason ``bad_address`` /
@@ -96,7 +96,7 @@ def do_register_nodes_from_ingest(
             outcome[node_id] = "node_not_allowed"
             continue
         # One address, one node: 127.0.0.1:018950 and [::ffff:127.0.0.1]:18950 are 127.0.0.1:18950
-        # (fleet.names.address_key), and never take two of the group's MAX_NODES_PER_GROUP slots.
+        # (contract.names.address_key), and never take two of the group's MAX_NODES_PER_GROUP slots.
         wanted.setdefault(addr.hostport, []).append(node_id)
     if not wanted:
         return outcome

@@ -125,7 +125,7 @@ def test_refused_input_spends_no_token(fleet, users, redis_client, settings):
 
 
 def test_without_redis_the_preview_is_refused_503(fleet, users, settings):
-    from tests.reliability.conftest import free_port
+    from harness.gateways import free_port
 
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nobody listens: refused at once
     c = APIClient(raise_request_exception=False)  # a 5xx is reported to got_request_exception too

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from detector import Thresholds
+from detector.thresholds import Thresholds
 from outlier_admin.api.preview import replay
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -10,12 +10,12 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
+from harness.records import make_records
 from outlier_admin.api.preview import preview_thresholds
 from outlier_admin.control.models import Transition
 from outlier_admin.control.tick import run_tick
 from outlier_admin.fleet.models import ModelGroup
 from outlier_admin.ingest.pipeline import submit
-from tests.outlier_admin.helpers import make_records
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services]
 

@@ -1,7 +1,7 @@
-"""Redis with Sentinel: the one URL-to-client function (``gateway_client.redis_from_url``), the start-up
+"""Redis with Sentinel: the one URL-to-client function (``contract.topology.redis_from_url``), the start-up
 check of a misconfigured Sentinel (``control.E002``: a clear error, never a hang), and the replica
 acknowledgement (``redis_conn.require_replicas``) behind an ingest's 200 — on real redis-server and
-Sentinel processes of this test's own (tests/reliability/sentinel_cluster.py)."""
+Sentinel processes of this test's own (harness/sentinel_cluster.py)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,14 @@ import pytest
 import redis
 from redis.sentinel import MasterNotFoundError
 
-from outlier_admin import keys
+from agent.client import GatewayClient
+from contract import keys
+from contract.topology import RedisURLError, parse_sentinel_url, redis_from_url, sentinel_problem
+from harness.records import make_records
+from harness.sentinel_cluster import MASTER, sentinel_cluster  # noqa: F401 - the fixture
 from outlier_admin.control import redis_conn
 from outlier_admin.control.checks import SENTINEL_CHECK_ID, check_redis_sentinel
-from outlier_admin.gateway_client import (
-    GatewayClient,
-    RedisURLError,
-    parse_sentinel_url,
-    redis_from_url,
-    sentinel_problem,
-)
-from tests.outlier_admin.helpers import make_records
 from tests.reliability.conftest import free_port, wait_for
-from tests.reliability.sentinel_cluster import MASTER, sentinel_cluster  # noqa: F401 - the fixture
 
 URL = "/api/v1/ingest/requests"
 

@@ -12,13 +12,13 @@ import pytest
 from django.template import loader
 from django.test import Client
 
+from agent.client import GatewayClient
 from detector.thresholds import Thresholds
 from outlier_admin.api.timeline import BaselinePoint
 from outlier_admin.control.models import CanaryProbe, NodeHistory, Transition
 from outlier_admin.dashboard.charts import probe_z
 from outlier_admin.dashboard.svg import Threshold, time_chart
 from outlier_admin.fleet.models import ModelGroup, Node
-from outlier_admin.gateway_client import GatewayClient
 
 pytestmark = pytest.mark.django_db
 
