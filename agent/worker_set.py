@@ -15,8 +15,8 @@ document is expressed as membership:
   capacity out on weak evidence, which the control plane's 30 % cap does not count;
 * a node back in service (restored, probing done, or every node when the document is stale: fail
   open) is **added back**;
-* the router's **last worker is never removed** (the one with the highest weight is kept, and the
-  apply says so in its note).
+* the router's **last worker is never removed**: a change that would leave it none is refused
+  (:func:`agent.base.refuse_no_backend`, the rule of every applier) and it keeps its workers.
 
 Which workers may be added is the operator's say, never the document's: the worker URLs given to
 the agent (``--router-workers``, the same list the router is started with), the workers the router
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.adminapi import AdminAPI, AdminAPIRefused
-from agent.base import ApplyResult
+from agent.base import ApplyResult, refuse_no_backend
 from agent.client import EffectiveWeights, NodeWeight
 
 log = logging.getLogger("outlier_admin.agent.worker_set")
@@ -91,12 +91,12 @@ def wanted(node: NodeWeight, remove_below: float) -> bool:
 
 
 def plan_worker_set(present: set[str], known: set[str], weights: EffectiveWeights,
-                    remove_below: float = 0.0) -> WorkerPlan:
+                    remove_below: float = 0.0, gateway: str = "the router") -> WorkerPlan:
     """Bring the router's workers (``present``: addresses it routes to or is registering) to
-    ``weights`` (pure). ``known``: the addresses the agent may add (module docstring)."""
+    ``weights`` (pure). ``known``: the addresses the agent may add (module docstring). Raises
+    ApplyError (:func:`agent.base.refuse_no_backend`) when the router would be left with none."""
     plan = WorkerPlan()
     named: set[str] = set()
-    keep_candidates: list[NodeWeight] = []
     for node in sorted(weights.nodes, key=lambda n: n.node):
         addr = node.address
         named.add(addr)
@@ -108,14 +108,9 @@ def plan_worker_set(present: set[str], known: set[str], weights: EffectiveWeight
                 plan.add.append(addr)
         elif addr in present:
             plan.remove.append(addr)
-            keep_candidates.append(node)
     after = (present - set(plan.remove)) | set(plan.add)
-    if not after and plan.remove:
-        # Never the last worker: keep the removal candidate that is best off (highest weight).
-        keep = max(keep_candidates, key=lambda n: n.weight)  # the first by name among equals
-        plan.remove.remove(keep.address)
-        plan.result.note = (f"kept {keep.node} ({keep.address}) in the router although the weights take "
-                            "it out: it would be the router's last worker")
+    if plan.remove:  # never the last worker: the whole change is refused, the router keeps its set
+        refuse_no_backend(len(after), gateway, f" (removing {', '.join(sorted(plan.remove))})")
     plan.result.unknown = sorted(present - named)
     return plan
 
@@ -185,7 +180,7 @@ class WorkerSetApplier:
             for addr, handle in present.items():
                 self.known.setdefault(addr, self.url_of(addr, handle))
             self._seen_router = True
-        plan = plan_worker_set(set(present), set(self.known), weights, self.remove_below)
+        plan = plan_worker_set(set(present), set(self.known), weights, self.remove_below, self.name)
         result = plan.result
         for addr in plan.add:  # adds first: a failure half-way never leaves fewer workers
             self.add_worker(addr, self.known[addr])

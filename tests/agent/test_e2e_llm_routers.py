@@ -106,11 +106,13 @@ def test_router_follows_the_weights(tmp_path, redis_client, group, servers, kind
         wait_until(lambda: agent.state.mode == "fail_open", 2, "the agent in fail-open")
         assert agent.state.version == 6
 
-        # Never the last worker: every node quarantined leaves one routing.
+        # Never the last worker: a document taking every node out is refused; the router keeps its set.
+        errors = agent.state.apply_errors
         publish(redis_client, weights_document(group, 7, addresses, quarantined=("a", "b", "c")))
-        wait_until(lambda: agent.state.version == 7 and agent.state.mode == "live", 5, "version 7 applied")
-        wait_until(lambda: len(routable() or ()) == 1, 10, "one worker left")
-        assert sum(traffic(router, servers, 6).values()) == 6
+        wait_until(lambda: agent.state.apply_errors > errors, 5, "version 7 refused")
+        assert "no backend left" in agent.state.last_error and agent.state.version == 6
+        assert routable() == set(addresses.values())
+        assert traffic(router, servers) == {"a": 10, "b": 10, "c": 10}
 
         # The router down: the apply is retried with backoff, counted, and the router is left as it was.
         failures, errors = APPLY_FAILURES[kind], agent.state.apply_errors
@@ -118,7 +120,7 @@ def test_router_follows_the_weights(tmp_path, redis_client, group, servers, kind
         publish(redis_client, weights_document(group, 8, addresses, quarantined=("c",)))
         wait_until(lambda: agent.state.apply_errors > errors, 10, "a failed apply")
         assert APPLY_FAILURES[kind] >= failures + 3  # each of the call's attempts
-        assert agent.state.version == 7
+        assert agent.state.version == 6
     finally:
         stop.set()
         thread.join(timeout=10)
