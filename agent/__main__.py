@@ -26,7 +26,9 @@ from agent.envoy import EnvoyApplier
 from agent.haproxy import HAProxyApplier
 from agent.metrics import start_metrics_server
 from agent.nginx import NginxApplier, check_directive, upstream_name_for
+from agent.smg import SmgApplier
 from agent.traefik import TraefikApplier
+from agent.vllm_router import VllmRouterApplier
 from contract.topology import RedisURLError
 
 #: The gateways ``--gateway`` drives (docs/gateways.md has a configuration for each).
@@ -158,6 +160,19 @@ def build_applier(args: argparse.Namespace) -> Applier:
                                 full_weight=args.caddy_full_weight)
         except ValueError as exc:
             raise SystemExit(f"--gateway caddy: {exc}") from None
+    if args.gateway in ("smg", "vllm-router"):
+        router_url = _checked_url(args.router_url, "--router-url")
+        if not router_url:
+            raise SystemExit(f"--router-url is required for --gateway {args.gateway} (docs/gateways.md)")
+        workers = args.router_workers
+        if workers is None:
+            workers = (_env("router_workers", "") or "").split()
+        cls = SmgApplier if args.gateway == "smg" else VllmRouterApplier
+        try:
+            return cls(router_url, api_key=args.router_api_key, router_workers=workers,
+                       remove_below=args.router_remove_below)
+        except ValueError as exc:
+            raise SystemExit(f"--gateway {args.gateway}: {exc}") from None
     raise SystemExit(f"--gateway is required ({', '.join(GATEWAYS)})")
 
 

@@ -10,6 +10,8 @@ What these routers can express (agent/worker_set.py): a quarantined node is remo
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -167,5 +169,23 @@ def test_smg_answers_a_refusal_without_retrying(tmp_path, servers) -> None:
             SmgApplier(router.url).list_workers()
         assert time.monotonic() - started < 1.0 and APPLY_FAILURES["smg"] == failures + 1
         assert len(SmgApplier(router.url, api_key="sk-router-admin").list_workers()) == 3
+    finally:
+        router.stop()
+
+
+@pytest.mark.parametrize("kind", ["smg", "vllm-router"])
+def test_the_agent_command_drives_the_router(tmp_path, settings, redis_client, group, servers, kind) -> None:
+    """``python -m agent --once`` with the harness's ``agent_args`` (what the drill runs and the docs
+    show): the quarantined node is taken out, the exit status is 0."""
+    addresses = {name: srv.address for name, srv in servers.items()}
+    router = start_router(kind, addresses, tmp_path, defence=True)  # with the documented defence
+    try:
+        publish(redis_client, weights_document(group, 1, addresses, quarantined=("c",)))
+        done = subprocess.run([sys.executable, "-m", "agent", *router.agent_args(), "--group", group,
+                               "--redis-url", settings.REDIS_URL, "--once"],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        wait_until(lambda: router.routable() == {addresses["a"], addresses["b"]}, 5, "c removed")
+        assert "removed worker" in done.stderr
     finally:
         router.stop()
