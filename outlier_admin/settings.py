@@ -126,6 +126,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "outlier_admin.api.unstorable.UnstorableInputMiddleware",  # a NUL in a path/query/form: 400, not a 500
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
