@@ -281,6 +281,13 @@ INGEST_MAX_BODY_BYTES = envint("INGEST_MAX_BODY_BYTES", 10 * 1024 * 1024, minimu
 # Records per pushed body (array elements, NDJSON lines): 413 past it. 100,000 of the smallest useful
 # records (~100 bytes) fill the body limit; 2-byte lines would be 5 M Python objects per request.
 INGEST_MAX_LINES = envint("INGEST_MAX_LINES", 100_000, minimum=1)
+# Per ingest token, across every ingest process and pod (outlier_admin.ingest.throttle): at most this
+# many requests in progress, and this many body bytes a second (a bucket of INGEST_TOKEN_BURST_BYTES,
+# at least one full body); past either, 429 + Retry-After. 0 turns a limit off.
+INGEST_TOKEN_CONCURRENCY = envint("INGEST_TOKEN_CONCURRENCY", 2, minimum=0)
+INGEST_TOKEN_BYTES_PER_S = envint("INGEST_TOKEN_BYTES_PER_S", 16 * 1024 * 1024, minimum=0)
+INGEST_TOKEN_BURST_BYTES = max(envint("INGEST_TOKEN_BURST_BYTES", 2 * INGEST_MAX_BODY_BYTES, minimum=1024),
+                               INGEST_MAX_BODY_BYTES)
 # Refused input kept: a few samples per reason and batch with their counts, at most this many new
 # rows per source (token, log source) and hour (past it, counts only), kept this many days.
 INGEST_REJECTED_ROWS_PER_HOUR = envint("INGEST_REJECTED_ROWS_PER_HOUR", 1000, minimum=1)

@@ -31,7 +31,7 @@ from detector.records import (
 )
 from detector.samples import REQUEST_ROW_FIELDS
 from outlier_admin.fleet.names import NameError_, validate_group_name, validate_node_id
-from outlier_admin.ingest.records import RecordError, normalize
+from outlier_admin.ingest.records import MISSING, NOT_AN_OBJECT, REQUIRED, RecordError, normalize
 
 #: A record as :func:`normalize_many` returns it: the fields of a stream row
 #: (:data:`detector.samples.REQUEST_ROW_FIELDS`, so ``canonical[:9]`` is the row), then the group
@@ -177,7 +177,8 @@ def normalize_many(
     def column(key: str) -> list[Any]:
         return list(map(dict.get, dicts, repeat(key)))
 
-    nodes, nodes_ok = _names(column("node"), validate_node_id, required=True)
+    node_column = column("node")
+    nodes, nodes_ok = _names(node_column, validate_node_id, required=True)
     groups, groups_ok = _names(column("group"), validate_group_name, required=False)
     ts, ts_given, ts_odd = _floats(column("ts"))
     prompt, p_given, p_odd = _floats(column("prompt_tokens"))
@@ -218,6 +219,18 @@ def normalize_many(
         total.tolist(), status, _ints(cached, with_cached & ok), _opt_floats(queue, with_queue), groups, request_ids,
         strict=True))
     if not ok.all():
+        # What normalize would refuse first, read off the columns: not an object, or a required field
+        # absent (in normalize's order). One shared error per reason, no exception raised per record: a
+        # garbage line costs less than a valid one. The rest go through normalize for their reason.
+        given = {"ts": ts_given, "total_ms": total_given,
+                 "node": np.fromiter((v is not None for v in node_column), bool, n)}
+        shared = [(np.fromiter((type(rec) is not dict for rec in recs), bool, n), RecordError(*NOT_AN_OBJECT))]
+        shared += [(~given[key], RecordError(*MISSING[key])) for key in REQUIRED]
         for i in np.flatnonzero(~ok).tolist():
-            out[i] = _one(recs[i], now, bounds)
+            for refused, error in shared:
+                if refused[i]:
+                    out[i] = error
+                    break
+            else:
+                out[i] = _one(recs[i], now, bounds)
     return out
