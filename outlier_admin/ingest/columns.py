@@ -220,17 +220,28 @@ def normalize_many(
         strict=True))
     if not ok.all():
         # What normalize would refuse first, read off the columns: not an object, or a required field
-        # absent (in normalize's order). One shared error per reason, no exception raised per record: a
-        # garbage line costs less than a valid one. The rest go through normalize for their reason.
+        # absent (in normalize's order), a ts outside the window. No exception raised per record (one
+        # shared error for the first two): a garbage line costs less than a valid one. The rest go
+        # through normalize for their reason.
         given = {"ts": ts_given, "total_ms": total_given,
                  "node": np.fromiter((v is not None for v in node_column), bool, n)}
         shared = [(np.fromiter((type(rec) is not dict for rec in recs), bool, n), RecordError(*NOT_AN_OBJECT))]
         shared += [(~given[key], RecordError(*MISSING[key])) for key in REQUIRED]
+        # Then a plain number for ts outside the window: normalize's next refusal, with its detail.
+        with np.errstate(invalid="ignore"):
+            plain_ts = ts_given & ~ts_odd & np.isfinite(ts)
+            future, old = plain_ts & (ts > latest), plain_ts & (ts < earliest)
         for i in np.flatnonzero(~ok).tolist():
             for refused, error in shared:
                 if refused[i]:
                     out[i] = error
                     break
             else:
-                out[i] = _one(recs[i], now, bounds)
+                if future[i]:
+                    out[i] = RecordError("ts_in_future", f"ts is {ts[i] - now:.0f} s in the future "
+                                         f"(limit {max_future_s:.0f} s)")
+                elif old[i]:
+                    out[i] = RecordError("ts_too_old", f"ts is {now - ts[i]:.0f} s old (retention {retention_s:.0f} s)")
+                else:
+                    out[i] = _one(recs[i], now, bounds)
     return out
