@@ -18,7 +18,8 @@ included: an attacker does not wait). A run is one idle and one flood phase; run
 interleaved (the machine's load drifts alike for both). A phase stops after ``--phase-seconds`` (a stalled
 API gives fewer samples; each phase records how many). Per tree: the median over runs of the viewer's
 idle P99 and flood P99 (each with its range), their ratio (the goal: <= 2), and the flood's answers by
-status. Prints a table and writes JSON; asserts nothing.
+status. Prints a table and writes JSON; asserts nothing. ``--table REPORT.json`` prints the docs' table
+(docs/deploy.md) of a report.
 """
 
 from __future__ import annotations
@@ -216,7 +217,25 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(values), 4), "min": round(min(values), 4), "max": round(max(values), 4)}
 
 
+def markdown(report: dict[str, Any]) -> str:
+    """The docs' table (docs/deploy.md) of a report this script wrote."""
+    def ms(d: dict[str, float]) -> str:
+        return f"{d['median'] * 1000:.0f} ({d['min'] * 1000:.0f}-{d['max'] * 1000:.0f})"
+
+    rows = ["| tree | layout | runs | viewer idle P99, ms | viewer P99 during the flood, ms | flood / idle | "
+            "the flood's answers |", "|---|---|---|---|---|---|---|"]
+    for label, s in report["summary"].items():
+        r = s["flood_over_idle_p99"]
+        answers = ", ".join(f"{n} x {code}" for code, n in sorted(s["flood_answers"].items()))
+        rows.append(f"| {label} | {s['layout']} | {s['runs']} | {ms(s['idle_p99_s'])} | {ms(s['flood_p99_s'])} | "
+                    f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}) | {answers} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--table"]:  # the docs' table from a written report
+        print(markdown(json.loads(Path(sys.argv[2]).read_text())))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tree", action="append", required=True, metavar="LABEL=PATH",
                         help="a source tree to measure (repeat: before=/tmp/before after=.)")
