@@ -23,12 +23,14 @@ import time
 import uuid
 from pathlib import Path
 
-from outlier_admin import keys
-from outlier_admin.agent.core import Agent
-from outlier_admin.agent.haproxy import HAProxyApplier
-from outlier_admin.agent.nginx import NginxApplier, upstream_name_for
-from outlier_admin.gateway_client import GatewayClient, effective_weights, parse_document, redis_from_url
-from tests.harness.gateways import (
+from agent.client import GatewayClient, effective_weights
+from agent.core import Agent
+from agent.haproxy import HAProxyApplier
+from agent.nginx import NginxApplier, upstream_name_for
+from contract import keys
+from contract.topology import redis_from_url
+from contract.weights_document import parse_document
+from harness.gateways import (
     FakeInferenceServer,
     HAProxyProcess,
     NginxProcess,

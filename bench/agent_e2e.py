@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.agent import summarise, write_report
-from outlier_admin import keys
+from contract import keys
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST_LOOP: dict[str, Any] = {
@@ -58,7 +58,7 @@ FAST_LOOP: dict[str, Any] = {
     # The host is shared (2 cores, other test runs): for a tick or two a healthy fake server's decode
     # EMA can sit 16-40% over its peers' from CPU starvation alone, and the weight cut it would cause
     # is visible to the gateway. s3 is 3x slower, so raising the degrade materiality to the quarantine
-    # one changes nothing for it. (Shared with tests/outlier_admin/agent/test_e2e_control_plane.py.)
+    # one changes nothing for it. (Shared with tests/agent/test_e2e_control_plane.py.)
     "degrade_materiality": 1.5,
 }
 
@@ -88,19 +88,13 @@ def run(cycles: int, tick_ms: int, clients: int) -> dict[str, Any]:
     from django.conf import settings
     from django.core.management import call_command
 
-    from outlier_admin.agent.core import Agent
-    from outlier_admin.agent.haproxy import HAProxyApplier, RuntimeAPI
-    from outlier_admin.agent.nginx import NginxApplier, upstream_name_for
-    from outlier_admin.agent.shipper import LogShipper, node_map_from_haproxy, serve_udp
-    from outlier_admin.control.actions import (
-        do_create_group,
-        do_create_token,
-        do_register_node,
-        do_update_thresholds,
-    )
-    from outlier_admin.control.redis_conn import client_for
-    from outlier_admin.gateway_client import GatewayClient, effective_weights, parse_document
-    from tests.harness.gateways import (
+    from agent.client import GatewayClient, effective_weights
+    from agent.core import Agent
+    from agent.haproxy import HAProxyApplier, RuntimeAPI
+    from agent.nginx import NginxApplier, upstream_name_for
+    from agent.shipper import LogShipper, node_map_from_haproxy, serve_udp
+    from contract.weights_document import parse_document
+    from harness.gateways import (
         CeleryWorker,
         FakeServerFleet,
         HAProxyProcess,
@@ -111,6 +105,13 @@ def run(cycles: int, tick_ms: int, clients: int) -> dict[str, Any]:
         wait_for_port,
         weights_document,
     )
+    from outlier_admin.control.actions import (
+        do_create_group,
+        do_create_token,
+        do_register_node,
+        do_update_thresholds,
+    )
+    from outlier_admin.control.redis_conn import client_for
 
     call_command("migrate", verbosity=0)
     r = client_for(settings.REDIS_URL)

@@ -13,7 +13,7 @@ What it runs (all on 127.0.0.1, all its own, all stopped at the end; temp dirs r
   processes) and one separate beat (so killing a worker never stops the schedule);
 - gateways (asyncio + httpx in this process): ``--records`` records at ``--rate`` records/s, in
   batches of ``--batch`` to ``--groups`` groups of ``--nodes`` nodes (node ids ``127.0.0.x:port``),
-  every record with a unique ``request_id``. Like a real shipper (``outlier_admin/agent/shipper.py``)
+  every record with a unique ``request_id``. Like a real shipper (``agent/shipper.py``)
   a gateway keeps a batch and re-POSTs the *same body* on a 5xx or a connection error until it gets a
   200 or a 4xx; generation is open loop (a backlog builds up during outages and drains after);
 - faults on a schedule while the gateways send (times relative to the start of the sending; the
@@ -49,7 +49,7 @@ answers only is reported apart, as a contract violation, not as a loss; so are d
 answer to a body's first POST, which only a retry inside the server can produce). Hence:
 
 - *landed* = sum over the batches that got a 200 of ``accepted + duplicates``: each of those records
-  is in its group's stream exactly once (the dedup sets, :func:`outlier_admin.keys.dedup`, are written in
+  is in its group's stream exactly once (the dedup sets, :func:`contract.keys.dedup`, are written in
   the same MULTI as the rows; the probe checks that every landed id is in them and no other id is);
 - *applied* = sum over groups of the detector's ``accepted_total`` (detector state in Redis): every
   row the ticks handed to the detector and it accepted. Rows carry no request id, so the detector

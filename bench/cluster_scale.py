@@ -10,7 +10,7 @@ state fields, marks, outbox, ``XAUTOCLAIM`` and two ``XREADGROUP``), the fenced 
 weights document (:func:`outlier_admin.control.publish.queue_document`, a real 100-node document) and
 the state fields, plus the detector checkpoint every 5th tick (``TICK_LOCK_TTL_MS`` 5 s at 1 Hz: a real
 100-node ``GroupDetector.to_bytes()`` with full tail windows), then ``XACK`` / ``XTRIM`` and the lock's
-release. Keys are :mod:`outlier_admin.keys`'s, so a group is one slot on the cluster.
+release. Keys are :mod:`contract.keys`'s, so a group is one slot on the cluster.
 
 Every Redis is its own (``redis-server`` on free loopback ports, stopped at the end). ``--procs`` client
 processes share the groups; each ticks its groups once a second. A count is *held* when the ticks start
@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "outlier_admin.settings")
 os.environ.setdefault("OUTLIER_TESTING", "1")  # no database is used: the settings of a test run
 
-from outlier_admin import keys  # noqa: E402  (after the path: runs as a script too)
+from contract import keys  # noqa: E402  (after the path: runs as a script too)
 
 NODES = 100
 RECORDS_PER_S = 200  # 2 requests/s per node
@@ -60,9 +60,10 @@ def payloads() -> dict[str, Any]:
     """A real 100-node weights document, an ingest entry's rows and the checkpoint in both formats."""
     import orjson
 
-    from detector import GroupDetector, Thresholds
     from detector import snapshot as snap
-    from tests.detector.helpers import Fleet, run
+    from detector.group import GroupDetector
+    from detector.thresholds import Thresholds
+    from harness.fleet import Fleet, run
 
     fleet = Fleet(NODES, seed=5, rate=40_000)  # 400 requests/s per node: full tail windows in 3 s
     gd = GroupDetector(Thresholds(), fleet.nodes)
@@ -103,7 +104,7 @@ def _best_ms(f: Any, n: int = 9) -> float:
 
 class SingleRedis:
     def __init__(self, workdir: Path) -> None:
-        from tests.harness.redis_cluster import REDIS_SERVER, free_port
+        from harness.redis_cluster import REDIS_SERVER, free_port
 
         self.port = free_port(17200, set())
         self.proc = subprocess.Popen([REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
@@ -324,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     import django
 
     django.setup()
-    from tests.harness import redis_cluster
+    from harness import redis_cluster
 
     if not redis_cluster.available():
         print("redis-server / redis-cli not installed", file=sys.stderr)

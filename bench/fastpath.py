@@ -20,7 +20,7 @@ Sections (``--only tick,scale,ingest,drill,scrape`` picks some):
 - ``scrape``: nodes scraped at 4 Hz per process, from the model-server scraper's hook
   (:data:`SCRAPE_BENCH_HOOK`).
 
-- ``drill``: fault onset -> weight cut / quarantine in the weights document (:func:`outlier_admin.keys.weights`), end to end at the
+- ``drill``: fault onset -> weight cut / quarantine in the weights document (:func:`contract.keys.weights`), end to end at the
   production defaults (HTTP scrapes by ``scrape_metrics``, event-driven ``run_ticker``), 10 onsets
   (:func:`bench_drill`).
 
@@ -119,7 +119,8 @@ def bench_tick(sizes: tuple[int, ...] = (10, 100, 1000), ticks: int = 40, rate: 
 def bench_evaluate(nodes: int = 100, rounds: int = 30) -> float:
     """CPU ms of the detector's own ``evaluate`` at ``nodes`` (no I/O): the machine's yardstick. The
     issue measured 0.6 ms on an idle core; the ratio says how much slower this run's core was."""
-    from detector import GroupDetector, SampleBatch
+    from detector.group import GroupDetector
+    from detector.samples import SampleBatch
 
     gd = GroupDetector(now=0.0)
     for i in range(nodes):

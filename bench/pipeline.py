@@ -45,9 +45,9 @@ def main() -> None:
     import httpx
     import orjson
 
+    from harness.records import make_records
     from outlier_admin.control.actions import do_create_group, do_create_token
     from outlier_admin.control.tick import run_tick
-    from tests.outlier_admin.helpers import make_records
 
     _, token = do_create_token(name=f"bench-{int(time.time())}", scope="ingest", actor="bench")
     port = _free_port()

@@ -34,8 +34,8 @@ def _run(url: str, ack: int, token: str, group: str, sizes: list[int], requests:
     import httpx
     import orjson
 
-    from tests.outlier_admin.helpers import make_records
-    from tests.reliability.conftest import free_port
+    from harness.gateways import free_port
+    from harness.records import make_records
 
     port = free_port()
     env = {**os.environ, "REDIS_URL": url, "REDIS_MIN_REPLICAS_ACK": str(ack), "OUTLIER_TESTING": "1",
@@ -100,8 +100,8 @@ def main() -> None:
     import django
 
     django.setup()
+    from harness.sentinel_cluster import SentinelCluster
     from outlier_admin.control.actions import do_create_group, do_create_token, do_register_node
-    from tests.reliability.sentinel_cluster import SentinelCluster
 
     stamp = int(time.time())
     _, token = do_create_token(name=f"bench-ack-{stamp}", scope="ingest", actor="bench")

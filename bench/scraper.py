@@ -39,7 +39,7 @@ import timeit
 from pathlib import Path
 from typing import Any
 
-from outlier_admin import keys
+from contract import keys
 
 VARIANTS = 64  # pages per node cycle through these (counters grow; a wrap reads as a restart)
 GROUP_SIZE = 100  # nodes per benchmark group (bench-scrape-<k>)

@@ -5,12 +5,17 @@ its KV cache) still answers its health checks; only its latency gives it away, a
 peers serving the same model on the same hardware. This package turns per-request samples into
 per-node weights for a gateway, with an explanation for every decision.
 
+Import each name from its module (``from detector.group import GroupDetector``): this package exports
+nothing of its own.
+
 Modules, one concept each (read in this order):
 
-- :mod:`detector.states` — node states, allowed edges, the traffic table, transition records
+- :mod:`detector.states` — node states (:mod:`contract.traffic`: the states and the traffic table,
+  shared with the gateways), allowed edges, the safeguard cap, transition records
 - :mod:`detector.thresholds` — the validated per-group configuration
 - :mod:`detector.engine_metrics` — a model server's ``/metrics`` page -> streamed progress rows
-- :mod:`detector.samples` — request samples and streamed progress rows, validation, the signal formulas
+- :mod:`detector.samples` — request samples and streamed progress rows, validation (against the
+  record contract, :mod:`contract.records`), the signal formulas
 - :mod:`detector.costmodel` — the learned per-group cost model used to normalise latency
 - :mod:`detector.ewma` — vectorised EW mean/variance per node
 - :mod:`detector.signals` — the four signals (two queue-free), their fits, decode at equal batch, and
@@ -28,51 +33,9 @@ Modules, one concept each (read in this order):
   both run
 - :mod:`detector.weights` — from states to weights, and what is published (the shadow policy's too)
 - :mod:`detector.explain` — the outcome of a tick and the explanation of every transition
+- :mod:`detector.canary` — the canary probe's pass limit (the rule, once)
 - :mod:`detector.operator` — canary probes and operator actions on single nodes
 - :mod:`detector.snapshot` — the exact snapshot of a group detector
 - :mod:`detector.group` — :class:`GroupDetector`, which composes the above
 - :mod:`detector.picking` — smooth weighted round-robin and power-of-two-choices
 """
-
-# Names are imported on first use (PEP 562), so that ``import detector.states`` (the traffic table,
-# which the redis-only gateway client imports) does not pull numpy and the detector in with it.
-_EXPORTS = {
-    "SIGNALS": "detector.group", "Evaluation": "detector.group", "GroupDetector": "detector.group",
-    "IngestResult": "detector.group",
-    "PowerOfTwoChoices": "detector.picking", "SmoothWeightedRoundRobin": "detector.picking",
-    "ProgressBatch": "detector.samples", "RejectReason": "detector.samples", "SampleBatch": "detector.samples",
-    "ALLOWED_EDGES": "detector.states", "IllegalTransition": "detector.states", "NodeState": "detector.states",
-    "Reason": "detector.states", "Transition": "detector.states",
-    "ThresholdError": "detector.thresholds", "Thresholds": "detector.thresholds",
-}
-
-
-def __getattr__(name: str) -> object:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'detector' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-__all__ = [
-    "ALLOWED_EDGES",
-    "SIGNALS",
-    "Evaluation",
-    "GroupDetector",
-    "IllegalTransition",
-    "IngestResult",
-    "NodeState",
-    "PowerOfTwoChoices",
-    "ProgressBatch",
-    "Reason",
-    "RejectReason",
-    "SampleBatch",
-    "SmoothWeightedRoundRobin",
-    "ThresholdError",
-    "Thresholds",
-    "Transition",
-]

@@ -46,8 +46,8 @@ from typing import Any, Self
 
 import numpy as np
 
+from contract.records import FIELDS, STATUS, UNLIMITED, Limits
 from detector.engine_metrics import ROW_FIELDS
-from detector.records import FIELDS, STATUS, UNLIMITED, Limits
 
 
 class RejectReason(enum.StrEnum):
@@ -59,7 +59,7 @@ class RejectReason(enum.StrEnum):
     NO_TOKENS = "no_tokens"
     BAD_STATUS = "bad_status"
     UNKNOWN_NODE = "unknown_node"
-    #: Finite and not negative, but outside the records contract's bounds (:mod:`detector.records`).
+    #: Finite and not negative, but outside the records contract's bounds (:mod:`contract.records`).
     OUT_OF_BOUNDS = "out_of_bounds"
 
 
@@ -208,7 +208,7 @@ class SampleBatch(_Columns):
 def validate(batch: SampleBatch, limits: Limits = UNLIMITED) -> tuple[np.ndarray, list[tuple[int, RejectReason]]]:
     """Check every sample; return the boolean mask of valid ones and ``(index, reason)`` for the rest.
 
-    The rules are the records contract's (:mod:`detector.records`, the table ingest checks too), with
+    The rules are the records contract's (:mod:`contract.records`, the table ingest checks too), with
     the operator-set bounds of ``limits`` (none by default: every record from ingest passed them):
     timestamps and total latency must be finite, token counts too unless both are missing (a
     latency-only record: a log format without token counts); optional columns (TTFT, cached tokens,

@@ -12,17 +12,9 @@
                             │       └─────────────────────────────┘ (probe interval doubles)
     operators: FORCED_QUARANTINE, FORCED_ACTIVE (optional expiry), release -> HEALTHY
 
-What a state means for traffic is one table, :data:`TRAFFIC`, which every consumer imports (the
-detector's weights, the publisher, the gateway client and agents, the threshold preview, the API):
-
-- ``WEIGHTED``: the node serves at its computed weight — HEALTHY and FORCED_ACTIVE base; DEGRADED
-  ``base * 2^-(Z - degrade_z)`` floored at ``min_weight_fraction * base``; WARMING a linear ramp
-  (slow start); RECOVERING ``step * base``;
-- ``FLOOR``: kept sampled at ``min_weight_fraction * base`` — PENDING_APPROVAL (the detector wants it
-  out, a human has not decided: it keeps a trickle so the evidence stays current, and gateways must
-  not take it out before anyone approved);
-- ``DRAIN``: no new traffic, weight 0 — QUARANTINED, PROBING (the canary, not the gateway, sends its
-  requests), FORCED_QUARANTINE.
+What a state means for traffic is one table, :data:`contract.traffic.TRAFFIC` (with the states
+themselves, :class:`~contract.traffic.NodeState`: the gateway side reads them without the detector),
+re-exported here as the detector's vocabulary.
 
 The safeguard cap counts :data:`SAFEGUARD_COUNTED`: the ``DRAIN`` states **and** PENDING_APPROVAL. A
 proposal is a quarantine the detector has decided on and a person may approve at any moment; if it did
@@ -38,74 +30,18 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-
-class NodeState(enum.IntEnum):
-    WARMING = 0
-    HEALTHY = 1
-    DEGRADED = 2
-    QUARANTINED = 3
-    PROBING = 4
-    RECOVERING = 5
-    PENDING_APPROVAL = 6
-    FORCED_QUARANTINE = 7
-    FORCED_ACTIVE = 8
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
-
-    @classmethod
-    def from_label(cls, label: str) -> NodeState:
-        return cls[label.upper()]
-
+# The states and the traffic table, re-exported as the detector's vocabulary (their owner is contract.traffic).
+from contract.traffic import DEFAULT_BASE_WEIGHT as DEFAULT_BASE_WEIGHT
+from contract.traffic import OUT_OF_SERVICE as OUT_OF_SERVICE
+from contract.traffic import OUT_OF_SERVICE_LABELS as OUT_OF_SERVICE_LABELS
+from contract.traffic import TRAFFIC as TRAFFIC
+from contract.traffic import NodeState as NodeState
+from contract.traffic import Traffic as Traffic
+from contract.traffic import traffic_of as traffic_of
 
 S = NodeState
 
 
-#: A node's base weight unless registered with another: the scale every weight is on (the detector's,
-#: the weights document's, the gateways'); the plain-Python owner, so the gateway side can import it.
-DEFAULT_BASE_WEIGHT = 100
-
-
-class Traffic(enum.StrEnum):
-    """What a state means for the traffic a gateway sends the node (see the module docstring)."""
-
-    WEIGHTED = "weighted"
-    FLOOR = "floor"
-    DRAIN = "drain"
-
-
-#: The one traffic table: every state, what a gateway does with a node in it.
-TRAFFIC: dict[NodeState, Traffic] = {
-    S.WARMING: Traffic.WEIGHTED,
-    S.HEALTHY: Traffic.WEIGHTED,
-    S.DEGRADED: Traffic.WEIGHTED,
-    S.RECOVERING: Traffic.WEIGHTED,
-    S.FORCED_ACTIVE: Traffic.WEIGHTED,
-    S.PENDING_APPROVAL: Traffic.FLOOR,
-    S.QUARANTINED: Traffic.DRAIN,
-    S.PROBING: Traffic.DRAIN,
-    S.FORCED_QUARANTINE: Traffic.DRAIN,
-}
-assert set(TRAFFIC) == set(NodeState), "every state has a traffic rule"
-
-
-def traffic_of(state: NodeState | str) -> Traffic | None:
-    """The traffic rule of a state or a state label (``"pending_approval"``); ``None`` for a label
-    this version does not know (a gateway then follows the published weight alone: draining on an
-    unknown label would let a newer control plane's new state empty an older gateway's pool)."""
-    if isinstance(state, NodeState):
-        return TRAFFIC[state]
-    try:
-        return TRAFFIC[NodeState.from_label(state)]
-    except (KeyError, AttributeError):
-        return None
-
-
-#: States in which a node receives no traffic.
-OUT_OF_SERVICE = frozenset(s for s, rule in TRAFFIC.items() if rule is Traffic.DRAIN)
-#: Their labels, for consumers of the weights document and the API.
-OUT_OF_SERVICE_LABELS = frozenset(s.label for s in OUT_OF_SERVICE)
 #: States counted against the safeguard cap: out of service, or proposed for quarantine (see the
 #: module docstring).
 SAFEGUARD_COUNTED = OUT_OF_SERVICE | {S.PENDING_APPROVAL}
@@ -139,10 +75,14 @@ class Safeguard:
         return self.held > 0 or (self.counted > 0 and self.full)
 #: States whose nodes form the peer baseline (when warmed up and fresh).
 BASELINE_STATES = frozenset({S.HEALTHY, S.DEGRADED})
+#: States whose latency the detector judges toward a cut or a quarantine: the baseline's, and a node
+#: proposed for quarantine (kept at the floor so its evidence stays current until a person decides).
+JUDGED_STATES = BASELINE_STATES | {S.PENDING_APPROVAL}
+#: States an operator set (a manual quarantine, a node forced active): the detector does not move them.
+OPERATOR_STATES = frozenset({S.FORCED_QUARANTINE, S.FORCED_ACTIVE})
 #: The canary's cycle: a quarantined node waits for its probes, is probed, and ramps back up.
 CANARY_STATES = (S.QUARANTINED, S.PROBING, S.RECOVERING)
 
-_OPERATOR = {S.FORCED_QUARANTINE, S.FORCED_ACTIVE}
 
 ALLOWED_EDGES: frozenset[tuple[NodeState, NodeState]] = frozenset(
     {
@@ -165,7 +105,7 @@ ALLOWED_EDGES: frozenset[tuple[NodeState, NodeState]] = frozenset(
         (S.FORCED_ACTIVE, S.HEALTHY),  # expiry or release
     }
     # Operators may force any node, and release any held node back to service.
-    | {(s, f) for s in S for f in _OPERATOR if s != f}
+    | {(s, f) for s in S for f in OPERATOR_STATES if s != f}
     | {(s, S.HEALTHY) for s in (S.QUARANTINED, S.PROBING, S.RECOVERING, S.FORCED_QUARANTINE, S.WARMING)}
 )
 

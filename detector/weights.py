@@ -12,7 +12,7 @@ What a state means for traffic is :data:`detector.states.TRAFFIC`; within ``WEIG
 - RECOVERING: ``recovery_steps[step] * base``;
 
 ``FLOOR`` states get ``min_weight_fraction * base``, ``DRAIN`` states 0; an operator's pin overrides
-all of it, up to ``base`` (the weights document's scale: ``outlier_admin.weights_document.pin_range``). When every node would get 0, the least slow node (lowest Z; forced quarantines last) keeps
+all of it, up to ``base`` (the weights document's scale: ``contract.weights_document.pin_range``). When every node would get 0, the least slow node (lowest Z; forced quarantines last) keeps
 its base weight: sending traffic nowhere is never better than sending it to the best node left.
 
 What is *published* (:func:`published`) is those weights rounded to integers, except under the

@@ -11,10 +11,10 @@ import dj_database_url
 from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from detector.records import Limits as _RecordLimits
+from contract.names import NameError_, validate_allow_entry
+from contract.records import Limits as _RecordLimits
+from contract.weights_document import DEFAULT_STALE_AFTER_S
 from outlier_admin.env import envbool, envint, envlist, envstr
-from outlier_admin.fleet.names import NameError_, validate_allow_entry
-from outlier_admin.weights_document import DEFAULT_STALE_AFTER_S
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -190,7 +190,7 @@ if REDIS_SENTINELS:
         raise ImproperlyConfigured("REDIS_SENTINELS is set but REDIS_SENTINEL_MASTER (the monitored master's name) is not")
     REDIS_URL = f"redis+sentinel://{','.join(REDIS_SENTINELS)}/{REDIS_SENTINEL_MASTER}/{envint('REDIS_DB', 0, minimum=0)}"
 if REDIS_URL.startswith("redis+sentinel://"):
-    from outlier_admin.gateway_client import RedisURLError, parse_sentinel_url
+    from contract.topology import RedisURLError, parse_sentinel_url
 
     try:
         _SENTINEL = parse_sentinel_url(REDIS_URL)
@@ -207,7 +207,7 @@ if REDIS_CLUSTER_NODES:
         raise ImproperlyConfigured("REDIS_CLUSTER_NODES and REDIS_SENTINELS are both set: a cluster fails over by itself")
     REDIS_URL = f"redis+cluster://{','.join(REDIS_CLUSTER_NODES)}"
 if REDIS_URL.startswith("redis+cluster://"):
-    from outlier_admin.gateway_client import RedisURLError, parse_cluster_url
+    from contract.topology import RedisURLError, parse_cluster_url
 
     try:
         parse_cluster_url(REDIS_URL)
@@ -241,7 +241,7 @@ CELERY_RESULT_BACKEND = None
 if CELERY_BROKER_URL.startswith("redis+sentinel://"):
     # kombu's own Sentinel transport: sentinel://h1:p1/db;sentinel://h2:p2/db with the master's name
     # in the transport options (results are ignored; a result backend set later takes the same options).
-    from outlier_admin.gateway_client import parse_sentinel_url as _parse
+    from contract.topology import parse_sentinel_url as _parse
 
     _broker = _parse(CELERY_BROKER_URL)
     _auth = f"{_broker.username or ''}:{_broker.password}@" if _broker.password else ""
@@ -272,7 +272,7 @@ MAX_NODES_PER_GROUP = envint("MAX_NODES_PER_GROUP", 1000, minimum=1)
 AUTO_CREATE_GROUPS = envlist("AUTO_CREATE_GROUPS", [])
 MAX_GROUPS = envint("MAX_GROUPS", 500, minimum=1)
 # Bounds of a record's numbers (a record outside them is rejected, never clipped into range); the
-# defaults are the records contract's (detector.records.Limits).
+# defaults are the records contract's (contract.records.Limits).
 _RECORDS = _RecordLimits()
 INGEST_MAX_LATENCY_MS = envint("INGEST_MAX_LATENCY_MS", _RECORDS.max_latency_ms, minimum=1000)
 INGEST_MAX_PROMPT_TOKENS = envint("INGEST_MAX_PROMPT_TOKENS", _RECORDS.max_prompt_tokens, minimum=1)
@@ -310,6 +310,9 @@ HISTORY_RAW_DAYS = envint("HISTORY_RAW_DAYS", 2, minimum=1)
 HISTORY_KEEP_DAYS = envint("HISTORY_KEEP_DAYS", 30, minimum=1)
 # Weights documents older than this should be ignored by gateways (they fall back to base weights).
 WEIGHTS_STALE_AFTER_S = envint("WEIGHTS_STALE_AFTER_S", DEFAULT_STALE_AFTER_S, minimum=1)
+# A gateway whose agent has not reported for this long is shown as gone, not as "behind": a running
+# agent reports at least every resync (30 s); one run once (--once) or stopped reports no more.
+GATEWAY_GONE_AFTER_S = envint("GATEWAY_GONE_AFTER_S", 300, minimum=1)
 CANARY_TIMEOUT_S = envint("CANARY_TIMEOUT_S", 30, minimum=1)
 CANARY_MAX_TOKENS = envint("CANARY_MAX_TOKENS", 32, minimum=1)
 CANARY_MODEL = envstr("CANARY_MODEL") or ""
@@ -408,11 +411,11 @@ WORKER_METRICS_BIND = envstr("WORKER_METRICS_BIND") or "127.0.0.1"
 # (Only process_exception matters, so any place works: after clickjacking, leaving axes' last.)
 MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.clickjacking.XFrameOptionsMiddleware") + 1,
                   "outlier_admin.observability.outage.DatabaseOutageMiddleware")
-# Threshold preview bounds (api.preview): over one, the preview is a 400 naming it.
+# Threshold preview bounds (history.preview): over one, the preview is a 400 naming it.
 PREVIEW_MAX_WINDOW_S = envint("PREVIEW_MAX_WINDOW_S", 3600, minimum=60)
 PREVIEW_MAX_NODES = envint("PREVIEW_MAX_NODES", 1000, minimum=1)
 PREVIEW_MAX_ROWS = envint("PREVIEW_MAX_ROWS", 400_000, minimum=1)  # all the reads of one preview together
-# How often (api.preview.admit_preview): a token bucket per user (PREVIEW_BURST, one back every
+# How often (history.preview.admit_preview): a token bucket per user (PREVIEW_BURST, one back every
 # PREVIEW_REFILL_S seconds) and at most PREVIEW_MAX_CONCURRENT previews at once per web process; over
 # either, a 429 with Retry-After.
 PREVIEW_BURST = envint("PREVIEW_BURST", 3, minimum=1)

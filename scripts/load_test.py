@@ -42,8 +42,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from outlier_admin import keys  # noqa: E402  (after the path: run as a script from anywhere)
-from outlier_admin.weights_document import WeightsDocument  # noqa: E402
+from contract import keys  # noqa: E402  (after the path: run as a script from anywhere)
+from contract.weights_document import WeightsDocument  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -138,9 +138,9 @@ def main() -> None:
     from django.contrib.auth.models import Group, User
     from django.contrib.sessions.backends.db import SessionStore
 
+    from contract.topology import redis_from_url
+    from harness.records import make_records
     from outlier_admin.control.actions import do_create_group, do_create_token
-    from outlier_admin.gateway_client import redis_from_url
-    from tests.outlier_admin.helpers import make_records
 
     r = redis_from_url(redis_url)
     r.flushdb()  # our own db number: a clean stream/state for the accounting
@@ -339,7 +339,7 @@ async def _load(args, base, token, session_key, groups, r, server_pid, worker_pi
 
 def _applied(r, groups: list[str]) -> int:
     """Samples the groups' detectors have applied (sum of the per-node sample counts in Redis)."""
-    from detector import GroupDetector
+    from detector.group import GroupDetector
 
     total = 0
     for g in groups:
@@ -354,7 +354,7 @@ def _gateways(args, url: str, headers: dict, groups: list[str], duration: float,
     import httpx
     import orjson
 
-    from tests.outlier_admin.helpers import make_records
+    from harness.records import make_records
 
     rng = np.random.default_rng(0)
     stats = {"sent": 0, "accepted": 0, "rejected": 0, "ingest_5xx": 0, "ingest_other": 0, "ingest_ms": []}

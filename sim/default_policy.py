@@ -42,7 +42,8 @@ class DefaultPolicy(Policy):
 
     def __init__(self, ctx: GroupContext, thresholds: Any, logs_only: bool = False,
                  balancer: str = "round_robin") -> None:
-        from detector import GroupDetector, ProgressBatch, SampleBatch
+        from detector.group import GroupDetector
+        from detector.samples import ProgressBatch, SampleBatch
         from detector.states import OUT_OF_SERVICE, NodeState
 
         super().__init__(ctx)
@@ -192,7 +193,7 @@ def make_default_policy(options: dict[str, Any], logs_only: bool = False, balanc
     """Factory for the engine. ``options`` may hold ``thresholds``: a dict for ``Thresholds.from_dict``;
     ``logs_only``: the ``default_logs`` policy; ``balancer``: how the gateway spreads requests over the
     weights (``leastconn``: the ``default_lc`` policy)."""
-    from detector import Thresholds
+    from detector.thresholds import Thresholds
 
     thresholds = Thresholds.from_dict(options["thresholds"]) if options.get("thresholds") else Thresholds()
 

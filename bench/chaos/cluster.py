@@ -214,7 +214,7 @@ class Cluster:
             self.spawn(f"sentinel-{i}", ["redis-server", str(conf), "--sentinel"])
         hosts = ",".join(f"{LOOPBACK}:{p}" for p in self.sentinel_ports)
         url = f"redis+sentinel://{hosts}/{SENTINEL_MASTER}/0"
-        from outlier_admin.gateway_client import sentinel_problem
+        from contract.topology import sentinel_problem
 
         deadline = time.monotonic() + 30  # every process refuses to start until a Sentinel names the primary
         while (problem := sentinel_problem(url)) is not None:

@@ -23,8 +23,8 @@ from bench.chaos.cluster import (
     _threads,
 )
 from bench.chaos.readback import applied_by_detector
-from outlier_admin import keys
-from outlier_admin.weights_document import DocumentError, WeightsDocument
+from contract import keys
+from contract.weights_document import DocumentError, WeightsDocument
 
 # ------------------------------------------------------------------------------- monitor & faults
 

@@ -25,7 +25,7 @@ from bench.chaos.faults import Faults, Monitor
 from bench.chaos.readback import applied_by_detector, drained
 from bench.chaos.records import Batch, HttpStats, make_batch
 from bench.chaos.report import _report
-from outlier_admin import keys
+from contract import keys
 
 # -------------------------------------------------------------------------------------- gateways
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.chaos.cluster import _id_tuple
-from outlier_admin import keys
+from contract import keys
 
 
 def drained(r: Any, groups: list[str]) -> dict[str, dict[str, Any]]:
@@ -34,7 +34,7 @@ def drained(r: Any, groups: list[str]) -> dict[str, dict[str, Any]]:
 
 def applied_by_detector(r: Any, groups: list[str]) -> tuple[dict[str, int], dict[str, int]]:
     """``({group: accepted_total}, {node: decode EMA sample count})`` from the detector states."""
-    from detector import GroupDetector
+    from detector.group import GroupDetector
 
     totals, per_node = {}, {}
     for g in groups:

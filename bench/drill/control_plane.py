@@ -2,7 +2,7 @@
 
 What runs (each a process of its own, started here and stopped by pid):
 
-- ``celery -A outlier_admin worker --beat`` (:class:`tests.harness.gateways.CeleryWorker`): the
+- ``celery -A outlier_admin worker --beat`` (:class:`harness.gateways.CeleryWorker`): the
   ticks (``TICK_INTERVAL_MS``, the deployment's default unless ``tick_ms`` is given), the canaries,
   the publisher. Its own log tailing and DCGM scraping are pushed out to an hour: the log is tailed by
   ``tail_logs`` below (two tailers of one source would read the same lines twice: the tailer takes
@@ -11,7 +11,7 @@ What runs (each a process of its own, started here and stopped by pid):
   streamed engine signal; while it runs, the beat's scrape rounds step aside (its Redis lease);
 - ``manage.py tail_logs --add <source> --path <access.log> --format auto``: the gateway's access log
   into the ingest pipeline, as the user ran it;
-- ``python -m outlier_admin.agent`` with the gateway's arguments, only when the weights are applied
+- ``python -m agent`` with the gateway's arguments, only when the weights are applied
   (``--weights on``); with ``off`` the control plane still decides and publishes, nothing applies it.
 
 The group and its nodes are created through the operator's actions (``do_create_group``,
@@ -19,7 +19,7 @@ The group and its nodes are created through the operator's actions (``do_create_
 ``drill-<hex>``; :func:`retire_stale` retires the ones earlier runs left behind (and disables their
 log sources), since ticks, scrapes and tails run over every live group and source.
 
-:class:`WeightsWatcher` polls the published document (:func:`outlier_admin.keys.weights`) and keeps every
+:class:`WeightsWatcher` polls the published document (:func:`contract.keys.weights`) and keeps every
 change of a node's weight or state with the time it was seen: what a gateway was told, and when.
 """
 
@@ -38,8 +38,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from outlier_admin import keys
-from tests.harness.gateways import CeleryWorker
+from contract import keys
+from harness.gateways import CeleryWorker
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP_PREFIX = "drill-"
@@ -104,7 +104,7 @@ class _Child:
 
 
 class WeightsWatcher:
-    """Polls the group's weights document (:func:`outlier_admin.keys.weights`) every ``every_s`` and keeps each change (module docstring)."""
+    """Polls the group's weights document (:func:`contract.keys.weights`) every ``every_s`` and keeps each change (module docstring)."""
 
     def __init__(self, redis_client: Any, group: str, *, every_s: float = 0.2) -> None:
         self.r = redis_client
@@ -218,8 +218,8 @@ class ControlPlane:
         self._child("tail_logs", tail)
 
     def start_agent(self, gateway: Any) -> _Child:
-        """``python -m outlier_admin.agent`` for ``gateway`` (``--weights on``)."""
-        return self._child("agent", [sys.executable, "-m", "outlier_admin.agent", *gateway.agent_args(self.group_name),
+        """``python -m agent`` for ``gateway`` (``--weights on``)."""
+        return self._child("agent", [sys.executable, "-m", "agent", *gateway.agent_args(self.group_name),
                                      "--redis-url", self.redis_url, "--poll-interval", "1",
                                      "--gateway-id", f"drill/{gateway.kind}"])
 

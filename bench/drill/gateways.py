@@ -29,9 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from outlier_admin.agent.nginx import NginxApplier, upstream_name_for
-from outlier_admin.gateway_client import effective_weights, parse_document
-from tests.harness.gateways import (
+from agent.client import effective_weights
+from agent.nginx import NginxApplier, upstream_name_for
+from contract.weights_document import parse_document
+from harness.gateways import (
     HAPROXY_BIN,
     NGINX_BIN,
     _Process,
@@ -46,7 +47,7 @@ GATEWAYS = ("nginx-rr", "nginx-lc", "haproxy")
 #: The response header that names the engine that served a request.
 SERVED_BY = "X-Upstream"
 #: The user's access log: nginx's ``combined`` plus the three timing fields, in the order the nginx
-#: parser reads (:mod:`outlier_admin.ingest.logformats.nginx`).
+#: parser reads (:mod:`contract.logformats.nginx`).
 NGINX_LOG_FORMAT = ('$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent '
                     '"$http_referer" "$http_user_agent" $request_time $upstream_addr $upstream_response_time')
 #: Longer than any drill request: the client's timeout decides, never the gateway's (module docstring).

@@ -37,8 +37,8 @@ from bench.drill import gateways as gateways_mod
 from bench.drill.control_plane import ROOT, ControlPlane, WeightsWatcher, new_group_name
 from bench.drill.load import TIMEOUT_S, PoissonLoad
 from bench.drill.report import summarise
-from outlier_admin import keys
-from tests.harness.gateways import make_workdir
+from contract import keys
+from harness.gateways import make_workdir
 
 #: Bounds of a drill's shape (a drill is minutes on a 2-core host, never hours).
 MAX_SERVERS = 16

@@ -1,11 +1,11 @@
 """outlier-admin-agent, built from the repository's own source files (nothing is copied here).
 
-The modules are listed below: the agent, the gateway client
-and what it imports (``detector.states``, ``outlier_admin.fleet.names``, ``outlier_admin.keys``), and the log-format parsers
-the shipper uses (with ``outlier_admin.ingest.records``, which the Envoy and OpenAI-style parsers
-read timestamps with, and the records contract it checks, ``detector.records``). None of them
-imports Django, Celery or numpy; tests/deploy/test_packaging.py installs the wheel in a venv that
-has only redis-py and runs them.
+The distribution is two packages, found, not listed: ``agent`` (the agent, the gateway client, the
+log shipper) and ``contract`` (what the control plane and the gateways share: key names, the weights
+document, the traffic table, names, the record contract and the log formats, the Redis topology).
+Neither imports Django, Celery or numpy, nor any other package of the repository;
+tests/deploy/test_packaging.py installs the wheel in a venv that has only redis-py and imports every
+module of it.
 
 The version and the dependencies' ranges are read from the main pyproject.toml (their one place).
 Build from a checkout: ``pip install ./deploy/agent``, or ``pip wheel --no-deps -w dist ./deploy/agent``.
@@ -21,23 +21,13 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
-# package -> its modules; "*" is every module of the package but those in EXCLUDED.
-MODULES: dict[str, list[str]] = {
-    # The traffic table and the records contract (plain Python); detector/__init__ imports lazily.
-    "detector": ["__init__", "records", "states"],
-    "outlier_admin": ["__init__", "gateway_client", "keys", "weights_document"],  # __init__ loads Celery only when it is there
-    "outlier_admin.agent": ["*"],
-    "outlier_admin.fleet": ["__init__", "names"],
-    "outlier_admin.ingest": ["__init__", "records"],
-    "outlier_admin.ingest.logformats": ["*"],
-}
-# Benchmarks and test harnesses live in bench/ and tests/, never in a package: nothing to leave out.
-EXCLUDED: dict[str, list[str]] = {}
+#: The packages shipped, each with its subpackages.
+PACKAGES = ["agent", "contract"]
 
 
 def main_project() -> dict:
@@ -56,24 +46,11 @@ def pinned_like_main(name: str, requirements: list[str]) -> str:
     return found[0]
 
 
-def py_modules() -> list[str]:
-    out = []
-    for package, names in MODULES.items():
-        folder = ROOT.joinpath(*package.split("."))
-        if names == ["*"]:
-            names = sorted(p.stem for p in folder.glob("*.py") if p.stem not in EXCLUDED.get(package, []))
-        for name in names:
-            if not (folder / f"{name}.py").is_file():
-                raise SystemExit(f"{package}.{name}: no such module under {ROOT}")
-            out.append(f"{package}.{name}")
-    return out
-
-
 project = main_project()
 runtime = project["dependencies"]
 
-# A fresh build directory and egg-info for every build, outside the tree: a module dropped from the
-# list above cannot linger in a stale build/lib and end up in the next wheel.
+# A fresh build directory and egg-info for every build, outside the tree: a module removed from the
+# source cannot linger in a stale build/lib and end up in the next wheel.
 scratch = tempfile.mkdtemp(prefix="outlier-admin-agent-build-")
 atexit.register(shutil.rmtree, scratch, ignore_errors=True)
 
@@ -84,9 +61,9 @@ setup(
         "metrics": [pinned_like_main("prometheus-client", runtime)],  # --metrics-port
         "orjson": [pinned_like_main("orjson", runtime)],  # the log parsers' fast path
     },
-    long_description=(ROOT / "outlier_admin" / "agent" / "README.md").read_text(),
+    long_description=(ROOT / "agent" / "README.md").read_text(),
     long_description_content_type="text/markdown",
     package_dir={"": "../.."},  # ROOT, relative: setuptools refuses absolute paths
-    py_modules=py_modules(),
+    packages=find_packages(str(ROOT), include=[f"{p}{tail}" for p in PACKAGES for tail in ("", ".*")]),
     options={"build": {"build_base": scratch}, "egg_info": {"egg_base": scratch}},
 )

@@ -16,14 +16,14 @@ drf-standardized-errors does the work for DRF views (it turns every exception in
 errors, rolls the transaction back, answers an unexpected exception with a 500 in the same shape and
 still reports it to Django's ``got_request_exception`` and log); this module only names our own
 exceptions for it (:class:`ProblemHandler`) and writes its list as a problem (:class:`ProblemFormatter`).
-The views outside DRF build the same body with :func:`~outlier_admin.api.problem.problem`
-(:mod:`outlier_admin.api.problem`, which needs neither DRF nor anything of ours): the ingest endpoint
+The views outside DRF build the same body with :func:`~outlier_admin.problem.problem`
+(:mod:`outlier_admin.problem`, which needs neither DRF nor anything of ours): the ingest endpoint
 (:mod:`outlier_admin.ingest.views`), the database outage's 503 (:mod:`outlier_admin.observability.outage`)
 and the API's 404 for unknown paths (:func:`outlier_admin.api.views.api_not_found`).
 
 What becomes what: a refused action (:class:`~outlier_admin.control.actions.ActionError`) is a 400
 ``refused``; an invalid threshold (:class:`~detector.thresholds.ThresholdError`) a 400 ``invalid``
-on its field; a preview over a bound (:class:`~outlier_admin.api.preview.PreviewTooLarge`) a 400
+on its field; a preview over a bound (:class:`~outlier_admin.history.preview.PreviewTooLarge`) a 400
 ``too_large`` on the input at fault; a body over Django's upload limits a 413 ``too_large``. A
 database outage is left to :class:`~outlier_admin.observability.outage.DatabaseOutageMiddleware`
 (503, this shape), not made a 500 here.
@@ -44,7 +44,7 @@ from rest_framework.exceptions import ErrorDetail
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
-from outlier_admin.api.problem import (  # noqa: F401  (re-exported: the views name them here)
+from outlier_admin.problem import (  # noqa: F401  (re-exported: the views name them here)
     DEFAULT_CODES,
     PROBLEM_CONTENT_TYPE,
     problem,
@@ -74,8 +74,8 @@ class ProblemHandler(ExceptionHandler):
 
     def convert_known_exceptions(self, exc: Exception) -> Exception:
         from detector.thresholds import ThresholdError
-        from outlier_admin.api.preview import PreviewTooLarge
         from outlier_admin.control.actions import ActionError
+        from outlier_admin.history.preview import PreviewTooLarge
 
         if isinstance(exc, ThresholdError):
             return exceptions.ValidationError({exc.field: [ErrorDetail(exc.message, code="invalid")]})

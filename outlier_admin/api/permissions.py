@@ -1,15 +1,5 @@
-"""Roles -> capabilities, enforced on every API endpoint and dashboard view.
+"""The API's permission classes over the roles' capabilities (:mod:`outlier_admin.fleet.roles`).
 
-Roles are the Django groups created by ``fleet/migrations/0002_roles.py``. What each may do follows
-issue 5 (the capability map below is the single place that says so)::
-
-    read            viewer, operator, oncall
-    tune            operator            thresholds of a group, group policy; creating and editing
-                                        groups and nodes
-    decide          operator            approve / reject quarantine proposals
-    override        oncall              manual quarantine / release / pin / unpin
-
-Roles add up: a user in ``operator`` and ``oncall`` has both sets. Superusers may do everything.
 A bearer token of scope ``api`` acts as its user with that user's roles; a token without a user
 or of scope ``ingest`` may do nothing here (ingest tokens only push samples, elsewhere).
 """
@@ -21,44 +11,7 @@ from typing import Any
 from rest_framework import permissions
 
 from outlier_admin.fleet.models import ApiToken, TokenScope
-
-ROLES = ("viewer", "operator", "oncall")
-
-CAPABILITIES: dict[str, frozenset[str]] = {
-    "read": frozenset({"viewer", "operator", "oncall"}),
-    "tune": frozenset({"operator"}),
-    "decide": frozenset({"operator"}),
-    "override": frozenset({"oncall"}),
-}
-
-
-def roles_of(user: Any) -> frozenset[str]:
-    """The role names of ``user`` (cached on the user object for the request)."""
-    if user is None or not getattr(user, "is_authenticated", False) or not getattr(user, "pk", None):
-        return frozenset()
-    cached = getattr(user, "_oa_roles", None)
-    if cached is None:
-        cached = frozenset(user.groups.filter(name__in=ROLES).values_list("name", flat=True))
-        user._oa_roles = cached
-    return cached
-
-
-def user_can(user: Any, capability: str) -> bool:
-    """True if ``user`` holds a role that grants ``capability`` (see the module table)."""
-    if capability not in CAPABILITIES:
-        raise KeyError(f"unknown capability {capability!r}")
-    if user is None or not getattr(user, "is_authenticated", False):
-        return False
-    if getattr(user, "pk", None) and not getattr(user, "is_active", False):
-        return False  # a deactivated account holds no role, however it got here (session, token)
-    if getattr(user, "is_superuser", False) and getattr(user, "is_active", False):
-        return True
-    return bool(roles_of(user) & CAPABILITIES[capability])
-
-
-def capabilities_of(user: Any) -> dict[str, bool]:
-    """``{capability: allowed}`` for templates (buttons are hidden when not allowed)."""
-    return {cap: user_can(user, cap) for cap in CAPABILITIES}
+from outlier_admin.fleet.roles import CAPABILITIES, ROLES, capabilities_of, roles_of, user_can  # noqa: F401
 
 
 class _Capability(permissions.BasePermission):
@@ -100,3 +53,4 @@ def capability_permission(capability: str) -> type[_Capability]:
     if capability not in CAPABILITIES:
         raise KeyError(f"unknown capability {capability!r}")
     return type(f"Can{capability.title()}", (_Capability,), {"capability": capability})
+

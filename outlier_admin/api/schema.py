@@ -3,9 +3,9 @@ RFC 9457 problem, ``application/problem+json``: :mod:`outlier_admin.api.errors`)
 endpoint (a plain Django view that DRF's schema generator cannot see).
 
 Everything below that states a rule reads it from its owner at schema-generation time, so the schema
-cannot drift from the code: the record bounds from :func:`outlier_admin.ingest.records.limits` (the
-``INGEST_*`` settings), the required fields from :data:`~outlier_admin.ingest.records.REQUIRED`, the
-name patterns and lengths from :mod:`outlier_admin.fleet.names`, the content types and ``Retry-After``
+cannot drift from the code: the record bounds from :func:`outlier_admin.ingest.columns.limits` (the
+``INGEST_*`` settings), the required fields from :data:`~contract.normalize.REQUIRED`, the
+name patterns and lengths from :mod:`contract.names`, the content types and ``Retry-After``
 from :mod:`outlier_admin.ingest.views`, the database outage's ``Retry-After`` from
 :mod:`outlier_admin.observability.outage`, and the ingest path from the URL configuration.
 """
@@ -135,9 +135,10 @@ def _api_error_responses(operation: dict[str, Any]) -> dict[str, Any]:
 # --- the ingest endpoint (outlier_admin.ingest.views) --------------------------------------------------
 
 def _ingest_schemas() -> dict[str, Any]:
-    from outlier_admin.fleet import names
+    from contract import names
+    from contract.normalize import REQUIRED
+    from outlier_admin.ingest.columns import limits
     from outlier_admin.ingest.pipeline import MAX_ERRORS_REPORTED
-    from outlier_admin.ingest.records import REQUIRED, limits
 
     bounds = limits()
     latency = bounds["max_latency_ms"]

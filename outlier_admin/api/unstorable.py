@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 
-from outlier_admin.api.problem import problem_response
+from outlier_admin.problem import problem_response
 
 NUL = "\x00"
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")

@@ -1,6 +1,6 @@
 """The Django admin (mounted at ``/admin/``) changes roles only through the audited action.
 
-A user's roles are Django groups named after :data:`outlier_admin.api.permissions.ROLES`. The stock
+A user's roles are Django groups named after :data:`outlier_admin.fleet.roles.ROLES`. The stock
 user form would save them as a plain many-to-many write, with no audit event: here the form's role
 groups are handed to :func:`~outlier_admin.control.actions.do_set_roles` instead (``user.roles``,
 actor: the admin user), and only the other groups are saved the stock way. Creating a user in the
@@ -16,8 +16,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 from django.http import HttpRequest
 
-from outlier_admin.api.permissions import ROLES
 from outlier_admin.control.actions import do_set_roles
+from outlier_admin.fleet.roles import ROLES
 
 User = get_user_model()
 

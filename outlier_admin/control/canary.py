@@ -20,7 +20,7 @@ the request took (plus :data:`TIMING_SLACK_MS` for the two clocks' rounding); ot
 time stands.
 
 Which probes are due is decided by the tick (``Evaluation.probes_due``, written to
-the hash :func:`outlier_admin.keys.probes`); an ``NX`` guard per node keeps one probe in flight per node.
+the hash :func:`contract.keys.probes`); an ``NX`` guard per node keeps one probe in flight per node.
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from typing import Any
 import httpx
 from django.conf import settings
 
-from outlier_admin import keys
+from contract import keys
+from contract.names import NameError_
 from outlier_admin.control.models import CanaryProbe
 from outlier_admin.control.probe_load import ProbeLoad, load_of, median_answer, prompt_of
 from outlier_admin.control.redis_conn import get_redis, mark_inputs_pending
 from outlier_admin.fleet.models import ModelGroup, Node
-from outlier_admin.fleet.names import NameError_
 from outlier_admin.fleet.netguard import guarded_transport
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def probe_node(node: Node, *, client: httpx.Client | None = None, load: ProbeLoa
     is failed, with that request's status and reason code.
 
     The URL is ``<scheme>://<host>:<port>/v1/completions`` rebuilt from the node's validated
-    address (:func:`outlier_admin.fleet.names.parse_address`); redirects are not followed."""
+    address (:func:`contract.names.parse_address`); redirects are not followed."""
     load = load or ProbeLoad()
     probe = CanaryProbe(node=node, ok=False)
     try:

@@ -87,7 +87,7 @@ SENTINEL_TIMEOUT_S = 1.0
 
 def _sentinel_problem() -> str | None:
     """The sentinel URL's problem, or a cluster URL's (a node unreachable or not serving every slot)."""
-    from outlier_admin.gateway_client import cluster_problem, sentinel_problem
+    from contract.topology import cluster_problem, sentinel_problem
 
     return (sentinel_problem(settings.REDIS_URL, timeout_s=SENTINEL_TIMEOUT_S)
             or cluster_problem(settings.REDIS_URL, timeout_s=SENTINEL_TIMEOUT_S))

@@ -5,13 +5,13 @@ configuration and what happened (transitions, history, baselines, proposals). Wh
 unreachable, the tick (:mod:`outlier_admin.control.tick`, the same pipeline) runs over
 :class:`OutageStore` instead of the SQL store:
 
-- the group and its nodes come from a snapshot (:func:`outlier_admin.keys.config_snapshot`, JSON) that every normal
+- the group and its nodes come from a snapshot (:func:`contract.keys.config_snapshot`, JSON) that every normal
   tick refreshes; threshold changes, overrides and proposal decisions wait for PostgreSQL (they are
   stored there) and are applied by the first normal tick after it returns;
 - the weights ``version`` continues from the detector state's (the group lock makes ticks of a group
   sequential), and :func:`drain` lifts ``ModelGroup.weights_version`` to it so the version stays
   monotonic once PostgreSQL is back (with the tick's own writer, :func:`~outlier_admin.control.rows.write_rows`);
-- the rows a normal tick would write go to a Redis list (:func:`outlier_admin.keys.outbox`) (one JSON item per
+- the rows a normal tick would write go to a Redis list (:func:`contract.keys.outbox`) (one JSON item per
   tick) **in the same MULTI/EXEC as the weights document and the detector state**: the samples are
   applied and their rows kept together or not at all; only then are the stream entries acknowledged.
 
@@ -43,13 +43,13 @@ import redis
 from django.db import connection, transaction
 from django.db.models import Model
 
-from detector import GroupDetector
-from outlier_admin import keys
+from contract import keys
+from contract.topology import is_cluster
+from detector.group import GroupDetector
 from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.control.models import Transition as TransitionRow
 from outlier_admin.control.rows import BASELINE_COLUMNS, HISTORY_COLUMNS, TickRows, rows_of_tick, write_rows
 from outlier_admin.fleet.models import ModelGroup, Node
-from outlier_admin.gateway_client import is_cluster
 from outlier_admin.observability.outage import DB_OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)

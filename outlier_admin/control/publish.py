@@ -1,6 +1,6 @@
 """The gateway contract: one weights document per group in Redis, and a change notification.
 
-Key :func:`outlier_admin.keys.weights` (``outlier:{<group>}:weights:v2``, in the group's cluster
+Key :func:`contract.keys.weights` (``outlier:{<group>}:weights:v2``, in the group's cluster
 slot) holds (JSON, written with one ``SET``, so a reader sees either the old or the new document,
 never half of one)::
 
@@ -21,13 +21,13 @@ never half of one)::
   weights: the control plane is down or cut off.
 
 The document's type, JSON, defaults (base weight, stale time) and the pin range are
-:mod:`outlier_admin.weights_document`; this module writes it.
+:mod:`contract.weights_document`; this module writes it.
 
 After the SET, ``{"group": ..., "version": ...}`` is published (in the same MULTI/EXEC, so the
 notification never precedes the document): with ``SPUBLISH`` on the group's sharded channel
-(:func:`outlier_admin.keys.weights_channel`) on a Redis Cluster, with ``PUBLISH`` on
-:data:`outlier_admin.keys.LEGACY_WEIGHTS_CHANNEL` otherwise. On a single Redis or Sentinel the same
-MULTI also writes the document at its previous name (:func:`outlier_admin.keys.legacy_weights`), for
+(:func:`contract.keys.weights_channel`) on a Redis Cluster, with ``PUBLISH`` on
+:data:`contract.keys.LEGACY_WEIGHTS_CHANNEL` otherwise. On a single Redis or Sentinel the same
+MULTI also writes the document at its previous name (:func:`contract.keys.legacy_weights`), for
 the agents of the previous release, for one release (the agent README's "Key migration"); a cluster
 is new with this release, and an agent of the previous one cannot follow a cluster's redirections.
 """
@@ -44,12 +44,12 @@ from django.db.models import QuerySet, Value
 from django.db.models.functions import Greatest
 from django.db.models.sql import UpdateQuery
 
-from outlier_admin import keys
+from contract import keys
+from contract.names import NameError_, parse_address
+from contract.topology import queue_weights
+from contract.weights_document import DEFAULT_BASE_WEIGHT, NodeWeight, WeightsDocument
 from outlier_admin.control.redis_conn import get_redis
 from outlier_admin.fleet.models import ModelGroup
-from outlier_admin.fleet.names import NameError_, parse_address
-from outlier_admin.gateway_client import is_cluster
-from outlier_admin.weights_document import DEFAULT_BASE_WEIGHT, NodeWeight, WeightsDocument
 
 log = logging.getLogger(__name__)
 
@@ -145,12 +145,7 @@ def queue_document(pipe: Any, doc: WeightsDocument) -> None:
     them to its fenced state write, so a gateway never hears of a version before it can read it)."""
     group, body = doc.group, doc.to_json()
     note = orjson.dumps({"group": group, "version": doc.version})
-    pipe.set(keys.weights(group), body)
-    if is_cluster(pipe):  # every key and channel here in the group's slot: one shard's MULTI
-        pipe.spublish(keys.weights_channel(group), note)
-    else:
-        pipe.set(keys.legacy_weights(group), body)
-        pipe.publish(keys.LEGACY_WEIGHTS_CHANNEL, note)
+    queue_weights(pipe, group, body, note)
 
 
 def publish_weights(group: ModelGroup, nodes: list[dict[str, Any]], *, safeguard: bool, now: float) -> int:

@@ -2,7 +2,7 @@
 (``redis://``), one run with Sentinel (``redis+sentinel://``; see docs/redis-ha.md) or a Redis Cluster
 (``redis+cluster://``; see docs/scale.md), and the locks and fences of the tick over them.
 
-Every key and channel is named in :mod:`outlier_admin.keys`. On a Redis Cluster every transaction here
+Every key and channel is named in :mod:`contract.keys`. On a Redis Cluster every transaction here
 (a lock's release and extension, the tick's fence) touches the keys of one group only, which share one
 hash slot (``outlier:{<group>}:...``): a cluster refuses a MULTI/EXEC or a WATCH across slots.
 """
@@ -18,11 +18,8 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from outlier_admin import keys
-from outlier_admin.gateway_client import (  # Django-free: the agents use it too
-    is_cluster,
-    redis_from_url,
-)
+from contract import keys
+from contract.topology import is_cluster, redis_from_url  # Django-free: the agents use it too
 
 log = logging.getLogger(__name__)
 _local = threading.local()
@@ -40,7 +37,7 @@ UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
 def client_for(url: str) -> redis.Redis:
     """A client for ``url`` with the control plane's socket timeouts: a plain ``redis://`` URL, a
     ``redis+sentinel://host:port,.../<master>/<db>`` one or a ``redis+cluster://host:port,...`` one
-    (the one URL-to-client function, :func:`outlier_admin.gateway_client.redis_from_url`, which the
+    (the one URL-to-client function, :func:`contract.topology.redis_from_url`, which the
     agents use too). Tools and benchmarks that take a URL build their client here, never with
     ``redis.Redis.from_url``. A cluster client's ``MOVED``/``ASK`` redirections are counted in
     ``outlier_redis_cluster_redirections_total``."""

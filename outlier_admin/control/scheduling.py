@@ -9,7 +9,7 @@ untouched group fell from 1.0 to 0.18 ticks/s; its document reached 35 s).
 
 Now the beat, for the groups it lists:
 
-1. skips a group whose tick is queued (marker :func:`outlier_admin.keys.tick_queued`, ``SET NX`` with a
+1. skips a group whose tick is queued (marker :func:`contract.keys.tick_queued`, ``SET NX`` with a
    lease of ``TICK_LOCK_TTL_MS``) or running (its tick lock is held). The queue holds at most one
    tick per group, so neither many groups nor a slow one can fill it, and a waiting tick keeps its
    place instead of expiring and going to the back;
@@ -38,9 +38,9 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from outlier_admin import keys
+from contract import keys
+from contract.topology import is_cluster
 from outlier_admin.control.redis_conn import get_redis
-from outlier_admin.gateway_client import is_cluster
 
 log = logging.getLogger(__name__)
 

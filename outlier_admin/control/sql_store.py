@@ -32,8 +32,9 @@ import redis
 from django.db import connection
 from django.utils import timezone
 
-from detector import GroupDetector, NodeState
-from outlier_admin import keys
+from contract import keys
+from detector.group import GroupDetector
+from detector.states import NodeState
 from outlier_admin.control import degraded, operator_inputs
 from outlier_admin.control.models import CanaryProbe
 from outlier_admin.control.rows import (
@@ -259,7 +260,7 @@ class SqlStore:
             for pr in probes:
                 pr.applied_at = stamp
             if probes:
-                CanaryProbe.objects.bulk_update(probes, ["passed", "normalised_latency", "applied_at"])
+                CanaryProbe.objects.bulk_update(probes, ["passed", "normalised_latency", "limit", "applied_at"])
         if out.marks:
             # Stamped applied above, or by the drain if the write went to the outbox.
             clear_marks(r, group.name, out.marks)

@@ -5,7 +5,7 @@ One pipeline (:func:`_tick_locked`) over a store: :class:`~outlier_admin.control
 group from its Redis snapshot, the SQL rows to a Redis outbox). Order of a tick (any worker can run
 any group's tick; the per-group lock makes them sequential):
 
-1. take the group's lock (:func:`outlier_admin.keys.tick_lock`) (``SET NX PX``, renewed while the tick runs); if held, skip;
+1. take the group's lock (:func:`contract.keys.tick_lock`) (``SET NX PX``, renewed while the tick runs); if held, skip;
 2. the store loads the group and its nodes (the SQL store: one query; see its module);
 3. WATCH the lock and the state (:class:`~outlier_admin.control.redis_conn.Fence`), then read in one
    round trip: the lock's value, the state's fields, the operator-input marks, whether an outbox
@@ -14,10 +14,10 @@ any group's tick; the per-group lock makes them sequential):
    consumer's own with ``XREADGROUP 0``); entries at or below the last applied id are only
    acknowledged (no sample is applied twice). The detector is this process's own copy when the
    state's ``rev`` is the one this process wrote last (no deserialisation), else the checkpoint in
-   the state hash (:func:`outlier_admin.keys.state`) plus the stream entries applied since it (replayed from the stream,
+   the state hash (:func:`contract.keys.state`) plus the stream entries applied since it (replayed from the stream,
    where they stay until the next checkpoint);
 4. apply operator inputs (overrides, decided proposals, canary probe results) — queried only when
-   some are pending (the :func:`outlier_admin.keys.inputs` counter the actions set), some node waits for
+   some are pending (the :func:`contract.keys.inputs` counter the actions set), some node waits for
    approval, or on a new history slot — then ``evaluate(now)``;
 5. **Redis first**, in one MULTI/EXEC fenced on the lock and the state's ``rev``: the weights document
    and its notification (:mod:`outlier_admin.control.publish`), the state fields, the canary probes
@@ -81,9 +81,14 @@ import numpy as np
 import redis
 from django.conf import settings
 
-from detector import GroupDetector, NodeState, ProgressBatch, SampleBatch, Thresholds, Transition
+from contract import keys
+from contract.stream import decode_progress, decode_requests
+from contract.weights_document import WeightsDocument
+from detector.group import GroupDetector
+from detector.samples import ProgressBatch, SampleBatch
+from detector.states import NodeState, Transition
+from detector.thresholds import Thresholds
 from detector.weights import published
-from outlier_admin import keys
 from outlier_admin.control import degraded, publish
 from outlier_admin.control.redis_conn import (
     Fence,
@@ -97,8 +102,6 @@ from outlier_admin.control.redis_conn import (
 from outlier_admin.control.rows import baseline_rows, history_rows
 from outlier_admin.control.sql_store import SqlStore
 from outlier_admin.fleet.models import ModelGroup, Node, Policy
-from outlier_admin.ingest.pipeline import decode_entry, decode_progress
-from outlier_admin.weights_document import WeightsDocument
 
 log = logging.getLogger(__name__)
 
@@ -349,7 +352,7 @@ def apply_progress(gd: GroupDetector, entries: list[tuple[bytes, dict]]) -> int:
 
 def _apply_entries(gd: GroupDetector, entries: list[tuple[bytes, dict]]) -> None:
     """Replay: the entries' samples and progress rows, as the ticks that read them applied them."""
-    rows = [row for _eid, fields in entries for row in decode_entry(fields)]
+    rows = [row for _eid, fields in entries for row in decode_requests(fields)]
     if rows:
         gd.ingest(_batch(rows))
     apply_progress(gd, entries)
@@ -476,7 +479,7 @@ def _tick_fenced(r: redis.Redis, store: TickStore, fence: Fence, group: ModelGro
     result = TickResult(group=name, at=now, entries=len(entries), degraded=store.outage)
     rows: list[list[Any]] = []
     for _eid, fields in entries:
-        rows.extend(decode_entry(fields))
+        rows.extend(decode_requests(fields))
     last_seen: dict[str, float] = {}
     if rows:
         batch = _batch(rows)

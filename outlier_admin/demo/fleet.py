@@ -9,7 +9,7 @@ resources, ``scenarios/SCHEMA.md``); the requests come from :func:`sim.workload.
 adds is that clock and the HTTP faces of the nodes:
 
 * :meth:`SimulatedFleet.advance` runs the simulation up to now: arrivals are routed through each
-  group's *gateway* (the published weights read by a :class:`outlier_admin.gateway_client.GatewayClient`,
+  group's *gateway* (the published weights read by a :class:`agent.client.GatewayClient`,
   weighted random over nodes with weight > 0, like a real weighted balancer) and the requests that
   completed (or timed out at the client) since the last call come back as access-log records.
 * :class:`CanaryServer` is one node's ``/v1/completions`` — a canary probe is one more request in

@@ -15,9 +15,9 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from contract.weights_document import DEFAULT_BASE_WEIGHT
 from detector.states import Safeguard
 from detector.thresholds import Thresholds
-from outlier_admin.weights_document import DEFAULT_BASE_WEIGHT
 
 
 class Policy(models.TextChoices):
@@ -54,7 +54,7 @@ class ModelGroup(models.Model):
     # Monotonic version of the published weights document (bumped by every publish).
     weights_version = models.BigIntegerField(default=0)
     # Where a node that first appears in ingest data may be registered from (CIDRs and DNS suffixes,
-    # see outlier_admin.fleet.names). Empty: settings.AUTO_REGISTER_DEFAULT_ALLOW.
+    # see contract.names). Empty: settings.AUTO_REGISTER_DEFAULT_ALLOW.
     auto_register_allow = models.JSONField(default=list, blank=True)
     last_tick_at = models.DateTimeField(null=True, blank=True)
     # What the last tick decided for the group as a whole (its Evaluation; control.rows.group_figures):
@@ -77,11 +77,11 @@ class ModelGroup(models.Model):
         return self.name
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        """Give a new group its slug (:func:`~outlier_admin.fleet.names.unique_group_slug`): a name
+        """Give a new group its slug (:func:`~contract.names.unique_group_slug`): a name
         that is a slug keeps it; any other name gets a marked slug (``a.b`` -> ``_a-b``) that no
         group's name can be, numbered (``_a-b-2``) when another group already has it."""
         if self._state.adding and not self.slug:  # set once: a URL must not change under its users
-            from outlier_admin.fleet.names import DERIVED_SLUG_MARK, group_slug, unique_group_slug
+            from contract.names import DERIVED_SLUG_MARK, group_slug, unique_group_slug
 
             base = group_slug(self.name)
             taken = set(ModelGroup.objects.filter(models.Q(slug__startswith=base)
@@ -180,7 +180,7 @@ class Node(models.Model):
     def base_url(self) -> str:
         """``scheme://host:port`` of the node's OpenAI-compatible API, rebuilt from the validated
         address (never the stored text as is); raises ``NameError_`` for an invalid address."""
-        from outlier_admin.fleet.names import parse_address
+        from contract.names import parse_address
 
         return parse_address(self.address).base_url
 

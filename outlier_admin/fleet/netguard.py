@@ -1,11 +1,11 @@
 """Where a scrape or a probe may connect, checked when it connects (DNS rebinding, resolver spellings).
 
-:func:`outlier_admin.fleet.names.validate_scrape_url` and ``parse_address`` judge the host as it is
+:func:`contract.names.validate_scrape_url` and ``parse_address`` judge the host as it is
 written. A DNS name is only a promise: it may resolve to ``169.254.169.254`` (the cloud metadata
 service) or ``0.0.0.0`` (this very host) at the moment of the request, and differently at each
 request (DNS rebinding). So every outgoing connection of the control plane to a node resolves the
 name itself and judges **every** address it gets with the same rule,
-:func:`outlier_admin.fleet.names.check_ip` (one owner): a name with one forbidden address is refused
+:func:`contract.names.check_ip` (one owner): a name with one forbidden address is refused
 whole (an attacker who controls a zone can mix addresses), and the connection goes to an address that
 was checked, never to a second resolution of the name.
 
@@ -32,12 +32,12 @@ import httpx
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
-from outlier_admin.fleet.names import NameError_, check_host, check_ip
+from contract.names import NameError_, check_host, check_ip
 
 
 class ForbiddenAddress(OSError):
     """A connection refused before it was made: the host, or an address it resolved to, is never
-    an inference server (``reason`` as :class:`~outlier_admin.fleet.names.NameError_`'s)."""
+    an inference server (``reason`` as :class:`~contract.names.NameError_`'s)."""
 
     def __init__(self, reason: str, detail: str) -> None:
         # (errno, strerror): aiohttp shows the strerror in its connection error's message.
@@ -52,7 +52,7 @@ def _refuse(exc: NameError_) -> ForbiddenAddress:
 
 def check_resolved(host: str, addresses: typing.Iterable[str]) -> None:
     """Raise :class:`ForbiddenAddress` when any of the ``addresses`` ``host`` resolved to is
-    forbidden (:func:`~outlier_admin.fleet.names.check_ip`) or when it resolved to none."""
+    forbidden (:func:`~contract.names.check_ip`) or when it resolved to none."""
     seen = False
     for address in addresses:
         seen = True
@@ -66,7 +66,7 @@ def check_resolved(host: str, addresses: typing.Iterable[str]) -> None:
 
 
 def check_name(host: str) -> str:
-    """``host`` judged as written (:func:`~outlier_admin.fleet.names.check_host`: hex, octal and
+    """``host`` judged as written (:func:`~contract.names.check_host`: hex, octal and
     short IPv4 spellings included); :class:`ForbiddenAddress` when refused."""
     try:
         return check_host(host)

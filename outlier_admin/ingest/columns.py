@@ -1,7 +1,7 @@
 """Ingest records checked a batch at once: :func:`normalize_many`, :func:`records.normalize
-<outlier_admin.ingest.records.normalize>` column by column.
+<contract.normalize.normalize>` column by column.
 
-Apart from :mod:`outlier_admin.ingest.records` because it needs numpy and the stream row layout
+Apart from :mod:`contract.normalize` because it needs numpy and the stream row layout
 (:mod:`detector.samples`), and ``records`` does not: the log parsers import it, and they run on a
 gateway host from ``outlier-admin-agent`` (redis-py only).
 """
@@ -15,7 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from detector.records import (
+from contract.names import NameError_, validate_group_name, validate_node_id
+from contract.normalize import MISSING, NOT_AN_OBJECT, REQUIRED, RecordError, normalize
+from contract.records import (
     CACHED,
     COMPLETION,
     DEFAULT_STATUS,
@@ -30,8 +32,6 @@ from detector.records import (
     ts_window,
 )
 from detector.samples import REQUEST_ROW_FIELDS
-from outlier_admin.fleet.names import NameError_, validate_group_name, validate_node_id
-from outlier_admin.ingest.records import MISSING, NOT_AN_OBJECT, REQUIRED, RecordError, normalize
 
 #: A record as :func:`normalize_many` returns it: the fields of a stream row
 #: (:data:`detector.samples.REQUEST_ROW_FIELDS`, so ``canonical[:9]`` is the row), then the group
@@ -41,7 +41,7 @@ CANONICAL_FIELDS: tuple[str, ...] = (*REQUEST_ROW_FIELDS, "group", "request_id")
 # HTTP push sends thousands of records a body, and :func:`normalize` costs ~8 µs a record in the
 # interpreter: at 50,000 records/s that alone is 40% of a core. :func:`normalize_many` checks the
 # batch column by column instead (one numpy comparison per rule, each distinct node and group name
-# validated once by :mod:`outlier_admin.fleet.names`), and is a *screen*: a record it cannot show to
+# validated once by :mod:`contract.names`), and is a *screen*: a record it cannot show to
 # be accepted, with exactly the values :func:`normalize` would give, goes through :func:`normalize`
 # itself, which keeps the one definition of the rules and of every refusal's reason. Anything
 # unusual (a string or bool where a number goes, a value past 2**53, a ``ts`` in RFC 3339, a
@@ -55,6 +55,17 @@ _NUMBER_OR_NONE = frozenset((int, float, type(None)))
 _NAME_OR_NONE = frozenset((str, type(None)))
 _NONE = {type(None)}
 _BAD = object()  # a name that is not valid (or not a string): the record goes through normalize
+
+
+def limits() -> dict[str, float]:
+    """The bounds :func:`normalize` takes, from the ``INGEST_*`` settings (their one reader)."""
+    from django.conf import settings
+
+    return {
+        "max_future_s": settings.INGEST_MAX_FUTURE_S, "retention_s": settings.INGEST_RETENTION_S,
+        "max_latency_ms": settings.INGEST_MAX_LATENCY_MS, "max_prompt_tokens": settings.INGEST_MAX_PROMPT_TOKENS,
+        "max_completion_tokens": settings.INGEST_MAX_COMPLETION_TOKENS,
+    }
 
 
 def canonical(rec: dict[str, Any]) -> tuple[Any, ...]:
@@ -141,8 +152,8 @@ def _opt_floats(x: np.ndarray, where: np.ndarray) -> list[float | None]:
 
 
 def _statuses_ok(status: list[Any]) -> np.ndarray:
-    """Where each status is one the contract accepts (:data:`detector.records.STATUS`): one numpy
-    comparison when every status is a plain int, else :func:`~detector.records.status_ok` each."""
+    """Where each status is one the contract accepts (:data:`contract.records.STATUS`): one numpy
+    comparison when every status is a plain int, else :func:`~contract.records.status_ok` each."""
     n = len(status)
     if set(map(type, status)) != {int}:
         return np.fromiter(map(status_ok, status), bool, n)

@@ -48,9 +48,9 @@ from django.db import DatabaseError, DataError, IntegrityError, transaction
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from outlier_admin import keys
+from contract import keys
+from contract.names import NameError_, validate_scrape_url
 from outlier_admin.fleet.models import Node
-from outlier_admin.fleet.names import NameError_, validate_scrape_url
 from outlier_admin.fleet.netguard import forbidden_cause, guarded_connector
 from outlier_admin.ingest.models import GpuReading, RejectedInput
 from outlier_admin.ingest.scraper import REJECT_EVERY_S, ScrapeError, fetch

@@ -16,7 +16,7 @@ class SourceKind(models.TextChoices):
 
 class IngestSource(models.Model):
     """A configured source. For ``log`` sources ``location`` is a file path and ``log_format`` one of
-    :data:`outlier_admin.ingest.logformats.FORMATS`; records without a group go to ``default_group``."""
+    :data:`contract.logformats.FORMATS`; records without a group go to ``default_group``."""
 
     name = models.SlugField(max_length=100, unique=True)
     kind = models.CharField(max_length=8, choices=SourceKind.choices)

@@ -12,7 +12,7 @@ A page no engine wrote is refused as :class:`UnrecognisedEngine` (a scrape failu
 never an empty row).
 
 This module owns how a scrape is **kept**: the previous cumulative values of each node live in Redis
-(:func:`outlier_admin.keys.itl`, hash node -> ``[ts, *EngineCounters]``, a llama.cpp node's last ``/slots``
+(:func:`contract.keys.itl`, hash node -> ``[ts, *EngineCounters]``, a llama.cpp node's last ``/slots``
 snapshot included), written in the same MULTI/EXEC as the rows they produced, so whichever process scrapes a node next continues from the last row written
 (a counter that went down, a server restart, re-bases without a row). Rows go into the group's
 ingest stream next to the access-log records (one entry per group per write, field ``progress``), and
@@ -31,11 +31,10 @@ from typing import Any
 import orjson
 import redis
 
+from contract import keys, stream
+from contract.topology import is_cluster
 from detector.engine_metrics import ENGINES, EngineCounters, advance, parse
-from outlier_admin import keys
 from outlier_admin.fleet.models import Node
-from outlier_admin.gateway_client import is_cluster
-from outlier_admin.ingest.pipeline import STREAM_MAXLEN
 
 NOT_AN_ENGINE = (f"not a model server page this parser knows ({', '.join(ENGINES)}): no vLLM/SGLang "
                  "inter-token histogram, no llamacpp:, tgi_, trtllm_ or nv_trt_llm_ families")
@@ -89,8 +88,7 @@ def write_scrapes(r: redis.Redis, scrapes: Iterable[Scrape]) -> int:
             if group in counters:
                 pipe.hset(keys.itl(group), mapping=counters[group])  # type: ignore[arg-type]
             if group in rows_by_group:
-                pipe.xadd(keys.stream(group), {"progress": orjson.dumps(rows_by_group[group])},
-                          maxlen=STREAM_MAXLEN, approximate=True)
+                stream.queue_progress(pipe, group, rows_by_group[group])
         pipe.execute()
     return sum(len(rows) for rows in rows_by_group.values())
 

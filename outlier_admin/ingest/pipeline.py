@@ -1,7 +1,7 @@
 """From parsed records to the per-group Redis Streams (shared by HTTP push and log tailing).
 
 :func:`submit` validates each record (:func:`records.normalize`), resolves its group and node, drops
-duplicate ``request_id`` s, appends the valid records to the group's stream (:func:`outlier_admin.keys.stream`) and counts every
+duplicate ``request_id`` s, appends the valid records to the group's stream (:func:`contract.keys.stream`) and counts every
 refused record by reason, storing a few samples of each reason as :class:`RejectedInput` rows that
 carry the count (rate-limited per source: :func:`_store`). Its cost follows the accepted records:
 records are taken a chunk at a time and a refused one is dropped with its chunk.
@@ -19,13 +19,7 @@ every group's rows go to Redis in **one** MULTI/EXEC — the point of acceptance
 applies nothing (the caller answers 5xx and the client retries the whole batch safely); the only
 window left is a failed SQL commit after a successful EXEC.
 
-Stream entries carry a *batch* of records (field ``rows``: orjson of rows laid out as
-:data:`detector.samples.REQUEST_ROW_FIELDS`, ``[node, ts, prompt_tokens|null, completion_tokens|null,
-ttft_ms|null, total_ms, status, cached_tokens|null, queue_ms|null]``), not one record each: one XADD
-per group per request is what makes 20k records/s fit on two cores. Token counts are ``null`` in the
-row of a latency-only record (:mod:`outlier_admin.ingest.records`); the tick reads ``null`` as NaN,
-and rows of 7 written before the last two columns as rows whose cached tokens and queue time are
-unknown.
+Stream entries carry a *batch* of records: their format is :mod:`contract.stream`.
 """
 
 from __future__ import annotations
@@ -46,16 +40,15 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from contract import keys, stream
+from contract.logformats import FORMATS, ParseError
+from contract.names import NameError_, address_key, parse_address
+from contract.topology import is_cluster
 from detector.samples import REQUEST_ROW_FIELDS
-from outlier_admin import keys
 from outlier_admin.control.redis_conn import get_redis
 from outlier_admin.fleet.models import ModelGroup, Node, RegisteredVia
-from outlier_admin.fleet.names import NameError_, address_key, parse_address
-from outlier_admin.gateway_client import is_cluster
-from outlier_admin.ingest.columns import CANONICAL_FIELDS, normalize_many
-from outlier_admin.ingest.logformats import FORMATS, ParseError
+from outlier_admin.ingest.columns import CANONICAL_FIELDS, limits, normalize_many
 from outlier_admin.ingest.models import IngestSource, RejectedInput
-from outlier_admin.ingest.records import limits
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +61,6 @@ REJECTED_RAW_MAX = 65536
 #: Records validated at a time: numpy's per-column cost stays small against the chunk, and what a
 #: chunk refuses is dropped with it (memory per accepted record, not per line).
 CHUNK_RECORDS = 5000
-ROWS_PER_ENTRY = 5000
-# Bound the stream so a control plane whose ticks are stopped cannot fill Redis; entries are
-# batches, so this is millions of records (approximate trimming keeps XADD O(1)).
-STREAM_MAXLEN = 200_000
 SYSTEM_ACTOR = "system:ingest"
 # A canonical record (records.CANONICAL_FIELDS): its first _ROW fields are the stream row.
 _ROW = len(REQUEST_ROW_FIELDS)
@@ -220,7 +209,7 @@ def _resolve_nodes(group_name: str, group_id: int, keys: set[str]) -> dict[str, 
         found = directory.group(group_name, fresh=True)
         known = found[1] if found else {}
     out: dict[str, tuple[str | None, str | None]] = {}
-    missing: dict[str, str] = {}  # key -> the address's one spelling (fleet.names.address_key)
+    missing: dict[str, str] = {}  # key -> the address's one spelling (contract.names.address_key)
     for key in keys:
         hit = known.get(key)
         if hit is None:
@@ -295,9 +284,7 @@ def _append(r: Any, per_group: dict[str, list[tuple[Any, ...]]]) -> dict[str, tu
             plan.append((group, rows, batch_ids, len(recs)))
         pipe.multi()
         for group, rows, batch_ids, n in plan:
-            for start in range(0, len(rows), ROWS_PER_ENTRY):
-                chunk = rows[start : start + ROWS_PER_ENTRY]
-                pipe.xadd(keys.stream(group), {"rows": orjson.dumps(chunk)}, maxlen=STREAM_MAXLEN, approximate=True)
+            stream.queue_requests(pipe, group, rows)
             if batch_ids:
                 cur = dedup[group][0]
                 pipe.sadd(cur, *batch_ids)
@@ -572,17 +559,3 @@ def submit(
     except Exception:  # the batch is accepted: a metrics fault must not turn it into a 5xx
         log.exception("ingest metrics hook failed")
     return out
-
-
-def decode_entry(fields: dict[bytes, bytes]) -> list[list[Any]]:
-    """The request rows of one stream entry (see module docstring); none for a progress entry."""
-    raw = fields.get(b"rows")
-    return orjson.loads(raw) if raw is not None else []
-
-
-def decode_progress(fields: dict[bytes, bytes]) -> list[list[Any]]:
-    """The streamed-progress rows of one stream entry, laid out as
-    :data:`detector.engine_metrics.ROW_FIELDS` (written by :mod:`outlier_admin.ingest.scraper` and
-    :mod:`outlier_admin.ingest.modelserver`); none for a request entry."""
-    raw = fields.get(b"progress")
-    return orjson.loads(raw) if raw is not None else []

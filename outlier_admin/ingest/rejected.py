@@ -15,7 +15,7 @@ from typing import Any
 from django.db.models import Max, QuerySet, Sum
 from django.utils import timezone
 
-from outlier_admin.ingest.logformats import LABELS
+from contract.logformats import LABELS
 from outlier_admin.ingest.models import RejectedInput
 
 DEFAULT_WINDOW = timedelta(hours=24)

@@ -34,10 +34,10 @@ Failures are counted by kind and node, ``outlier_scrape_failures_total{group,nod
 per node, kind and :data:`REJECT_EVERY_S` (a dead node scraped at 4 Hz would otherwise write 240
 rows a minute): a process-local check first, then ``SET NX EX`` in Redis across processes.
 
-**One scraper per shard.** A process holds its shard with a Redis lease (:func:`outlier_admin.keys.scraper_lease`,
+**One scraper per shard.** A process holds its shard with a Redis lease (:func:`contract.keys.scraper_lease`,
 renewed every second, lost after :func:`lease_ttl_ms`); a second process started for the same shard
 waits as a hot standby and takes over when the first dies. While any lease is held
-(:data:`outlier_admin.keys.SCRAPER_ALIVE`), the Celery beat entry ``ingest.scrape_all_metrics`` (one round over every
+(:data:`contract.keys.SCRAPER_ALIVE`), the Celery beat entry ``ingest.scrape_all_metrics`` (one round over every
 node, :func:`scrape_round`: the demo and ``celery worker --beat`` alone) steps aside, so a node is never
 scraped by two writers whose rows would count its tokens twice. Run every process with the same N.
 """
@@ -63,9 +63,9 @@ import redis
 import yarl
 from django.conf import settings
 
+from contract import keys
 from detector.engine_metrics import EngineCounters, advance
 from detector.engines.llamacpp import SlotsError, slots_from_json
-from outlier_admin import keys
 from outlier_admin.control.redis_conn import get_redis
 from outlier_admin.ingest.modelserver import (
     Scrape,
@@ -134,8 +134,8 @@ class Target:
 def load_targets(shard: tuple[int, int] = (0, 1)) -> list[Target]:
     """The live nodes with a ``metrics_url`` of the groups in ``shard`` (from PostgreSQL). A URL that
     no longer validates (a row older than the validation) is skipped and logged, never fetched."""
+    from contract.names import NameError_, validate_scrape_url
     from outlier_admin.fleet.models import ModelGroup, Node
-    from outlier_admin.fleet.names import NameError_, validate_scrape_url
 
     groups = [gid for gid, name in ModelGroup.objects.filter(retired=False).values_list("id", "name") if shard_of(name, shard[1]) == shard[0]]
     out = []

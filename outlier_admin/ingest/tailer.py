@@ -13,7 +13,7 @@ line over ``logformats.MAX_LINE_BYTES`` is skipped to its newline without being 
 ``line_too_long`` refusal (its first bytes) and said in the source's ``last_error``; the lines
 after it are read (before, such a line wider than a read stopped the source for good, silently).
 At most ``max_bytes`` are read per call. The source's ``node_map`` maps what a line names (an
-upstream address, HAProxy's ``backend/server``) to a node; see :mod:`outlier_admin.ingest.logformats`.
+upstream address, HAProxy's ``backend/server``) to a node; see :mod:`contract.logformats`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from outlier_admin.ingest.logformats import (
+from contract.logformats import (
     LINE_TOO_LONG,
     MAX_LINE_BYTES,
     ParseError,

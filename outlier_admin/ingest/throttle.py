@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 from django.conf import settings
 
-from outlier_admin import keys
+from contract import keys
 from outlier_admin.control import buckets
 
 #: Seconds a lease is kept when its request never ends (the worker was killed): past gunicorn's timeout.

@@ -134,7 +134,7 @@ def split_body(body: bytes, content_type: str, *, max_lines: int) -> Iterator[tu
 
 
 def _ndjson(body: bytes) -> Iterator[tuple[int, Any, bytes | None]]:
-    from outlier_admin.ingest.logformats import ParseError
+    from contract.logformats import ParseError
 
     parsed = 0
     start, i, end = 0, 0, len(body)

@@ -9,7 +9,7 @@ class ObservabilityConfig(AppConfig):
     def ready(self) -> None:
         # Celery workers expose their own /metrics (see worker_metrics); connecting here is free
         # in processes that never start a worker.
-        from outlier_admin.gateway_client import on_redirection
+        from contract.topology import on_redirection
         from outlier_admin.observability import tasks, worker_metrics  # tasks: registers the Celery task
         from outlier_admin.observability.metrics import count_redirection
 

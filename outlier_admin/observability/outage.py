@@ -21,7 +21,7 @@ from collections.abc import Callable
 from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
 
-from outlier_admin.api.problem import problem_response
+from outlier_admin.problem import problem_response
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def _wants_json(request: HttpRequest) -> bool:
 
 
 def unavailable_response(request: HttpRequest) -> HttpResponse:
-    """The 503 answer: the API's problem (:mod:`outlier_admin.api.problem`) under ``/api/`` (or for
+    """The 503 answer: the API's problem (:mod:`outlier_admin.problem`) under ``/api/`` (or for
     JSON clients), else the standalone HTML page. Neither touches the database (the page is rendered without the request:
     context processors would read the session and the user from SQL)."""
     if _wants_json(request):

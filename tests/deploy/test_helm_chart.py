@@ -217,7 +217,7 @@ def test_every_container_command_exists(full: list[dict[str, Any]]) -> None:
         if c.get("args", [""])[0] == "outlier-admin":  # manage.py: the management command exists
             assert c["args"][1] in get_commands(), c["args"]
         if name.endswith("/outlier-agent"):
-            from outlier_admin.agent.__main__ import build_applier, build_parser
+            from agent.__main__ import build_applier, build_parser
 
             args = build_parser().parse_args(c["args"][1:])
             assert args.gateway == "haproxy" and args.group == "llama3-70b"

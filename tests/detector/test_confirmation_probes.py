@@ -9,8 +9,10 @@ from itertools import pairwise
 
 import numpy as np
 
-from detector import GroupDetector, NodeState, Thresholds
-from tests.detector.helpers import Fleet
+from detector.group import GroupDetector
+from detector.states import NodeState
+from detector.thresholds import Thresholds
+from harness.fleet import Fleet
 
 TICK = 0.25
 

@@ -12,15 +12,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from detector import GroupDetector, NodeState, Thresholds
 from detector.detectors.verdict import Decision, Verdict
 from detector.ejection import eject
+from detector.group import GroupDetector
 from detector.moves import Moves
 from detector.nodes import NodeArrays
-from detector.states import ALLOWED_EDGES, OUT_OF_SERVICE, Reason
-from detector.thresholds import DETECTORS
-
-from .helpers import Fleet, run
+from detector.states import ALLOWED_EDGES, OUT_OF_SERVICE, NodeState, Reason
+from detector.thresholds import DETECTORS, Thresholds
+from harness.fleet import Fleet, run
 
 S = NodeState
 HELD = [int(s) for s in (*OUT_OF_SERVICE, S.PENDING_APPROVAL)]

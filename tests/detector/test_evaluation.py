@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from detector import GroupDetector, NodeState, Thresholds
 from detector.detectors.verdict import Judging, PeerView, Verdict
 from detector.ejection import enter_quarantine
 from detector.evaluation import evaluate
 from detector.explain import transitions
+from detector.group import GroupDetector
 from detector.moves import Moves
 from detector.nodes import FIELDS, NodeArrays
 from detector.signals import SIGNALS
-from detector.states import Reason, Safeguard
-from detector.thresholds import DETECTORS
-
-from .helpers import Fleet, run
+from detector.states import NodeState, Reason, Safeguard
+from detector.thresholds import DETECTORS, Thresholds
+from harness.fleet import Fleet, run
 
 S = NodeState
 

@@ -7,10 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import detector.ejection as ejection_module
-from detector import GroupDetector, NodeState, Thresholds
 from detector.evidence import cusum_update, excess_over_line
-
-from .helpers import Fleet, run
+from detector.group import GroupDetector
+from detector.states import NodeState
+from detector.thresholds import Thresholds
+from harness.fleet import Fleet, run
 
 
 def one_by_one(s, node, x, k, c):

@@ -22,13 +22,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from detector import GroupDetector, NodeState, ProgressBatch, Thresholds
 from detector.costmodel import CostModel
 from detector.detectors import zscore
 from detector.detectors.verdict import PeerView
 from detector.detectors.zscore import decide, lines
+from detector.group import GroupDetector
+from detector.samples import ProgressBatch
 from detector.signals import SIGNALS
-from detector.thresholds import COMPARABLE_LOAD_FRACTION, PREFILL_STALL_S
+from detector.states import NodeState
+from detector.thresholds import COMPARABLE_LOAD_FRACTION, PREFILL_STALL_S, Thresholds
 
 S = NodeState
 

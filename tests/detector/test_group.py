@@ -5,10 +5,11 @@ import math
 import numpy as np
 import pytest
 
-from detector import GroupDetector, IllegalTransition, NodeState, RejectReason, SampleBatch, Thresholds
-from detector.states import OUT_OF_SERVICE
-
-from .helpers import Fleet, run
+from detector.group import GroupDetector
+from detector.samples import RejectReason, SampleBatch
+from detector.states import OUT_OF_SERVICE, IllegalTransition, NodeState, Reason
+from detector.thresholds import Thresholds
+from harness.fleet import Fleet, run
 
 S = NodeState
 
@@ -296,7 +297,7 @@ def test_unknown_nodes_and_bad_samples_are_reported_not_applied():
 def test_illegal_edges_are_refused():
     gd = GroupDetector(Thresholds(), ["a"])
     with pytest.raises(IllegalTransition):
-        gd._set(0, S.RECOVERING, 0.0, reason=__import__("detector").Reason.RECOVERED)
+        gd._set(0, S.RECOVERING, 0.0, reason=Reason.RECOVERED)
 
 
 def test_set_thresholds_keeps_learned_state_and_resizes_windows():

@@ -10,9 +10,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detector import GroupDetector, NodeState, Thresholds
+from detector.group import GroupDetector
 from detector.inflight import CONTINUITY_INTERVALS, stall_bounds, stalled_rows
-from tests.detector.helpers import Fleet
+from detector.states import NodeState
+from detector.thresholds import Thresholds
+from harness.fleet import Fleet
 
 TICK = 0.25  # the production scrape period
 
@@ -150,8 +152,8 @@ def test_a_late_source_between_two_completions_is_never_a_stall():
     # both slots were busy (requests_processing 2) and no request ended: no token, and no stall either.
     from pathlib import Path
 
-    from detector import ProgressBatch
     from detector.engine_metrics import parse, progress_row
+    from detector.samples import ProgressBatch
 
     pages = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp"
     a, b = (parse((pages / f).read_text()) for f in ("metrics_a.txt", "metrics_b.txt"))

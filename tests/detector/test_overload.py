@@ -22,8 +22,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from detector import GroupDetector, NodeState, ProgressBatch, Reason, SampleBatch, Thresholds
-from tests.detector.helpers import Fleet, run
+from detector.group import GroupDetector
+from detector.samples import ProgressBatch, SampleBatch
+from detector.states import NodeState, Reason
+from detector.thresholds import Thresholds
+from harness.fleet import Fleet, run
 
 OUT = {NodeState.QUARANTINED, NodeState.PROBING}
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from detector import PowerOfTwoChoices, SmoothWeightedRoundRobin
+from detector.picking import PowerOfTwoChoices, SmoothWeightedRoundRobin
 
 
 def test_smooth_wrr_is_exact_and_interleaved_like_nginx():

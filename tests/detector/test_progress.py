@@ -6,8 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from detector import GroupDetector, NodeState, ProgressBatch, RejectReason, Thresholds
-from tests.detector.helpers import Fleet
+from detector.group import GroupDetector
+from detector.samples import ProgressBatch, RejectReason
+from detector.states import NodeState
+from detector.thresholds import Thresholds
+from harness.fleet import Fleet
 
 TICK = 0.2
 

@@ -7,10 +7,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from detector import ALLOWED_EDGES, GroupDetector, NodeState, Thresholds
-from detector.states import OUT_OF_SERVICE
-
-from .helpers import Fleet
+from detector.group import GroupDetector
+from detector.states import ALLOWED_EDGES, OUT_OF_SERVICE, NodeState
+from detector.thresholds import Thresholds
+from harness.fleet import Fleet
 
 OUT = [int(s) for s in OUT_OF_SERVICE]
 

@@ -8,8 +8,10 @@ import io
 import numpy as np
 import pytest
 
-from detector import GroupDetector, NodeState, Thresholds
-from tests.detector.helpers import Fleet
+from detector.group import GroupDetector
+from detector.states import NodeState
+from detector.thresholds import Thresholds
+from harness.fleet import Fleet
 
 TICK = 0.2
 CUT = {NodeState.DEGRADED, NodeState.PENDING_APPROVAL, NodeState.QUARANTINED, NodeState.PROBING}
@@ -201,7 +203,7 @@ def test_new_columns_survive_a_snapshot_and_an_older_snapshot_still_restores():
 
 @pytest.mark.parametrize("bad", [np.inf, -1.0])
 def test_a_row_with_a_bad_optional_column_is_refused(bad):
-    from detector import ProgressBatch, RejectReason
+    from detector.samples import ProgressBatch, RejectReason
 
     gd = GroupDetector(Thresholds(), ["a"])
     res = gd.ingest_progress(ProgressBatch.from_columns(

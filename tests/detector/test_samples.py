@@ -2,8 +2,15 @@ import math
 
 import numpy as np
 
-from detector import RejectReason, SampleBatch
-from detector.samples import classify_status, decode_per_token, prefill_per_token, seed_norm, validate
+from detector.samples import (
+    RejectReason,
+    SampleBatch,
+    classify_status,
+    decode_per_token,
+    prefill_per_token,
+    seed_norm,
+    validate,
+)
 
 
 def test_every_invalid_sample_gets_a_reason():
@@ -51,7 +58,7 @@ def test_status_semantics():
 def test_columns_of_unequal_length_are_refused_naming_the_batch():
     import pytest
 
-    from detector import ProgressBatch
+    from detector.samples import ProgressBatch
 
     with pytest.raises(ValueError, match="SampleBatch columns must all have the same length"):
         SampleBatch.from_columns(node=["a", "b"], ts=[1.0], prompt_tokens=[1, 2], completion_tokens=[1, 2],

@@ -9,9 +9,10 @@ import json
 
 import numpy as np
 
-from detector import GroupDetector, Thresholds
 from detector import snapshot as snap
-from tests.detector.helpers import Fleet, run
+from detector.group import GroupDetector
+from detector.thresholds import Thresholds
+from harness.fleet import Fleet, run
 
 
 def _full_windows() -> GroupDetector:

@@ -1,6 +1,6 @@
 import pytest
 
-from detector import ThresholdError, Thresholds
+from detector.thresholds import ThresholdError, Thresholds
 
 
 def test_defaults_are_the_seeds():

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import pytest
 
-from detector import GroupDetector, NodeState, Thresholds
-from tests.detector.helpers import Fleet
+from detector.group import GroupDetector
+from detector.states import NodeState
+from detector.thresholds import Thresholds
+from harness.fleet import Fleet
 
 OUT = {NodeState.QUARANTINED, NodeState.PROBING}
 
@@ -109,7 +111,7 @@ def test_seed_mode_keeps_counting_samples():
 
 
 def test_persistence_in_seconds_is_validated():
-    from detector import ThresholdError
+    from detector.thresholds import ThresholdError
 
     assert Thresholds().quarantine_persistence_s == 1.0
     assert Thresholds.field_ranges()["quarantine_persistence_s"] == "[0, 600]"

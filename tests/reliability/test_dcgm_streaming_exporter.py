@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.records import http_server
 from outlier_admin.control.actions import do_create_group, do_register_node
 from outlier_admin.fleet.models import Node
 from outlier_admin.ingest.dcgm import scrape_all
 from outlier_admin.ingest.models import GpuReading, RejectedInput
-from tests.outlier_admin.helpers import http_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db, pytest.mark.services, pytest.mark.timeout(120)]
 

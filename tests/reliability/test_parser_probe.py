@@ -16,11 +16,11 @@ import urllib.request
 import pytest
 from django.core.management import call_command
 
-from outlier_admin import keys
+from contract import keys
+from harness.gateways import FakeInferenceServer
 from outlier_admin.ingest.models import IngestSource
 from outlier_admin.ingest.pipeline import IngestOutcome
 from outlier_admin.ingest.tailer import tail_source
-from tests.harness.gateways import FakeInferenceServer
 from tests.outlier_admin.ingest.real_gateways import DefaultNginx, wait_lines
 from tests.security.adversarial_lines import TEMPLATES, UNITS, build
 

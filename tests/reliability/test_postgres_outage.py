@@ -12,7 +12,8 @@ import orjson
 import pytest
 from django.db.models import Count
 
-from outlier_admin import keys
+from contract import keys
+from harness.records import make_records
 from outlier_admin.control import degraded
 from outlier_admin.control.models import GroupBaseline, NodeHistory, QuarantineProposal, Transition
 from outlier_admin.control.publish import read_weights
@@ -20,7 +21,6 @@ from outlier_admin.control.tasks import tick_all_groups
 from outlier_admin.control.tick import run_tick
 from outlier_admin.fleet.models import ModelGroup
 from outlier_admin.ingest.pipeline import submit
-from tests.outlier_admin.helpers import make_records
 from tests.reliability.conftest import postgres_down
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.timeout(60)]
@@ -171,7 +171,7 @@ def test_postgres_failing_during_the_sql_write_keeps_the_rows_and_applies_inputs
         outage.__enter__()
 
     monkeypatch.setattr(degraded, "store_snapshot", store_then_fail)
-    from detector import GroupDetector
+    from detector.group import GroupDetector
 
     forced: list[str] = []
     real_force = GroupDetector.force_quarantine

@@ -12,9 +12,9 @@ import numpy as np
 import orjson
 import pytest
 
+from agent.client import MODE_FAIL_OPEN, MODE_LIVE, GatewayClient
+from harness.records import make_records
 from outlier_admin.control.tick import run_tick
-from outlier_admin.gateway_client import MODE_FAIL_OPEN, MODE_LIVE, GatewayClient
-from tests.outlier_admin.helpers import make_records
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services, pytest.mark.timeout(60)]
 URL = "/api/v1/ingest/requests"

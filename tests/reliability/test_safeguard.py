@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from detector.states import SAFEGUARD_COUNTED
+from harness.records import make_records
 from outlier_admin.control.publish import read_weights
 from outlier_admin.control.tick import run_tick
 from outlier_admin.fleet.models import ModelGroup
 from outlier_admin.ingest.pipeline import submit
-from tests.outlier_admin.helpers import make_records
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services, pytest.mark.timeout(60)]
 OUT = {s.label for s in SAFEGUARD_COUNTED}  # out of service or pending approval

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from django.db import connection
 
-from outlier_admin import keys
+from contract import keys
+from harness.records import make_records
 from outlier_admin.control import tick
 from outlier_admin.ingest.pipeline import submit
-from tests.outlier_admin.helpers import make_records
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services]
 

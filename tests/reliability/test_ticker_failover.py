@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from django.db import connection
 
+from harness.records import make_records
 from outlier_admin.control.actions import do_create_group, do_register_node
 from outlier_admin.control.publish import read_weights
 from outlier_admin.control.scheduling import TICKER_GROUPS_KEY, owner_of, tickers_alive
 from outlier_admin.ingest.pipeline import submit
-from tests.outlier_admin.helpers import make_records
 from tests.reliability.conftest import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.slow,

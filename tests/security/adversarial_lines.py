@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import Callable
 
-from outlier_admin.ingest.logformats import ParseError
+from contract.logformats import ParseError
 
 # What the patterns of the formats repeat: each one a unit of a run.
 UNITS = [" ", '"', ":", ",", "1", "a", "a:", "1:", "[", "]", "{", "}", "\\", "=", "a=", ", ", " : ", "\t", "/",

@@ -47,7 +47,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from outlier_admin import keys
+from contract import keys
+from contract.normalize import MIN_LATENCY_MS
+from contract.stream import decode_requests
 from outlier_admin.control.actions import (
     do_create_group,
     do_create_token,
@@ -58,8 +60,6 @@ from outlier_admin.control.actions import (
 from outlier_admin.control.models import AuditEvent, CanaryProbe, NodeHistory, Override, Transition
 from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.ingest.models import GpuReading, RejectedInput
-from outlier_admin.ingest.pipeline import decode_entry
-from outlier_admin.ingest.records import MIN_LATENCY_MS
 from outlier_admin.ingest.rejected import refusal_count
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -211,7 +211,7 @@ def _stream_rows(redis_client: Any) -> int:
     """Request rows in every group's stream (an entry carries a batch of rows)."""
     total = 0
     for key in redis_client.scan_iter(match=keys.stream("*")):
-        total += sum(len(decode_entry(fields)) for _, fields in redis_client.xrange(key))
+        total += sum(len(decode_requests(fields)) for _, fields in redis_client.xrange(key))
     return total
 
 
@@ -517,7 +517,7 @@ def test_the_served_schema_is_the_fuzzed_one_and_follows_the_settings(client: An
     settings and the name rules when the schema is generated (no copy that could drift)."""
     from drf_spectacular.generators import SchemaGenerator
 
-    from outlier_admin.fleet import names
+    from contract import names
 
     def served() -> dict[str, Any]:
         resp = client.get("/api/schema/?format=json", HTTP_AUTHORIZATION=f"Bearer {world['api_token']}")

@@ -15,10 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from detector import Thresholds
-from detector.thresholds import ThresholdError
-from outlier_admin.ingest.logformats import FORMATS, ParseError
-from outlier_admin.ingest.records import RecordError, normalize
+from contract.logformats import FORMATS, ParseError
+from contract.normalize import RecordError, normalize
+from detector.thresholds import ThresholdError, Thresholds
 from sim.scenario import ScenarioError, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from django.test import Client
 
-from outlier_admin import keys
+from contract import keys
 from outlier_admin.control import buckets
 from outlier_admin.fleet.models import ApiToken
 from outlier_admin.observability import metrics

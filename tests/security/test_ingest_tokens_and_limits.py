@@ -13,13 +13,14 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from outlier_admin import keys
+from contract import keys
+from contract.stream import decode_requests
 from outlier_admin.control.actions import ActionError, do_create_token, do_set_auto_register
 from outlier_admin.control.models import AuditEvent
 from outlier_admin.control.retention import apply_retention
 from outlier_admin.fleet.models import ApiToken, Node
 from outlier_admin.ingest.models import RejectedInput
-from outlier_admin.ingest.pipeline import SAMPLES_PER_REASON, decode_entry
+from outlier_admin.ingest.pipeline import SAMPLES_PER_REASON
 from outlier_admin.ingest.rejected import refusal_count
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services]
@@ -37,7 +38,7 @@ def post(client, token, body, content_type="application/json"):
 
 
 def stream_rows(redis_client, group):
-    return [row for _, fields in redis_client.xrange(keys.stream(group)) for row in decode_entry(fields)]
+    return [row for _, fields in redis_client.xrange(keys.stream(group)) for row in decode_requests(fields)]
 
 
 # --- 3. a body's cost is per byte: a cap on lines, refusals counted per reason --------------------------

@@ -17,13 +17,13 @@ import orjson
 import pytest
 from django.db import connection
 
-from outlier_admin import keys
+from contract import keys
+from contract.stream import decode_requests
 from outlier_admin.control.actions import do_set_auto_register
 from outlier_admin.control.models import AuditEvent
 from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.ingest import pipeline
 from outlier_admin.ingest.models import RejectedInput
-from outlier_admin.ingest.pipeline import decode_entry
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services]
 URL = "/api/v1/ingest/requests"
@@ -41,7 +41,7 @@ def post(client, token, records):
 
 
 def stream_rows(redis_client, group):
-    return [row for _, fields in redis_client.xrange(keys.stream(group)) for row in decode_entry(fields)]
+    return [row for _, fields in redis_client.xrange(keys.stream(group)) for row in decode_requests(fields)]
 
 
 # --- 1. a node id in a record is an id: never a URL, never outside the operator's networks -------------
@@ -246,7 +246,9 @@ def test_one_extreme_record_moves_no_node_far():
     """Finding 2 at the detector: ``total_ms: 1e308`` made a node's EMA 3e289 and its Z NaN. With the
     ingest bound (1 h) and the EMA clip, one record at the bound moves the node's EMA by at most
     ``alpha * (ema_clip - 1)`` of the baseline and changes no state."""
-    from detector import GroupDetector, NodeState, SampleBatch
+    from detector.group import GroupDetector
+    from detector.samples import SampleBatch
+    from detector.states import NodeState
 
     gd = GroupDetector(now=0.0)
     nodes = [f"127.0.0.1:{9000 + i}" for i in range(8)]

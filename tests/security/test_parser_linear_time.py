@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from outlier_admin.ingest.logformats import FORMATS, LINE_TOO_LONG, MAX_LINE_BYTES, ParseError, jsondecode
+from contract.logformats import FORMATS, LINE_TOO_LONG, MAX_LINE_BYTES, ParseError, jsondecode
 from tests.security.adversarial_lines import TEMPLATES, UNITS, build, parse_seconds
 
 # Linear is 16 in principle, but a line past the CPU caches costs more a character: nginx's 16 KB ->

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from outlier_admin.ingest.logformats import FORMATS, ParseError, jsondecode
+from contract.logformats import FORMATS, ParseError, jsondecode
 
 ATTACK_UA = 'curl/8" "atk-{n}" "llm" "127.0.4.3:18950'
 REAL = "127.0.0.1:8001"

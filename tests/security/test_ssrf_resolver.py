@@ -24,9 +24,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from outlier_admin.fleet.names import NameError_, check_ip, parse_address, validate_scrape_url
+from contract.names import NameError_, check_ip, parse_address, validate_scrape_url
+from harness.records import http_server
 from outlier_admin.fleet.netguard import ForbiddenAddress, forbidden_cause, guarded_connector
-from tests.outlier_admin.helpers import http_server
 
 HOSTS = Path("/etc/hosts")
 #: The security probe's strings (issue 29 finding 5), each with the address glibc made of it.

@@ -9,10 +9,10 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from contract.names import validate_group_name
 from outlier_admin.control.actions.core import ActionError, Actor, _checked, _reason, audit
 from outlier_admin.control.actions.groups import auto_create_pattern
 from outlier_admin.fleet.models import ApiToken, ModelGroup
-from outlier_admin.fleet.names import validate_group_name
 
 
 def do_create_token(*, name: str, scope: str, actor: Actor, user: Any = None,
@@ -55,12 +55,12 @@ def do_revoke_token(token: ApiToken, *, actor: Actor, reason: str) -> ApiToken:
 
 def do_create_user(username: str, *, roles: list[str], actor: Actor, password: str | None = None,
                    reason: str = "created") -> Any:
-    """Create a dashboard/API user holding ``roles`` (of :data:`outlier_admin.api.permissions.ROLES`);
+    """Create a dashboard/API user holding ``roles`` (of :data:`outlier_admin.fleet.roles.ROLES`);
     ``password`` None: the user cannot log in with a password (an API token's user)."""
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Group
 
-    from outlier_admin.api.permissions import ROLES
+    from outlier_admin.fleet.roles import ROLES
 
     username = (username or "").strip()
     if not username or len(username) > 150:
@@ -79,13 +79,13 @@ def do_create_user(username: str, *, roles: list[str], actor: Actor, password: s
 
 
 def do_set_roles(user: Any, roles: list[str], *, actor: Actor, reason: str) -> Any:
-    """Make ``user``'s roles exactly ``roles`` (of :data:`outlier_admin.api.permissions.ROLES`; other
+    """Make ``user``'s roles exactly ``roles`` (of :data:`outlier_admin.fleet.roles.ROLES`; other
     Django groups it belongs to stay). One audit event ``user.roles`` with the old and new roles when
     they change; nothing is written when they do not. The Django admin's user form comes here too
     (:mod:`outlier_admin.control.admin`)."""
     from django.contrib.auth.models import Group
 
-    from outlier_admin.api.permissions import ROLES
+    from outlier_admin.fleet.roles import ROLES
 
     reason = _reason(reason)
     unknown = sorted(set(roles) - set(ROLES))

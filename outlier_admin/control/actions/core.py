@@ -12,9 +12,9 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
+from contract.names import NameError_
 from outlier_admin.control.models import AuditEvent
 from outlier_admin.fleet.models import ApiToken, ModelGroup, Node
-from outlier_admin.fleet.names import NameError_
 
 
 class ActionError(ValueError):

@@ -10,6 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from contract.names import validate_allow_entry, validate_group_name
 from outlier_admin.control.actions.core import (
     ActionError,
     Actor,
@@ -20,7 +21,6 @@ from outlier_admin.control.actions.core import (
     audit,
 )
 from outlier_admin.fleet.models import ModelGroup, Node, Policy, ThresholdChange
-from outlier_admin.fleet.names import validate_allow_entry, validate_group_name
 
 
 def do_create_group(
@@ -37,7 +37,7 @@ def do_create_group(
 ) -> ModelGroup:
     """Create a model group with default thresholds (version 1). ``auto_register_allow``: CIDRs and
     DNS suffixes from which nodes that first appear in ingest data may be registered (see
-    :mod:`outlier_admin.fleet.names`)."""
+    :mod:`contract.names`)."""
     if policy not in Policy.values:
         raise ActionError(f"policy must be one of {Policy.values}, got {policy!r}")
     _checked(validate_group_name, name)

@@ -9,6 +9,14 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from contract.names import (
+    NameError_,
+    host_allowed,
+    parse_address,
+    validate_new_node_name,
+    validate_scrape_url,
+)
+from contract.weights_document import DEFAULT_BASE_WEIGHT, MAX_BASE_WEIGHT
 from outlier_admin.control.actions.core import (
     ActionError,
     Actor,
@@ -18,16 +26,9 @@ from outlier_admin.control.actions.core import (
     _save_changes,
     audit,
 )
+from outlier_admin.control.incidents import close_retired
 from outlier_admin.control.models import AuditEvent
 from outlier_admin.fleet.models import ModelGroup, Node, RegisteredVia
-from outlier_admin.fleet.names import (
-    NameError_,
-    host_allowed,
-    parse_address,
-    validate_new_node_name,
-    validate_scrape_url,
-)
-from outlier_admin.weights_document import DEFAULT_BASE_WEIGHT, MAX_BASE_WEIGHT
 
 
 def do_register_node(
@@ -77,7 +78,7 @@ def do_register_nodes_from_ingest(
 ) -> dict[str, str | None]:
     """Register nodes that first appeared in ingest data, in one transaction: ``{node_id: None}`` when
     registered (or already there) under the address's one spelling
-    (:func:`~outlier_admin.fleet.names.address_key`), ``{node_id: reason}`` when refused.
+    (:func:`~contract.names.address_key`), ``{node_id: reason}`` when refused.
 
     A node id is registered only when it is an address (``host:port``) whose host lies inside the
     group's ``auto_register_allow`` (or ``AUTO_REGISTER_DEFAULT_ALLOW``): reason ``bad_address`` /
@@ -96,7 +97,7 @@ def do_register_nodes_from_ingest(
             outcome[node_id] = "node_not_allowed"
             continue
         # One address, one node: 127.0.0.1:018950 and [::ffff:127.0.0.1]:18950 are 127.0.0.1:18950
-        # (fleet.names.address_key), and never take two of the group's MAX_NODES_PER_GROUP slots.
+        # (contract.names.address_key), and never take two of the group's MAX_NODES_PER_GROUP slots.
         wanted.setdefault(addr.hostport, []).append(node_id)
     if not wanted:
         return outcome
@@ -135,13 +136,15 @@ def _room_locked(group: ModelGroup) -> int:
 
 def do_retire_node(node: Node, *, actor: Actor, reason: str) -> Node:
     """Take ``node`` out of the group for good (removed from the detector and the weights document
-    at the next tick; its history stays)."""
+    at the next tick; its history stays; its open incident ends as ``retired``)."""
     reason = _reason(reason)
     with transaction.atomic():
         if not Node.objects.filter(pk=node.pk, retired=False).update(retired=True):
             raise ActionError(f"node {node.name} is already retired")
+        ended = close_retired(node)  # its open incident ends with it, with this audit event
         audit("node.retire", actor, node=node, reason=reason,
-              detail={"address": node.address, "state": node.state, "weight": node.weight})
+              detail={"address": node.address, "state": node.state, "weight": node.weight,
+                      **({"incident": ended.pk} if ended else {})})
     node.refresh_from_db()
     return node
 

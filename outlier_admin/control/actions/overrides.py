@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db import transaction
 
+from contract.weights_document import pin_range
 from outlier_admin.control.actions.core import (
     ActionError,
     Actor,
@@ -19,7 +20,6 @@ from outlier_admin.control.actions.core import (
 )
 from outlier_admin.control.models import Override, OverrideKind
 from outlier_admin.fleet.models import Node
-from outlier_admin.weights_document import pin_range
 
 
 def _override(
@@ -64,7 +64,7 @@ def do_pin_weight(
     node: Node, weight: int, *, actor: Actor, reason: str, expires_in_s: float | None = None
 ) -> Override:
     """Publish exactly ``weight`` for ``node`` whatever the detector says: on the weights document's
-    scale, 0 .. its base weight (:func:`outlier_admin.weights_document.pin_range`; to send a node more
+    scale, 0 .. its base weight (:func:`contract.weights_document.pin_range`; to send a node more
     traffic than its peers, raise its base weight)."""
     _pin_weight(node, weight)
     return _override(

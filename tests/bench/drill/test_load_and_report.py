@@ -10,7 +10,7 @@ import pytest
 
 from bench.drill.load import PoissonLoad, arrivals
 from bench.drill.report import is_cut, is_quarantine, summarise
-from tests.harness.gateways import FakeInferenceServer
+from harness.gateways import FakeInferenceServer
 
 
 def test_arrivals_are_a_poisson_process_of_the_rate_and_bounded():

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 import outlier_admin
+from harness.records import make_records
 from outlier_admin.control.actions import do_release
 from outlier_admin.control.models import AuditEvent, QuarantineProposal
 from outlier_admin.control.tick import run_tick
 from outlier_admin.fleet.models import Node
 from outlier_admin.ingest.pipeline import submit
-from tests.outlier_admin.helpers import make_records
 
 SLOW = "127.0.0.1:9003"
 PACKAGE = Path(outlier_admin.__file__).parent

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from outlier_admin import keys
+from contract import keys
 from outlier_admin.control.actions import ActionError, do_create_group, do_register_node
 from outlier_admin.control.canary import probe_node, run_due_probes
 from outlier_admin.control.models import CanaryProbe
@@ -112,9 +112,9 @@ def test_tick_feeds_probe_results_to_the_state_machine(server, redis_client, set
     judges it (``passed`` set, node moves on from quarantine after enough passes)."""
     import numpy as np
 
+    from harness.records import make_records
     from outlier_admin.control.tick import run_tick
     from outlier_admin.ingest.pipeline import submit
-    from tests.outlier_admin.helpers import make_records
 
     make_group("g1")
     rng = np.random.default_rng(7)

@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
+from contract import keys
 from detector.group import GroupDetector
 from detector.samples import ProgressBatch, SampleBatch
-from outlier_admin import keys
 from outlier_admin.control.actions import do_create_group, do_register_node
 from outlier_admin.control.canary import PROMPT, probe_node, run_due_probes
 from outlier_admin.control.probe_load import ProbeLoad

@@ -9,10 +9,10 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
+from harness.records import http_server
 from outlier_admin.control.actions import do_create_group, do_register_node
 from outlier_admin.control.canary import TIMING_SLACK_MS, engine_timings, probe_node
 from tests.conftest import FIXTURES
-from tests.outlier_admin.helpers import http_server
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services]
 

@@ -14,10 +14,10 @@ import orjson
 import pytest
 from django.db import connection
 
-from outlier_admin import keys
+from contract import keys
+from harness.records import make_records
 from outlier_admin.control.actions import do_release
 from outlier_admin.fleet.models import Node
-from tests.outlier_admin.helpers import make_records
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]

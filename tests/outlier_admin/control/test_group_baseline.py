@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from django.utils import timezone
 
+from harness.records import make_records
 from outlier_admin.control.actions import do_create_group
 from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.control.retention import apply_retention
 from outlier_admin.control.tick import run_tick
 from outlier_admin.ingest.pipeline import submit
-from tests.outlier_admin.helpers import make_records
 
 pytestmark = pytest.mark.django_db
 

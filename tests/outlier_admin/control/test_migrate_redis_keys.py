@@ -1,5 +1,5 @@
 """``manage.py migrate_redis_keys``: a group's keys written by the release before hash tags are renamed to
-the layout of outlier_admin/keys.py at the upgrade, the stream with its consumer group and pending
+the layout of contract/keys.py at the upgrade, the stream with its consumer group and pending
 entries, the checkpoint and the de-duplication sets; a name the new release already wrote is kept."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import io
 import pytest
 from django.core.management import call_command
 
-from outlier_admin import keys
+from contract import keys
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from outlier_admin import keys
+from contract import keys
 from outlier_admin.control import scheduling
 
 pytestmark = [pytest.mark.services]

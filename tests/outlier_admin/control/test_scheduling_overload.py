@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from outlier_admin import keys
+from contract import keys
 from outlier_admin.control import tasks
 from outlier_admin.control.redis_conn import GroupLock
 from outlier_admin.control.tick import TickResult

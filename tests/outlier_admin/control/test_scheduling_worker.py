@@ -16,7 +16,7 @@ import orjson
 import pytest
 from django.db import connection
 
-from outlier_admin import keys
+from contract import keys
 from outlier_admin.fleet.models import ModelGroup
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.slow, pytest.mark.serial,

@@ -10,7 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from outlier_admin import keys
+from contract import keys
+from harness.records import make_records
 from outlier_admin.control.actions import (
     ActionError,
     do_approve_proposal,
@@ -28,7 +29,6 @@ from outlier_admin.control.tick import run_tick
 from outlier_admin.fleet.models import Node
 from outlier_admin.ingest.dcgm import record_scrape
 from outlier_admin.ingest.pipeline import submit
-from tests.outlier_admin.helpers import make_records
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services]
 SLOW = "127.0.0.1:9003"

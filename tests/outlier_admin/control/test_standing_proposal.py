@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from detector.thresholds import Thresholds
+from harness.records import make_records
 from outlier_admin.control.actions import do_approve_proposal
 from outlier_admin.control.models import QuarantineProposal, Transition
 from outlier_admin.control.tick import run_tick
 from outlier_admin.ingest.pipeline import submit
-from tests.outlier_admin.helpers import make_records
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services]
 SLOW = "127.0.0.1:9003"

@@ -8,15 +8,15 @@ import numpy as np
 import orjson
 import pytest
 
+from contract import keys
 from detector.signals import SIGNALS
-from outlier_admin import keys
+from harness.records import make_records
 from outlier_admin.control.actions import do_release, do_set_group_policy
 from outlier_admin.control.models import AuditEvent, NodeHistory, Transition
 from outlier_admin.control.publish import read_weights
 from outlier_admin.control.tick import run_tick
 from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.ingest.pipeline import submit
-from tests.outlier_admin.helpers import make_records
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services]
 SLOW = "127.0.0.1:9003"

@@ -11,11 +11,11 @@ import pytest
 from rest_framework.test import APIClient
 
 from detector.states import SAFEGUARD_COUNTED, Safeguard
+from harness.records import make_records
 from outlier_admin.control.models import NodeHistory, Transition
 from outlier_admin.control.tick import run_tick
 from outlier_admin.fleet.models import ModelGroup
 from outlier_admin.ingest.pipeline import submit
-from tests.outlier_admin.helpers import make_records
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services]
 

@@ -10,13 +10,13 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from outlier_admin import keys
+from contract import keys
+from harness.records import make_records
 from outlier_admin.control.actions import do_quarantine
 from outlier_admin.control.publish import read_weights
 from outlier_admin.control.tick import run_tick
 from outlier_admin.fleet.models import Node
 from outlier_admin.ingest.pipeline import submit
-from tests.outlier_admin.helpers import make_records
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from outlier_admin import keys
+from contract import keys
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from outlier_admin import keys
+from contract import keys
 from outlier_admin.demo.fleet import LARGE, SMALL
 from outlier_admin.demo.runner import LEASE_KEY, clear_demo_keys, own_key
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from outlier_admin.gateway_client import parse_document
-from tests.harness.gateways import publish, weights_document
+from contract.weights_document import parse_document
+from harness.gateways import publish, weights_document
 
 ROOT = Path(__file__).resolve().parents[3]
 README = (ROOT / "README.md").read_text()
@@ -41,7 +41,7 @@ def test_the_gateway_client_example_runs(redis_client, settings):
 
 
 def test_the_example_with_redis_down_keeps_the_last_good_weights(redis_client):
-    from outlier_admin.gateway_client import GatewayClient
+    from agent.client import GatewayClient
 
     publish(redis_client, weights_document("g", 1, {"a": "127.0.0.1:8000"}, weights={"a": 40}))
     client = GatewayClient(redis_client, "g")

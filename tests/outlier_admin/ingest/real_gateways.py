@@ -18,7 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.harness.gateways import (
+from harness.gateways import (
     HAPROXY_BIN,
     NGINX_BIN,
     SyslogCollector,
@@ -123,7 +123,7 @@ def wait_lines(read, n: int, timeout_s: float = 10.0) -> list[str]:
 def _record_fixtures() -> None:  # pragma: no cover - run by hand
     import tempfile
 
-    from tests.harness.gateways import FakeInferenceServer
+    from harness.gateways import FakeInferenceServer
 
     out = Path(__file__).resolve().parents[2] / "fixtures" / "gateway-logs"
     servers = {f"s{i}": FakeInferenceServer(f"s{i}", base_delay_s=0.01 * (i + 1)) for i in range(2)}

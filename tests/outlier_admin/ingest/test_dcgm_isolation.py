@@ -11,13 +11,13 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
+from harness.records import http_server
 from outlier_admin.control.actions import do_create_group, do_register_node
 from outlier_admin.fleet.models import Node
 from outlier_admin.ingest.dcgm import KINDS, scrape_all
 from outlier_admin.ingest.models import GpuReading, RejectedInput
 from outlier_admin.observability.metrics import EVENTS
 from tests.outlier_admin.api.conftest import _fast_password_hasher, users  # noqa: F401
-from tests.outlier_admin.helpers import http_server
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services, pytest.mark.timeout(60)]
 

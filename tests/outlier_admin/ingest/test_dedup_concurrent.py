@@ -8,8 +8,9 @@ import time
 import pytest
 from django.db import connection
 
-from outlier_admin import keys
-from outlier_admin.ingest.pipeline import decode_entry, submit
+from contract import keys
+from contract.stream import decode_requests
+from outlier_admin.ingest.pipeline import submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services]
 
@@ -49,5 +50,5 @@ def test_the_same_ids_from_four_threads_are_accepted_once(redis_client, make_gro
     assert not errors
     assert sum(o.accepted for o in outcomes) == 300
     assert sum(o.duplicates for o in outcomes) == 3 * 300
-    rows = [row for _, fields in redis_client.xrange(keys.stream("dedup")) for row in decode_entry(fields)]
+    rows = [row for _, fields in redis_client.xrange(keys.stream("dedup")) for row in decode_requests(fields)]
     assert len(rows) == 301  # 300 ids + the warm-up record

@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
+from harness.records import make_records
 from outlier_admin.control.tick import run_tick
 from outlier_admin.ingest.pipeline import submit
-from tests.outlier_admin.helpers import make_records
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services]
 SLOW = "127.0.0.1:9003"

@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 
-from outlier_admin.ingest.logformats import FORMATS, ParseError
-from outlier_admin.ingest.logformats import nginx as nginx_fmt
-from outlier_admin.ingest.logformats.auto import sniff
-from outlier_admin.ingest.records import RecordError, normalize
+from contract.logformats import FORMATS, ParseError
+from contract.logformats import nginx as nginx_fmt
+from contract.logformats.auto import sniff
+from contract.normalize import RecordError, normalize
 from tests.conftest import FIXTURES
 
 LOGS = FIXTURES / "gateway-logs"
@@ -289,7 +289,7 @@ def test_bad_token_counts_are_refused(given, reason):
 
 
 def test_node_map_option():
-    from outlier_admin.ingest.logformats import parse_node_map
+    from contract.logformats import parse_node_map
 
     assert parse_node_map("llm/s0=127.0.0.1:9000, *=127.0.0.2:9000") == {"llm/s0": "127.0.0.1:9000",
                                                                         "*": "127.0.0.2:9000"}

@@ -7,12 +7,12 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
+from contract import keys
 from detector.engine_metrics import parse
-from outlier_admin import keys
+from harness.records import http_server
 from outlier_admin.ingest.modelserver import record_scrape
 from outlier_admin.ingest.scraper import scrape_round
 from tests.conftest import FIXTURES
-from tests.outlier_admin.helpers import http_server
 
 VLLM = (FIXTURES / "vllm" / "datadog-vllm_metrics.txt").read_text()
 SGLANG = (FIXTURES / "vllm" / "datadog-sglang_metrics.txt").read_text()

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from contract.normalize import RecordError, normalize
 from outlier_admin.ingest.columns import canonical, normalize_many
-from outlier_admin.ingest.records import RecordError, normalize
 
 NOW = 1_800_000_000.0
 BOUNDS = {"max_future_s": 300, "retention_s": 3600, "max_latency_ms": 3_600_000,

@@ -8,7 +8,7 @@ import numpy as np
 import orjson
 import pytest
 
-from outlier_admin import keys
+from contract import keys
 from outlier_admin.fleet.models import Node
 from outlier_admin.ingest.models import RejectedInput
 
@@ -107,8 +107,8 @@ def test_record_without_group_uses_the_nodes_group(client, ingest_token, redis_c
 
 
 def test_records_without_token_counts_are_kept_latency_only(client, ingest_token, redis_client):
+    from contract.stream import decode_requests
     from outlier_admin.control.tick import _batch
-    from outlier_admin.ingest.pipeline import decode_entry
 
     no_tokens = rec(total_ms=730.0, ttft_ms=None)
     del no_tokens["prompt_tokens"], no_tokens["completion_tokens"]
@@ -118,7 +118,7 @@ def test_records_without_token_counts_are_kept_latency_only(client, ingest_token
                          rec(cached_tokens=101)])  # more cached than prompt: refused
     data = post(client, ingest_token, body).json()
     assert (data["accepted"], data["errors"]) == (4, [{"line": 5, "reason": "bad_cached_tokens"}])
-    rows = [row for _, fields in redis_client.xrange(keys.stream("llama")) for row in decode_entry(fields)]
+    rows = [row for _, fields in redis_client.xrange(keys.stream("llama")) for row in decode_requests(fields)]
     assert [(r[2], r[3], r[5]) for r in rows] == [(None, None, 730.0), (None, None, 740.0), (None, None, 750.0),
                                                   (100, 50, 760.0)]
     batch = _batch(rows)  # the tick: null -> NaN, latency-only rows kept
@@ -127,15 +127,15 @@ def test_records_without_token_counts_are_kept_latency_only(client, ingest_token
 
 def test_cached_tokens_and_queue_time_reach_the_detector_and_older_rows_still_read(client, ingest_token,
                                                                                   redis_client):
+    from contract.stream import decode_requests
     from outlier_admin.control.tick import _batch
-    from outlier_admin.ingest.pipeline import decode_entry
 
     body = orjson.dumps([rec(prompt_tokens=1000, completion_tokens=50, cached_tokens=800, ttft_ms=300.0,
                              queue_ms=120.0, total_ms=900.0),
                          rec(ttft_ms=300.0, queue_ms=301.0, total_ms=900.0)])  # more queue than TTFT: refused
     data = post(client, ingest_token, body).json()
     assert (data["accepted"], data["errors"]) == (1, [{"line": 2, "reason": "bad_queue_ms"}])
-    rows = [row for _, fields in redis_client.xrange(keys.stream("llama")) for row in decode_entry(fields)]
+    rows = [row for _, fields in redis_client.xrange(keys.stream("llama")) for row in decode_requests(fields)]
     assert rows[0][7:] == [800, 120.0]
     # A row of 7 written before the last two columns, next to a new one, in one tick's batch.
     batch = _batch([rows[0][:7], rows[0]])

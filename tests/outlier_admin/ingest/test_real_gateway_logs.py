@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from django.core.management import call_command
 
-from outlier_admin import keys
-from outlier_admin.agent.haproxy import RuntimeAPI
-from outlier_admin.agent.shipper import node_map_from_haproxy
+from agent.haproxy import RuntimeAPI
+from agent.shipper import node_map_from_haproxy
+from contract import keys
+from contract.stream import decode_requests
+from harness.gateways import FakeInferenceServer, SyslogCollector, send_traffic
 from outlier_admin.control.tick import _batch
 from outlier_admin.fleet.models import Node
 from outlier_admin.ingest.models import RejectedInput
-from outlier_admin.ingest.pipeline import decode_entry
-from tests.harness.gateways import FakeInferenceServer, SyslogCollector, send_traffic
 from tests.outlier_admin.ingest.real_gateways import DefaultHAProxy, DefaultNginx, wait_lines
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.timeout(60)]
@@ -41,7 +41,7 @@ def tail(name: str, path, *extra: str) -> str:
 
 
 def stream_rows(redis_client, group: str = "llm") -> list[list]:
-    return [row for _, fields in redis_client.xrange(keys.stream(group)) for row in decode_entry(fields)]
+    return [row for _, fields in redis_client.xrange(keys.stream(group)) for row in decode_requests(fields)]
 
 
 def test_nginx_default_logs(tmp_path, servers, redis_client, make_group):

@@ -17,8 +17,8 @@ import urllib.request
 import orjson
 import pytest
 
+from contract import keys
 from detector.engine_metrics import ROW_FIELDS
-from outlier_admin import keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.django_db]
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from outlier_admin.ingest.logformats import FORMATS, ParseError
+from contract.logformats import FORMATS, ParseError
 from outlier_admin.ingest.pipeline import submit
 from tests.conftest import FIXTURES
 from tests.outlier_admin.api.conftest import make_user

@@ -12,8 +12,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from bench.scraper import VARIANTS, _response, start_server_thread, vllm_page
+from contract import keys
 from detector.engine_metrics import ROW_FIELDS
-from outlier_admin import keys
+from harness.records import http_server
 from outlier_admin.ingest.scraper import (
     ALIVE_KEY,
     Scraper,
@@ -26,7 +27,6 @@ from outlier_admin.ingest.scraper import (
     shard_of,
 )
 from outlier_admin.observability.metrics import EVENTS
-from tests.outlier_admin.helpers import http_server
 
 
 @pytest.fixture(scope="module")

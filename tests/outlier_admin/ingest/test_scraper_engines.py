@@ -13,14 +13,14 @@ import pytest
 import yarl
 from django.test import Client
 
+from contract import keys
 from detector.engine_metrics import ROW_FIELDS
 from detector.engines.llamacpp import MAX_SLOTS
-from outlier_admin import keys
+from harness.records import http_server
 from outlier_admin.ingest.scraper import SLOTS_RETRY_S, Scraper, Target, slots_url
 from outlier_admin.observability.metrics import EVENTS
 from tests.conftest import FIXTURES
 from tests.outlier_admin.api.conftest import users  # noqa: F401
-from tests.outlier_admin.helpers import http_server
 
 LC = FIXTURES / "llamacpp"
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import threading
 
-from outlier_admin.agent.shipper import LogShipper, tail_file
-from outlier_admin.ingest.logformats import LINE_TOO_LONG, MAX_LINE_BYTES
-from tests.outlier_admin.agent.test_shipper import LINE, serve_ingest, wait_for
+from agent.shipper import LogShipper, tail_file
+from contract.logformats import LINE_TOO_LONG, MAX_LINE_BYTES
+from tests.agent.test_shipper import LINE, serve_ingest, wait_for
 
 
 def test_a_9_mib_line_between_good_lines_is_skipped_and_the_tail_goes_on(tmp_path):

@@ -8,7 +8,7 @@ import time
 import orjson
 import pytest
 
-from outlier_admin import keys
+from contract import keys
 from outlier_admin.ingest.models import IngestSource, RejectedInput
 from outlier_admin.ingest.tailer import tail_source
 

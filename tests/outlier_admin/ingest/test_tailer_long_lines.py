@@ -9,8 +9,8 @@ import time
 import orjson
 import pytest
 
-from outlier_admin import keys
-from outlier_admin.ingest.logformats import LINE_TOO_LONG, MAX_LINE_BYTES
+from contract import keys
+from contract.logformats import LINE_TOO_LONG, MAX_LINE_BYTES
 from outlier_admin.ingest.models import Checkpoint, IngestSource, RejectedInput
 from outlier_admin.ingest.tailer import tail_source
 

@@ -5,7 +5,7 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from tests.outlier_admin.helpers import http_server
+from harness.records import http_server
 
 
 class Receiver:

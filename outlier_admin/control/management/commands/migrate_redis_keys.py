@@ -1,5 +1,5 @@
 """``python manage.py migrate_redis_keys [--dry-run]``: rename a group's Redis keys from the layout before
-hash tags (``outlier:stream:<group>``, ...) to :mod:`outlier_admin.keys`'s (``outlier:{<group>}:stream``, ...),
+hash tags (``outlier:stream:<group>``, ...) to :mod:`contract.keys`'s (``outlier:{<group>}:stream``, ...),
 once, at the upgrade, on the single Redis (or Sentinel primary) the control plane used.
 
 Why: the stream holds entries no tick applied yet (and its consumer group, their delivery state), the
@@ -16,9 +16,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from outlier_admin import keys
+from contract import keys
+from contract.topology import is_cluster
 from outlier_admin.control.redis_conn import get_redis
-from outlier_admin.gateway_client import is_cluster
 
 
 def renames(r: Any, group: str) -> list[tuple[str, str]]:
@@ -40,7 +40,7 @@ def _exists(r: Any, names: list[str]) -> list[bool]:
 
 
 class Command(BaseCommand):
-    help = "Rename the groups' Redis keys to the hash-tagged layout of outlier_admin/keys.py (once, at the upgrade)."
+    help = "Rename the groups' Redis keys to the hash-tagged layout of contract/keys.py (once, at the upgrade)."
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--dry-run", action="store_true", help="list the renames, change nothing")

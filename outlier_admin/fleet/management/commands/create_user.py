@@ -13,8 +13,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from outlier_admin.api.permissions import ROLES
 from outlier_admin.control.actions import ActionError, do_create_user
+from outlier_admin.fleet.roles import ROLES
 
 
 class Command(BaseCommand):
