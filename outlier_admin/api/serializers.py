@@ -73,7 +73,7 @@ class GroupSerializer(serializers.ModelSerializer):
 
 
 class NodeSerializer(serializers.ModelSerializer):
-    """A node with its latest figures (:func:`outlier_admin.api.queries.with_latest_figures`): ``z`` and
+    """A node with its latest figures (:func:`outlier_admin.history.queries.with_latest_figures`): ``z`` and
     ``ema`` are on ``signal``, by default the one the detector decides on for this node, so that a
     client alerting on ``z`` sees what the detector acts on."""
 

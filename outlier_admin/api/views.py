@@ -25,19 +25,12 @@ from rest_framework.response import Response
 
 from detector.signals import SIGNALS
 from detector.thresholds import Thresholds
-from outlier_admin.api import filters, queries
+from outlier_admin.api import filters
 from outlier_admin.api import serializers as s
 from outlier_admin.api.errors import PROBLEM_CONTENT_TYPE, problem_response
 from outlier_admin.api.inputs import PARSERS, Pagination
 from outlier_admin.api.permissions import CanRead, capability_permission
-from outlier_admin.api.preview import (
-    PreviewThrottled,
-    may_preview,
-    preview_roles,
-    preview_thresholds,
-)
 from outlier_admin.api.renderers import FastJSONRenderer
-from outlier_admin.api.timeline import MAX_POINTS, RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.control import actions
 from outlier_admin.control.models import (
     AuditEvent,
@@ -48,6 +41,10 @@ from outlier_admin.control.models import (
     Transition,
 )
 from outlier_admin.fleet.models import ApiToken, ModelGroup, Node
+from outlier_admin.fleet.roles import may_preview, preview_roles
+from outlier_admin.history import queries
+from outlier_admin.history.preview import PreviewThrottled, preview_thresholds
+from outlier_admin.history.timeline import MAX_POINTS, RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.ingest.models import GpuReading
 
 CanTune = capability_permission("tune")
@@ -67,7 +64,7 @@ class PreviewUnavailable(APIException):
 
 
 class CanPreview(CanRead):
-    """The threshold preview: roles of :func:`outlier_admin.api.preview.may_preview` (operator, oncall).
+    """The threshold preview: roles of :func:`outlier_admin.history.preview.may_preview` (operator, oncall).
     It reads and replays a whole group's history, so not every reader may start one."""
 
     def has_permission(self, request: Any, view: Any) -> bool:
@@ -212,7 +209,7 @@ class GroupViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     def threshold_preview(self, request: Request, slug: str | None = None) -> Response:
         """Replay recorded history under the proposed values (changes nothing; role ``operator`` or
         ``oncall``). Bounded: over ``PREVIEW_MAX_WINDOW_S``, ``PREVIEW_MAX_NODES`` or ``PREVIEW_MAX_ROWS``
-        it is a 400 naming the bound (see :mod:`outlier_admin.api.preview`). Rate-limited per user
+        it is a 400 naming the bound (see :mod:`outlier_admin.history.preview`). Rate-limited per user
         (``PREVIEW_BURST``, ``PREVIEW_REFILL_S``) and per process (``PREVIEW_MAX_CONCURRENT``): a 429
         ``throttled`` with ``Retry-After``; the input is checked first, so a bad one spends no token.
 

@@ -1,4 +1,4 @@
-"""The node page's charts, built from the timeline (:mod:`outlier_admin.api.timeline`)."""
+"""The node page's charts, built from the timeline (:mod:`outlier_admin.history.timeline`)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from django.utils.safestring import SafeString
 from detector.signals import unit_of
 from detector.states import NodeState as S
 from detector.thresholds import Thresholds
-from outlier_admin.api.timeline import BaselinePoint, Point
 from outlier_admin.control.models import CanaryProbe, Transition
 from outlier_admin.dashboard.heatmap import STATE_COLORS
 from outlier_admin.dashboard.svg import PALETTE, Band, Series, Threshold, time_chart
+from outlier_admin.history.timeline import BaselinePoint, Point
 
 #: Chart width in SVG units: the charts fill the page's width, and text stays ~10 px on a wide screen.
 CHART_WIDTH = 1200

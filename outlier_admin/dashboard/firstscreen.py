@@ -1,6 +1,6 @@
 """The overview's first screen, for the on-call engineer woken at 3 a.m.: what is wrong *now*.
 
-Every live node that is not ``healthy``, most urgent first (:data:`outlier_admin.api.queries.ATTENTION_ORDER`,
+Every live node that is not ``healthy``, most urgent first (:data:`outlier_admin.history.queries.ATTENTION_ORDER`,
 then the highest Z), each with its state, since when and why: for a node in an incident
 (:mod:`outlier_admin.control.incidents`) the incident's start and its deciding cause (signal, Z, EMA
 vs peer baseline with units), which the canary's cycles do not move, with its latest probe beneath
@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 import redis
+from django.conf import settings
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
@@ -36,7 +37,6 @@ from contract import keys
 from detector.signals import unit_of
 from detector.states import NodeState as S
 from detector.thresholds import Thresholds
-from outlier_admin.api.queries import attention_rank
 from outlier_admin.control.incidents import cause_in_words, cause_text, probe_summary
 from outlier_admin.control.models import (
     AuditEvent,
@@ -52,6 +52,7 @@ from outlier_admin.control.models import (
 from outlier_admin.control.redis_conn import get_redis
 from outlier_admin.dashboard.tables import STATE_ICONS
 from outlier_admin.fleet.models import ModelGroup, Node
+from outlier_admin.history.queries import attention_rank
 from outlier_admin.observability.alerts import held_degraded_since
 
 log = logging.getLogger(__name__)
@@ -62,13 +63,16 @@ MAX_PROBLEMS = 200
 
 @dataclass(frozen=True)
 class GatewayReport:
-    """What one gateway said it applied (``behind``: versions behind the published one)."""
+    """What one gateway said it applied (``behind``: versions behind the published one). ``gone``: no
+    report for ``GATEWAY_GONE_AFTER_S`` (a running agent reports at every resync, 30 s): an agent
+    run once (``--once``) or stopped, not a gateway left behind; it is not counted as behind."""
 
     gateway: str
     version: int
     applied_at: datetime
     mode: str
     behind: int
+    gone: bool = False
 
 
 @dataclass
@@ -88,11 +92,17 @@ class GroupGateways:
             return "unknown (Redis unreachable)"
         if not self.reports:
             return f"no gateway has reported (published v{self.published})"
-        behind = [r for r in self.reports if r.behind > 0]
+        live = [r for r in self.reports if not r.gone]
+        gone = len(self.reports) - len(live)
+        quiet = f"; {gone} gone (no report for {settings.GATEWAY_GONE_AFTER_S} s)" if gone else ""
+        if not live:
+            return f"no gateway reporting (published v{self.published}){quiet}"
+        behind = [r for r in live if r.behind > 0]
         if not behind:
-            return f"v{self.published} on all {len(self.reports)} gateway(s)"
-        return (f"v{self.oldest} on the oldest of {len(self.reports)} gateway(s); published v{self.published} "
-                f"({len(behind)} gateway(s) behind)")
+            return f"v{self.published} on all {len(live)} gateway(s){quiet}"
+        oldest = min(r.version for r in live)
+        return (f"v{oldest} on the oldest of {len(live)} gateway(s); published v{self.published} "
+                f"({len(behind)} gateway(s) behind){quiet}")
 
 
 @dataclass(frozen=True)
@@ -190,7 +200,8 @@ def applied_versions(groups: list[ModelGroup], now: float | None = None) -> dict
             except (ValueError, TypeError, KeyError, OverflowError, OSError):
                 continue
             reports.append(GatewayReport(gw.decode(errors="replace")[:200], version, applied, str(d.get("mode", ""))[:20],
-                                         max(0, g.weights_version - version)))
+                                         max(0, g.weights_version - version),
+                                         gone=now - at > settings.GATEWAY_GONE_AFTER_S))
         out[g.name] = GroupGateways(g.weights_version, reports)
     return out
 

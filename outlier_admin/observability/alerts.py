@@ -64,6 +64,7 @@ from django.conf import settings
 
 from contract import keys
 from contract.weights_document import DocumentError, WeightsDocument
+from detector.states import CANARY_STATES, OPERATOR_STATES, OUT_OF_SERVICE
 from outlier_admin.observability import metrics
 
 log = logging.getLogger("outlier_admin.alerts")
@@ -293,12 +294,15 @@ def redeliver_failed(*, client: httpx.Client | None = None, limit: int = 100) ->
 
 # --- level-triggered alerts -------------------------------------------------------------------------
 
-#: Node state label -> (alertname, severity, cause label) of the alert it holds up.
+#: Node state label -> (alertname, severity, cause label) of the alert it holds up: every state that
+#: drains the node (:data:`detector.states.OUT_OF_SERVICE`: quarantined, probing — still out while the
+#: canary probes it —, forced_quarantine) holds up ``OutlierNodeQuarantined``, its cause the operator
+#: for an operator's state (:data:`~detector.states.OPERATOR_STATES`); the rest of the canary's cycle
+#: (:data:`~detector.states.CANARY_STATES`: recovering) ``OutlierCanaryRecovery``.
 NODE_STATE_ALERTS: dict[str, tuple[str, str, str | None]] = {
-    "quarantined": ("OutlierNodeQuarantined", "warning", "detector"),
-    "probing": ("OutlierNodeQuarantined", "warning", "detector"),  # still out: the canary probes it
-    "forced_quarantine": ("OutlierNodeQuarantined", "warning", "operator"),
-    "recovering": ("OutlierCanaryRecovery", "info", None),
+    **{s.label: ("OutlierNodeQuarantined", "warning", "operator" if s in OPERATOR_STATES else "detector")
+       for s in sorted(OUT_OF_SERVICE)},
+    **{s.label: ("OutlierCanaryRecovery", "info", None) for s in CANARY_STATES if s not in OUT_OF_SERVICE},
 }
 
 
