@@ -232,7 +232,7 @@ def rejected_rows(source: str, hour: int) -> str:
 
 
 def preview_ratelimit(user_id: int | str) -> str:
-    """The threshold preview's per-user rate-limit counter (``api.preview``)."""
+    """The threshold preview's per-user rate-limit counter (``history.preview``)."""
     return f"{PREFIX}ratelimit:preview:{user_id}"
 
 

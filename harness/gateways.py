@@ -281,7 +281,10 @@ class FakeInferenceServer:
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.address = f"127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"fake-{name}", daemon=True)
+        # serve_forever polls for shutdown every poll_interval (0.5 s by default): stop() waited that
+        # long per server, 2 s for a test's four.
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"fake-{name}", daemon=True)
         self._thread.start()
 
     @property

@@ -72,7 +72,7 @@ from typing import Any
 
 from harness.gateways import FAKE_MODEL, _Process, free_port, make_workdir
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 #: The LiteLLM venv (its own: LiteLLM pins many packages) and the script that makes it.
 LITELLM_VENV = ROOT / ".venv-litellm"
 LITELLM_SCRIPT = ROOT / "scripts" / "ensure-litellm-venv.sh"

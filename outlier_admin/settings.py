@@ -304,6 +304,9 @@ HISTORY_RAW_DAYS = envint("HISTORY_RAW_DAYS", 2, minimum=1)
 HISTORY_KEEP_DAYS = envint("HISTORY_KEEP_DAYS", 30, minimum=1)
 # Weights documents older than this should be ignored by gateways (they fall back to base weights).
 WEIGHTS_STALE_AFTER_S = envint("WEIGHTS_STALE_AFTER_S", DEFAULT_STALE_AFTER_S, minimum=1)
+# A gateway whose agent has not reported for this long is shown as gone, not as "behind": a running
+# agent reports at least every resync (30 s); one run once (--once) or stopped reports no more.
+GATEWAY_GONE_AFTER_S = envint("GATEWAY_GONE_AFTER_S", 300, minimum=1)
 CANARY_TIMEOUT_S = envint("CANARY_TIMEOUT_S", 30, minimum=1)
 CANARY_MAX_TOKENS = envint("CANARY_MAX_TOKENS", 32, minimum=1)
 CANARY_MODEL = envstr("CANARY_MODEL") or ""
@@ -402,11 +405,11 @@ WORKER_METRICS_BIND = envstr("WORKER_METRICS_BIND") or "127.0.0.1"
 # (Only process_exception matters, so any place works: after clickjacking, leaving axes' last.)
 MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.clickjacking.XFrameOptionsMiddleware") + 1,
                   "outlier_admin.observability.outage.DatabaseOutageMiddleware")
-# Threshold preview bounds (api.preview): over one, the preview is a 400 naming it.
+# Threshold preview bounds (history.preview): over one, the preview is a 400 naming it.
 PREVIEW_MAX_WINDOW_S = envint("PREVIEW_MAX_WINDOW_S", 3600, minimum=60)
 PREVIEW_MAX_NODES = envint("PREVIEW_MAX_NODES", 1000, minimum=1)
 PREVIEW_MAX_ROWS = envint("PREVIEW_MAX_ROWS", 400_000, minimum=1)  # all the reads of one preview together
-# How often (api.preview.admit_preview): a token bucket per user (PREVIEW_BURST, one back every
+# How often (history.preview.admit_preview): a token bucket per user (PREVIEW_BURST, one back every
 # PREVIEW_REFILL_S seconds) and at most PREVIEW_MAX_CONCURRENT previews at once per web process; over
 # either, a 429 with Retry-After.
 PREVIEW_BURST = envint("PREVIEW_BURST", 3, minimum=1)

@@ -25,22 +25,26 @@ from rest_framework.response import Response
 
 from detector.signals import SIGNALS
 from detector.thresholds import Thresholds
-from outlier_admin.api import filters, queries
+from outlier_admin.api import filters
 from outlier_admin.api import serializers as s
 from outlier_admin.api.errors import PROBLEM_CONTENT_TYPE, problem_response
 from outlier_admin.api.inputs import PARSERS, Pagination
 from outlier_admin.api.permissions import CanRead, capability_permission
-from outlier_admin.api.preview import (
-    PreviewThrottled,
-    may_preview,
-    preview_roles,
-    preview_thresholds,
-)
 from outlier_admin.api.renderers import FastJSONRenderer
-from outlier_admin.api.timeline import MAX_POINTS, RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.control import actions
-from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
+from outlier_admin.control.models import (
+    AuditEvent,
+    CanaryProbe,
+    Incident,
+    Override,
+    QuarantineProposal,
+    Transition,
+)
 from outlier_admin.fleet.models import ApiToken, ModelGroup, Node
+from outlier_admin.fleet.roles import may_preview, preview_roles
+from outlier_admin.history import queries
+from outlier_admin.history.preview import PreviewThrottled, preview_thresholds
+from outlier_admin.history.timeline import MAX_POINTS, RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.ingest.models import GpuReading
 
 CanTune = capability_permission("tune")
@@ -60,7 +64,7 @@ class PreviewUnavailable(APIException):
 
 
 class CanPreview(CanRead):
-    """The threshold preview: roles of :func:`outlier_admin.api.preview.may_preview` (operator, oncall).
+    """The threshold preview: roles of :func:`outlier_admin.history.preview.may_preview` (operator, oncall).
     It reads and replays a whole group's history, so not every reader may start one."""
 
     def has_permission(self, request: Any, view: Any) -> bool:
@@ -205,7 +209,7 @@ class GroupViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     def threshold_preview(self, request: Request, slug: str | None = None) -> Response:
         """Replay recorded history under the proposed values (changes nothing; role ``operator`` or
         ``oncall``). Bounded: over ``PREVIEW_MAX_WINDOW_S``, ``PREVIEW_MAX_NODES`` or ``PREVIEW_MAX_ROWS``
-        it is a 400 naming the bound (see :mod:`outlier_admin.api.preview`). Rate-limited per user
+        it is a 400 naming the bound (see :mod:`outlier_admin.history.preview`). Rate-limited per user
         (``PREVIEW_BURST``, ``PREVIEW_REFILL_S``) and per process (``PREVIEW_MAX_CONCURRENT``): a 429
         ``throttled`` with ``Retry-After``; the input is checked first, so a bad one spends no token.
 
@@ -430,6 +434,28 @@ class TransitionViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.TransitionSerializer
     filterset_class = filters.TransitionFilter
     ordering_fields = ["at"]
+
+
+class IncidentViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
+    """A node's episodes out of full service, newest first: one start, one deciding cause (signal, Z,
+    EMA vs peer baseline with units), the canary's probes counted beneath it, and how it ended
+    (:mod:`outlier_admin.control.incidents`)."""
+
+    queryset = Incident.objects.select_related("node", "group")
+    serializer_class = s.IncidentSerializer
+    filterset_class = filters.IncidentFilter
+    ordering_fields = ["started_at", "ended_at"]
+
+    @extend_schema(responses={(200, "text/csv"): OpenApiTypes.STR})
+    @action(detail=False, methods=["get"])
+    def export(self, request: Request) -> HttpResponse:
+        """The incidents under the same filters as CSV, newest first (the audit log's CSV writer:
+        :func:`outlier_admin.dashboard.export.csv_response`)."""
+        from outlier_admin.dashboard.export import INCIDENT_COLUMNS, csv_response, incident_rows
+
+        stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+        return csv_response(f"outlier-admin-incidents-{stamp}.csv", INCIDENT_COLUMNS,
+                            incident_rows(self.filter_queryset(self.get_queryset())))
 
 
 class ProposalViewSet(ApiView, viewsets.ReadOnlyModelViewSet):

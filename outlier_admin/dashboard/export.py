@@ -1,4 +1,4 @@
-"""CSV exports of the audit log and of the transitions, for the post-incident review and the
+"""CSV exports of the audit log, the transitions and the incidents, for the post-incident review and the
 spreadsheet an SRE attaches to it. The same filters as the pages and the API (``group``, ``node`` by id
 or name, ``since``/``until``, ...: :mod:`outlier_admin.api.filters`), streamed with the standard
 library's :mod:`csv` (Django's "streaming large CSV files" recipe), at most :data:`EXPORT_MAX_ROWS` rows.
@@ -64,6 +64,11 @@ TRANSITION_COLUMNS = ["at", "group", "node", "address", "from_state", "to_state"
                       "baseline", "spread", "ema", "shadow", "detail"]
 
 
+INCIDENT_COLUMNS = ["started_at", "ended_at", "group", "node", "first_state", "worst_state", "reason", "signal",
+                    "unit", "z", "ema", "baseline", "cause", "quarantined_at", "probes_failed",
+                    "restore_steps_failed", "outcome"]
+
+
 def audit_rows(qs: Any) -> Iterator[list[Any]]:
     for e in qs.select_related("group", "node").order_by("-at", "-pk")[:EXPORT_MAX_ROWS].iterator(chunk_size=2000):
         yield [e.at, e.actor, e.action, e.group.name if e.group else None, e.node.name if e.node else None,
@@ -74,3 +79,13 @@ def transition_rows(qs: Any) -> Iterator[list[Any]]:
     for t in qs.select_related("group", "node").order_by("-at", "-pk")[:EXPORT_MAX_ROWS].iterator(chunk_size=2000):
         yield [t.at, t.group.name, t.node.name, t.node.address, t.from_state, t.to_state, t.reason, t.signal, t.z,
                t.baseline, t.spread, t.ema, t.shadow, (t.explanation or {}).get("detail", "")]
+
+
+def incident_rows(qs: Any) -> Iterator[list[Any]]:
+    from outlier_admin.control.incidents import cause_text
+
+    for i in qs.select_related("group", "node").order_by("-started_at", "-pk")[:EXPORT_MAX_ROWS].iterator(
+            chunk_size=2000):
+        yield [i.started_at, i.ended_at, i.group.name, i.node.name, i.first_state, i.worst_state, i.reason, i.signal,
+               i.unit, i.z, i.ema, i.baseline, cause_text(i), i.quarantined_at, i.probes_failed,
+               i.restore_steps_failed, i.outcome or "open"]

@@ -26,6 +26,7 @@ from outlier_admin.control.actions.core import (
     _save_changes,
     audit,
 )
+from outlier_admin.control.incidents import close_retired
 from outlier_admin.control.models import AuditEvent
 from outlier_admin.fleet.models import ModelGroup, Node, RegisteredVia
 
@@ -135,13 +136,15 @@ def _room_locked(group: ModelGroup) -> int:
 
 def do_retire_node(node: Node, *, actor: Actor, reason: str) -> Node:
     """Take ``node`` out of the group for good (removed from the detector and the weights document
-    at the next tick; its history stays)."""
+    at the next tick; its history stays; its open incident ends as ``retired``)."""
     reason = _reason(reason)
     with transaction.atomic():
         if not Node.objects.filter(pk=node.pk, retired=False).update(retired=True):
             raise ActionError(f"node {node.name} is already retired")
+        ended = close_retired(node)  # its open incident ends with it, with this audit event
         audit("node.retire", actor, node=node, reason=reason,
-              detail={"address": node.address, "state": node.state, "weight": node.weight})
+              detail={"address": node.address, "state": node.state, "weight": node.weight,
+                      **({"incident": ended.pk} if ended else {})})
     node.refresh_from_db()
     return node
 
