@@ -73,7 +73,7 @@ from agent.client import (
 from agent.worker_set import worker_address
 from contract.names import GROUP_NAME_RE
 
-log = logging.getLogger("outlier_admin.agent.litellm")
+log = logging.getLogger("agent.litellm")
 
 DEFAULT_POLL_INTERVAL_S = 1.0
 #: Seconds a Redis connect or read may take (the watcher's; a group's first request waits for one).
