@@ -510,3 +510,40 @@ def rejected_input(request: HttpRequest) -> HttpResponse:
 #: The rejected-input page's count windows, in hours (the API takes any ``since`` up to 30 days).
 REJECTED_WINDOWS = ("1", "24", "168", "720")
 
+
+
+def _admin(request: HttpRequest) -> HttpResponse | None:
+    """None for an active superuser; else the login redirect or the 403 page (login lockouts are an
+    administrator's to clear: a role-holder locked out must not be able to unlock the guesser)."""
+    if not request.user.is_authenticated:
+        return redirect_to_login(request.get_full_path())
+    if not (request.user.is_superuser and request.user.is_active):
+        return render(request, "dashboard/forbidden.html", {"capability": "unlock logins", "roles": ["administrator"]},
+                      status=403)
+    return None
+
+
+@require_http_methods(["GET", "POST"])
+def login_lockouts(request: HttpRequest) -> HttpResponse:
+    """The (username, address) pairs locked out of logging in, with an *Unlock* per pair (an
+    administrator's, audited: :func:`~outlier_admin.control.actions.do_unlock_login`)."""
+    from outlier_admin.fleet.login_throttle import locked_out
+
+    refused = _admin(request)
+    if refused is not None:
+        return refused
+    if request.method == "POST":
+        form = ReasonForm(request.POST)
+        username = request.POST.get("username", "")
+        if not form.is_valid():
+            messages.error(request, "A reason is required to unlock a login.")
+        else:
+            try:
+                cleared = actions.do_unlock_login(username, ip_address=request.POST.get("ip_address") or None,
+                                                  actor=request.user, reason=form.cleaned_data["reason"])
+            except actions.ActionError as exc:
+                messages.error(request, str(exc))
+            else:
+                messages.success(request, f"Unlocked {username!r}: {cleared} failures cleared.")
+        return redirect("dashboard:lockouts")
+    return render(request, "dashboard/lockouts.html", _ctx(request, lockouts=locked_out(), max_failures=settings.LOGIN_MAX_FAILURES))

@@ -95,6 +95,10 @@ INGEST_REJECTED = Counter(
     "outlier_ingest_rejected", "Rejected ingest records by source and reason code.",
     ["source", "reason"], registry=EVENTS,
 )
+INGEST_THROTTLED = Counter(
+    "outlier_ingest_throttled", "Ingest requests refused with 429 by token and limit (concurrency: requests in "
+    "progress, bytes: body bytes a second; outlier_admin.ingest.throttle).", ["token", "limit"], registry=EVENTS,
+)
 TICK_DURATION = Histogram(
     "outlier_tick_duration_seconds", "Duration of one detector tick of a group.", ["group"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=EVENTS,
