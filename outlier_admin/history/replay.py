@@ -39,7 +39,7 @@ from django.db import connection
 from detector.detectors import zscore
 from detector.detectors.verdict import PeerView
 from detector.nodes import NodeArrays
-from detector.signals import SIGNALS
+from detector.signals import QUEUE_FREE, SIGNALS
 from detector.states import BASELINE_STATES, NodeState
 from detector.thresholds import Thresholds
 from outlier_admin.control.models import GroupBaseline, NodeHistory
@@ -115,6 +115,17 @@ class Frames:
         ema[np.ix_(rows, nodes[keep])] = self.ema[np.ix_(rows, cols[keep])]
         return PeerView(z=z, ema=ema, baseline=self.baselines(k, signals), spread=dict.fromkeys(SIGNALS, math.nan),
                         peers=dict.fromkeys(SIGNALS, peers), fresh=judged.copy())
+
+
+def judged_in(group_id: int, start: object, end: object) -> tuple[str, ...]:
+    """The signals to read to judge every write of ``[start, end)`` as the detector did: the
+    queue-free ones when each write with a stored baseline had one of them (two counts on the
+    baselines' index), else every signal (a write before ``decode`` had a baseline was judged on
+    ``norm`` and ``prefill``)."""
+    stored = GroupBaseline.objects.filter(group_id=group_id, at__gte=start, at__lt=end)
+    writes = stored.values("at").distinct().count()
+    queue_free = stored.filter(signal__in=QUEUE_FREE, baseline__isnull=False).values("at").distinct().count()
+    return QUEUE_FREE if writes and writes == queue_free else SIGNALS
 
 
 def load(group_id: int, start: object, end: object, signals: Sequence[str], *, node_ids: Sequence[int] | None = None,
