@@ -7,7 +7,7 @@ cannot drift from the code: the record bounds from :func:`outlier_admin.ingest.c
 ``INGEST_*`` settings), the required fields from :data:`~contract.normalize.REQUIRED`, the
 name patterns and lengths from :mod:`contract.names`, the content types and ``Retry-After``
 from :mod:`outlier_admin.ingest.views`, the database outage's ``Retry-After`` from
-:mod:`outlier_admin.observability.outage`, and the ingest path from the URL configuration.
+:mod:`outlier_admin.outage`, and the ingest path from the URL configuration.
 """
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ def _error_schemas() -> dict[str, Any]:
 def _api_error_responses(operation: dict[str, Any]) -> dict[str, Any]:
     """The errors any DRF operation can answer besides its success: see :mod:`outlier_admin.api.errors`
     (400), the permission classes of :mod:`outlier_admin.api.permissions` (401/403), and
-    :mod:`outlier_admin.observability.outage` (503)."""
-    from outlier_admin.observability.outage import RETRY_AFTER_S
+    :mod:`outlier_admin.outage` (503)."""
+    from outlier_admin.outage import RETRY_AFTER_S
 
     params = operation.get("parameters", [])
     has_body = "requestBody" in operation

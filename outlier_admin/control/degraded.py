@@ -50,7 +50,7 @@ from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.control.models import Transition as TransitionRow
 from outlier_admin.control.rows import BASELINE_COLUMNS, HISTORY_COLUMNS, TickRows, rows_of_tick, write_rows
 from outlier_admin.fleet.models import ModelGroup, Node
-from outlier_admin.observability.outage import DB_OUTAGE_ERRORS
+from outlier_admin.outage import DB_OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ import socket
 from celery import shared_task
 from django.conf import settings
 
+from outlier_admin.control.signals import tick_done
 from outlier_admin.fleet.models import ModelGroup
 
 log = logging.getLogger(__name__)
@@ -63,9 +64,7 @@ def tick_group(group: str, queued_at: float | None = None) -> dict | None:
         scheduling.finish(r, group, started, ticked=result is not None)
     if result is None:
         return None
-    from outlier_admin.observability.hooks import observe_tick
-
-    observe_tick(result)
+    tick_done.send(sender=tick_group, result=result)
     return {"group": result.group, "samples": result.samples, "version": result.version,
             "tick_ms": round(result.tick_ms, 2)}
 
