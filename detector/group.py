@@ -467,20 +467,20 @@ class GroupDetector(NodeActions):
                                   judged=self.signals.ewma["norm"].count > t.min_samples,
                                   explain=lambda r, i: explain.detail(r, a, i, t))
         d, ej, due = out.decision, out.ejection, out.probes_due
-        weights, fallback_reason = weighing.with_fallback(a, t, d.weight_score, self.signals.ewma["norm"].mean)
+        weights, fallback_reason = weighing.with_fallback(a, t, d.weight_z, self.signals.ewma["norm"].mean)
         counts = {s: e.count for s, e in self.signals.ewma.items()}
         records = self._pending + explain.transitions(moves.taken, a, t, now, view, d, counts, weights)
         self._pending = []
         return Evaluation(
             at=now, nodes=self.nodes, states=a.state.copy(), weights=weights, base_weights=a.base.copy(),
-            z=d.score, z_by_signal=dict(zip(SIGNALS, view.z, strict=True)),
+            z=d.cut_z, z_by_signal=dict(zip(SIGNALS, view.z, strict=True)),
             ema=dict(zip(SIGNALS, view.ema, strict=True)), baseline=view.baseline, spread=view.spread,
             p50=a.p50.copy(), p99=a.p99.copy(), counts=counts["norm"].copy(), transitions=records,
             safeguard=ej.safeguard_reason is not None, safeguard_reason=ej.safeguard_reason,
             fallback=fallback_reason is not None, fallback_reason=fallback_reason,
             probes_due=[a.ids[i] for i in np.flatnonzero(due)], peers=view.peers, evidence=out.evidence,
             decision_signal=d.name, verdicts={v.reason.value: v.eject.copy() for v in out.verdicts},
-            deciding=d.which.copy(), cap=out.safeguard,
+            deciding=d.cut_which.copy(), cap=out.safeguard,
         )
 
     # ---------------------------------------------------------------------------- serialisation

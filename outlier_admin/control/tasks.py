@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 def tick_all_groups() -> int:
     """Enqueue a tick of every group that has none queued or running, most overdue first (beat,
     every ``TICK_INTERVAL_MS``). Returns how many were enqueued."""
-    from outlier_admin.control import degraded, scheduling
+    from outlier_admin.control import outage_store, scheduling
     from outlier_admin.control.redis_conn import get_redis
 
     r = get_redis()
@@ -32,10 +32,10 @@ def tick_all_groups() -> int:
     try:
         names = list(ModelGroup.objects.filter(retired=False).values_list("name", flat=True))
         complete = True
-    except degraded.DB_ERRORS as exc:
+    except outage_store.DB_ERRORS as exc:
         # PostgreSQL down: tick the groups Redis knows, so gateways keep fresh weights.
         log.warning("listing groups from Redis, PostgreSQL unreachable: %s", exc)
-        names, complete = degraded.known_groups(r), False
+        names, complete = outage_store.known_groups(r), False
     due, queued_at = scheduling.claim_due(r, names, prune=complete)
     for name in due:
         # Expiry only bounds the backlog while no worker consumes: by then a newer tick of the group

@@ -113,14 +113,14 @@ def judge(z: np.ndarray, excess: np.ndarray, signals: Sequence[str], t: Threshol
         d = zscore.decide(view, a, t, now=0.0)
         over = zscore.lines(d, t)
         level = np.where(over.over_q, OVER_QUARANTINE, np.where(over.over_d, OVER_DEGRADE,
-                                                                np.where(d.score > 0, SLOWER, AT_OR_UNDER)))
+                                                                np.where(d.cut_z > 0, SLOWER, AT_OR_UNDER)))
         # A reading the detector sets aside (prefill time under its own line: decode speaks for the
         # node) is shown with its Z, under the line, not as "no Z".
         raw, raw_which = zscore.nan_max(z)
-        aside = ~np.isfinite(d.score) & np.isfinite(raw)
-        score = np.where(aside, raw, d.score)
-        which = np.where(aside, raw_which, d.which)
-        ratio = np.where(aside, excess[np.maximum(raw_which, 0), np.arange(n)], d.excess)
+        aside = ~np.isfinite(d.cut_z) & np.isfinite(raw)
+        score = np.where(aside, raw, d.cut_z)
+        which = np.where(aside, raw_which, d.cut_which)
+        ratio = np.where(aside, excess[np.maximum(raw_which, 0), np.arange(n)], d.cut_excess)
         level = np.where(aside, np.where(raw > 0, SLOWER, AT_OR_UNDER), level)
     return score, which, ratio, level
 

@@ -282,7 +282,7 @@ class FleetCollector(Collector):
     def _weights_families(self, groups: list[str] | None) -> list[Metric]:
         """Safeguard, version and age of each group's weights document (Redis). ``groups`` None: the
         database is down, list the groups the ticks registered in Redis instead."""
-        from outlier_admin.control.degraded import known_groups
+        from outlier_admin.control.outage_store import known_groups
         from outlier_admin.control.redis_conn import get_redis, mget
 
         m_safeguard = GaugeMetricFamily("outlier_group_safeguard",
