@@ -19,19 +19,17 @@ def long_functions(paths: list[Path], limit: int) -> list[tuple[int, str]]:
     for path in paths:
         if "migrations" in path.parts:
             continue
-        tree = ast.parse(path.read_text(), str(path))
-
-        def walk(node: ast.AST, prefix: str) -> None:
+        where = path.relative_to(ROOT)
+        todo: list[tuple[ast.AST, str]] = [(ast.parse(path.read_text(), str(path)), "")]
+        while todo:
+            node, prefix = todo.pop()
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                     name = f"{prefix}{child.name}"
-                    if not isinstance(child, ast.ClassDef):
-                        lines = child.end_lineno - child.lineno + 1
-                        if lines > limit:
-                            found.append((lines, f"{path.relative_to(ROOT)}:{child.lineno} {name}"))
-                    walk(child, name + ".")
-
-        walk(tree, "")
+                    lines = child.end_lineno - child.lineno + 1
+                    if not isinstance(child, ast.ClassDef) and lines > limit:
+                        found.append((lines, f"{where}:{child.lineno} {name}"))
+                    todo.append((child, name + "."))
     return sorted(found, reverse=True)
 
 
