@@ -141,7 +141,7 @@ class GroupViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
 
     queryset = ModelGroup.objects.all()
     serializer_class = s.GroupSerializer
-    # By slug (fleet.names.group_slug): a name may hold "/" (a model id); an old name is its own slug.
+    # By slug (contract.names.group_slug): a name may hold "/" (a model id); an old name is its own slug.
     lookup_field = "slug"
     lookup_value_regex = "[-a-zA-Z0-9_]+"
     filterset_fields = ["name", "policy", "retired"]
@@ -276,7 +276,7 @@ class NodeViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.NodeSerializer
     filterset_class = filters.NodeFilter
     ordering_fields = ["name", "state", "weight", "last_seen", "latest_z", "latest_ema"]
-    lookup_value_regex = "[^/]+"  # an id, or a name (fleet.names.NODE_ID_RE: no "/"): see node_of
+    lookup_value_regex = "[^/]+"  # an id, or a name (contract.names.NODE_ID_RE: no "/"): see node_of
 
     def get_queryset(self) -> QuerySet[Node]:
         if getattr(self, "swagger_fake_view", False):  # schema generation: no request, maybe no database

@@ -31,7 +31,7 @@ proxy's address — settings refuse to start in production with ``SECURE_PROXY_S
 the peer is.
 
 PostgreSQL down: a login needs the database anyway (users and sessions live there), so the throttle
-adds no dependency: an attempt fails like any page (``observability.outage``'s 503) before anything is
+adds no dependency: an attempt fails like any page (``outlier_admin.outage``'s 503) before anything is
 counted, so retrying through the outage locks nobody out afterwards. Redis plays no part in logging in
 (the previous, hand-written throttle counted in Redis and failed open without it).
 """

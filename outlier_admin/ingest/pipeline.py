@@ -209,7 +209,7 @@ def _resolve_nodes(group_name: str, group_id: int, keys: set[str]) -> dict[str, 
         found = directory.group(group_name, fresh=True)
         known = found[1] if found else {}
     out: dict[str, tuple[str | None, str | None]] = {}
-    missing: dict[str, str] = {}  # key -> the address's one spelling (fleet.names.address_key)
+    missing: dict[str, str] = {}  # key -> the address's one spelling (contract.names.address_key)
     for key in keys:
         hit = known.get(key)
         if hit is None:

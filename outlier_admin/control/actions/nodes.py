@@ -96,7 +96,7 @@ def do_register_nodes_from_ingest(
             outcome[node_id] = "node_not_allowed"
             continue
         # One address, one node: 127.0.0.1:018950 and [::ffff:127.0.0.1]:18950 are 127.0.0.1:18950
-        # (fleet.names.address_key), and never take two of the group's MAX_NODES_PER_GROUP slots.
+        # (contract.names.address_key), and never take two of the group's MAX_NODES_PER_GROUP slots.
         wanted.setdefault(addr.hostport, []).append(node_id)
     if not wanted:
         return outcome
