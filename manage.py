@@ -1,14 +1,7 @@
 #!/usr/bin/env python
-import os
-import sys
-
-
-def main() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "outlier_admin.settings")
-    from django.core.management import execute_from_command_line
-
-    execute_from_command_line(sys.argv)
-
+"""The project's management commands (``python manage.py migrate``); the installed ``outlier-admin``
+runs the same function (:func:`outlier_admin.cli.main`)."""
+from outlier_admin.cli import main
 
 if __name__ == "__main__":
     main()

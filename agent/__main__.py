@@ -17,14 +17,22 @@ from collections.abc import Sequence
 
 import redis
 
+from agent.adminapi import check_base_url
 from agent.base import Applier, ApplyError
+from agent.caddy import DEFAULT_FULL_WEIGHT, CaddyApplier
 from agent.client import CHANNEL, KEY_PREFIX, GatewayClient
 from agent.core import Agent
 from agent.envoy import EnvoyApplier
 from agent.haproxy import HAProxyApplier
 from agent.metrics import start_metrics_server
 from agent.nginx import NginxApplier, check_directive, upstream_name_for
+from agent.smg import SmgApplier
+from agent.traefik import TraefikApplier
+from agent.vllm_router import VllmRouterApplier
 from contract.topology import RedisURLError
+
+#: The gateways ``--gateway`` drives (docs/gateways.md has a configuration for each).
+GATEWAYS = ("haproxy", "nginx", "envoy", "traefik", "caddy", "smg", "vllm-router")
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -34,7 +42,7 @@ def _env(name: str, default: str | None = None) -> str | None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m agent", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gateway", choices=["haproxy", "nginx", "envoy"], default=_env("gateway"),
+    p.add_argument("--gateway", choices=GATEWAYS, default=_env("gateway"),
                    help="which local gateway to drive")
     p.add_argument("--group", default=_env("group"), help="model group whose weights to apply")
     p.add_argument("--redis-url", default=_env("redis_url", os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")))
@@ -73,6 +81,33 @@ def build_parser() -> argparse.ArgumentParser:
     e = p.add_argument_group("Envoy")
     e.add_argument("--envoy-eds-path", default=_env("envoy_eds_path"), help="EDS file the cluster watches")
     e.add_argument("--envoy-cluster", default=_env("envoy_cluster"), help="cluster_name (default: the group)")
+    e.add_argument("--envoy-admin-url", default=_env("envoy_admin_url"),
+                   help="Envoy's admin interface (http://127.0.0.1:9901): confirm every apply on /clusters")
+    t = p.add_argument_group("Traefik")
+    t.add_argument("--traefik-file", default=_env("traefik_file"),
+                   help="the agent's file in the file provider's directory (JSON in a .yaml file)")
+    t.add_argument("--traefik-service", default=_env("traefik_service"), help="service name (default: the group)")
+    t.add_argument("--traefik-api-url", default=_env("traefik_api_url"),
+                   help="Traefik's API (http://127.0.0.1:8080): confirm every apply on /api/http/services")
+    c = p.add_argument_group("Caddy")
+    c.add_argument("--caddy-admin-url", default=_env("caddy_admin_url", "http://127.0.0.1:2019"),
+                   help="Caddy's admin endpoint (default http://127.0.0.1:2019)")
+    c.add_argument("--caddy-handler-id", default=_env("caddy_handler_id"),
+                   help="the '@id' of the group's reverse_proxy handler")
+    c.add_argument("--caddy-full-weight", type=int, default=int(_env("caddy_full_weight", str(DEFAULT_FULL_WEIGHT))),
+                   help="weighted_round_robin weight of a node at its base weight (1..100, default 10)")
+    r = p.add_argument_group("SGLang Model Gateway (smg) and vLLM router (vllm-router): their worker API")
+    r.add_argument("--router-url", default=_env("router_url"),
+                   help="the router's base URL, e.g. http://127.0.0.1:30000 (its admin routes)")
+    r.add_argument("--router-workers", nargs="*", default=None, metavar="URL",
+                   help="worker URLs the agent may register again after a removal: the router's --worker-urls "
+                        "(env OUTLIER_AGENT_ROUTER_WORKERS, space-separated). A document node outside these "
+                        "and the router's own list is skipped")
+    r.add_argument("--router-api-key", default=_env("router_api_key"),
+                   help="bearer token for the router's admin routes (its --api-key), if it has one")
+    r.add_argument("--router-remove-below", type=float, default=float(_env("router_remove_below", "0")),
+                   help="also remove a node whose weight is below this fraction of its base weight (0..1; "
+                        "default 0: only quarantined nodes are removed; these routers have no weights)")
     return p
 
 
@@ -105,8 +140,50 @@ def build_applier(args: argparse.Namespace) -> Applier:
     if args.gateway == "envoy":
         if not args.envoy_eds_path:
             raise SystemExit("--envoy-eds-path is required for --gateway envoy")
-        return EnvoyApplier(args.envoy_eds_path, args.envoy_cluster or args.group)
-    raise SystemExit("--gateway is required (haproxy, nginx or envoy)")
+        return EnvoyApplier(args.envoy_eds_path, args.envoy_cluster or args.group,
+                            admin_url=_checked_url(args.envoy_admin_url, "--envoy-admin-url"))
+    if args.gateway == "traefik":
+        if not args.traefik_file:
+            raise SystemExit("--traefik-file is required for --gateway traefik (the agent's file in the "
+                             "file provider's directory; docs/gateways.md)")
+        try:
+            return TraefikApplier(args.traefik_file, args.traefik_service or args.group,
+                                  api_url=_checked_url(args.traefik_api_url, "--traefik-api-url"))
+        except ValueError as exc:
+            raise SystemExit(f"--traefik-file: {exc}") from None
+    if args.gateway == "caddy":
+        if not args.caddy_handler_id:
+            raise SystemExit("--caddy-handler-id is required for --gateway caddy (the '@id' of the group's "
+                             "reverse_proxy handler; docs/gateways.md)")
+        try:
+            return CaddyApplier(_checked_url(args.caddy_admin_url, "--caddy-admin-url") or "", args.caddy_handler_id,
+                                full_weight=args.caddy_full_weight)
+        except ValueError as exc:
+            raise SystemExit(f"--gateway caddy: {exc}") from None
+    if args.gateway in ("smg", "vllm-router"):
+        router_url = _checked_url(args.router_url, "--router-url")
+        if not router_url:
+            raise SystemExit(f"--router-url is required for --gateway {args.gateway} (docs/gateways.md)")
+        workers = args.router_workers
+        if workers is None:
+            workers = (_env("router_workers", "") or "").split()
+        cls = SmgApplier if args.gateway == "smg" else VllmRouterApplier
+        try:
+            return cls(router_url, api_key=args.router_api_key, router_workers=workers,
+                       remove_below=args.router_remove_below)
+        except ValueError as exc:
+            raise SystemExit(f"--gateway {args.gateway}: {exc}") from None
+    raise SystemExit(f"--gateway is required ({', '.join(GATEWAYS)})")
+
+
+def _checked_url(url: str | None, option: str) -> str | None:
+    """An admin/API base URL from the command line, or SystemExit saying what is wrong with it."""
+    if not url:
+        return None
+    try:
+        return check_base_url(url, option)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -40,3 +40,27 @@ class Applier(Protocol):
     def set_safeguard(self, active: bool) -> None:
         """Pass the group's safeguard flag to the gateway where it has a place for it."""
         ...
+
+
+def refuse_no_backend(routable: int, gateway: str, detail: str = "") -> None:
+    """Never leave a router with nothing to route to: a change after which no backend would take new
+    requests (every known one quarantined, or the document names none it knows and the rest are out)
+    is refused, and the router keeps its last good set. One rule for every applier that owns the
+    whole set of a router's backends' states (Envoy, Traefik, Caddy)."""
+    if routable <= 0:
+        raise ApplyError(f"refused: {gateway} would have no backend left to route to{detail}; "
+                         "the last good set stays in force")
+
+
+class NoteOnce:
+    """Passes an apply's ``note`` on once per change of it, not at every resync (the agent logs each
+    note it gets as a warning)."""
+
+    def __init__(self) -> None:
+        self.last = ""
+
+    def __call__(self, result: ApplyResult) -> ApplyResult:
+        previous, self.last = self.last, result.note
+        if result.note == previous:
+            result.note = ""
+        return result

@@ -280,35 +280,51 @@ class GatewayClient:
         *,
         reconnect_backoff_s: float = 1.0,
         resync_interval_s: float | None = None,
+        retry_backoff_s: float = 1.0,
+        max_retry_backoff_s: float = 10.0,
     ) -> None:
         """Subscribe + poll until ``stop`` is set; call ``on_update`` whenever the effective weights
         change (new version, new content, or the live -> fail-open transition), and at least every
         ``resync_interval_s`` if given.
 
         ``on_update`` runs in this thread. If it raises, the update counts as not delivered and is
-        offered again on the next loop turn (about once a second); the loop itself never dies.
+        offered again with exponential backoff: ``retry_backoff_s`` after the first failure, doubling
+        up to ``max_retry_backoff_s`` while the same content keeps failing (a gateway that is down is
+        not hammered, nor its logs flooded, by every heartbeat version), at once when the content
+        changes (a new decision may be one the gateway takes); the loop itself never dies.
         """
         last_key: tuple[Any, ...] | None = None
         last_version: int | None = None
         last_delivery = -math.inf
+        failures = 0
+        failed_key: tuple[Any, ...] | None = None
+        retry_at = -math.inf
         pubsub = None
         next_poll = 0.0
 
         def deliver() -> None:
-            nonlocal last_key, last_version, last_delivery
+            nonlocal last_key, last_version, last_delivery, failures, failed_key, retry_at
             eff = self.effective()
             if eff is None:
                 return
             due = resync_interval_s is not None and self.clock() - last_delivery >= resync_interval_s
             if eff.key() == last_key and eff.version == last_version and not due:
                 return
+            if failures and eff.key() == failed_key and self.clock() < retry_at:
+                return  # backing off: this content failed moments ago
             try:
                 on_update(eff)
             except Exception as exc:  # an applier failure must not kill the watcher
-                log.warning("weights update for group %s not applied (will retry): %s", self.group, exc)
+                failures += 1
+                failed_key = eff.key()
+                delay = min(max_retry_backoff_s, retry_backoff_s * 2 ** (failures - 1))
+                retry_at = self.clock() + delay
+                log.warning("weights update for group %s not applied (failure %d; retry in %.1f s): %s",
+                            self.group, failures, delay, exc)
                 log.debug("update handler traceback", exc_info=True)
-                last_key = None  # force a retry on the next turn
+                last_key = None  # force a retry
                 return
+            failures = 0
             last_key, last_version, last_delivery = eff.key(), eff.version, self.clock()
 
         while not stop.is_set():

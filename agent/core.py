@@ -4,8 +4,9 @@ Per update it applies, logs every change, passes the safeguard flag on, keeps co
 ``outlier_agent_*`` metrics, (optionally) writes a status file for local admission control, and
 reports the version it applied back to the control plane (``GatewayClient.report_applied``: the
 first screen shows, per group, what the gateways really run). An
-apply error is counted, logged, and retried on the next loop turn (at most about once a second);
-the gateway keeps its previous configuration meanwhile. Every ``resync_interval_s`` the current
+apply error is counted, logged, and retried with backoff (1 s doubling to 10 s while the same weights
+keep failing; at once for new weights: ``GatewayClient.run``); the gateway keeps its previous
+configuration meanwhile. Every ``resync_interval_s`` the current
 weights are applied again even if nothing changed: appliers only send differences, so this is cheap
 and repairs a gateway that was restarted or edited by hand.
 """

@@ -7,9 +7,11 @@
 
 Per scenario and faulty node: the median cut and quarantine delay over the seeds **with how many runs
 made it** (a median over the runs that detected is not comparable with one over all of them: one run
-in three quarantining at 1.8 s reads "1.8 s" in the suite's table), the median delay over the oracle
-bound, and the false cuts and quarantines per 1,000 healthy node-hours; then precision and recall of
-cuts over the whole suite. The JSON holds the same figures.
+in three quarantining at 1.8 s reads "1.8 s" in the suite's table), the median detector's share (first
+evidence -> cut, :mod:`sim.evidence`), and the false cuts and quarantines per 1,000 healthy
+node-hours; then detection per incident over the whole suite (:func:`sim.runner.detection_quality`).
+The JSON holds the same figures. A suite folder from before issue 34 has neither the detector's share
+nor per-incident counts: those cells read "–".
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ def scenario_figures(report: dict[str, Any], policy: str = POLICY) -> dict[str, 
         for f in run.get("faults", []):
             node = f["node"]
             key = f"{'n' if isinstance(node, int) else ''}{node} ({f['kind']})"
-            entry = faults.setdefault(key, {"cut": [], "quarantine": [], "vs_bound": []})
+            entry = faults.setdefault(key, {"cut": [], "quarantine": [], "detector": []})
             for name, field in (("cut", "first_degrade_s"), ("quarantine", "quarantine_s"),
-                                ("vs_bound", "delay_vs_bound")):
+                                ("detector", "detector_s")):
                 if f.get(field) is not None:
                     entry[name].append(float(f[field]))
     p = report["policies"][policy]
@@ -57,8 +59,8 @@ def suite_figures(folder: Path, policy: str = POLICY) -> dict[str, Any]:
         path = folder / f"{name}.json"
         if path.exists():
             scenarios[name] = scenario_figures(json.loads(path.read_text()), policy)
-    pr = summary.get("_precision_recall", {}).get("policies", {}).get(policy)
-    return {"folder": str(folder), "scenarios": scenarios, "precision_recall": pr}
+    dq = summary.get("_detection_quality", {}).get("policies", {}).get(policy)
+    return {"folder": str(folder), "scenarios": scenarios, "detection_quality": dq}
 
 
 def _delay(d: dict[str, Any] | None, runs: int) -> str:
@@ -67,12 +69,35 @@ def _delay(d: dict[str, Any] | None, runs: int) -> str:
     return f"{d['median']}" + ("" if d["runs"] == runs else f" ({d['runs']}/{runs} runs)")
 
 
+def _ci(d: dict[str, Any] | None, key: str = "value") -> str:
+    if not d or d.get(key) is None:
+        return "–"
+    ci = d.get("ci95")
+    return f"{d[key]}" + (f" [{ci[0]}–{ci[1]}]" if ci else "")
+
+
+#: The rows of the per-incident table: label, and the cell from a policy's ``detection_quality``.
+QUALITY_ROWS = (
+    ("faults detected", lambda q: f"{q['true_positives']}/{q['faults']}"),
+    ("healthy nodes cut (false positives)", lambda q: q["false_positives"]),
+    ("precision [95 %]", lambda q: _ci(q["precision"])),
+    ("recall [95 %]", lambda q: _ci(q["recall"])),
+    ("F1", lambda q: q["f1"]),
+    ("false-cut nodes / 1,000 healthy node-h [95 %]", lambda q: _ci(q["false_cut_nodes"], "per_1000h")),
+    ("false cuts / 1,000 healthy node-h [95 %]", lambda q: _ci(q["false_cuts"], "per_1000h")),
+    ("false quarantines / 1,000 healthy node-h [95 %]", lambda q: _ci(q["false_quarantines"], "per_1000h")),
+    ("healthy node-s under base weight / 1,000 node-h", lambda q: q["below_base_node_s_per_1000h"]),
+    ("weight-s taken / 1,000 node-h", lambda q: q["weight_s_taken_per_1000h"]),
+    ("healthy node-hours", lambda q: q["healthy_node_hours"]),
+)
+
+
 def _pair(a: Any, b: Any) -> str:
     return f"{'–' if a is None else a} → {'–' if b is None else b}"
 
 
 def markdown(before: dict[str, Any], after: dict[str, Any]) -> str:
-    lines = ["| scenario | faulty node | cut s | quarantine s | delay / bound | false cuts / 1,000 node-h | "
+    lines = ["| scenario | faulty node | cut s | quarantine s | detector's share s | false cuts / 1,000 node-h | "
              "false quarantines / 1,000 node-h |", "|---|---|---|---|---|---|---|"]
     for name in sorted(set(before["scenarios"]) | set(after["scenarios"])):
         b, a = before["scenarios"].get(name), after["scenarios"].get(name)
@@ -84,17 +109,16 @@ def markdown(before: dict[str, Any], after: dict[str, Any]) -> str:
             fb, fa = b["faults"].get(key, {}), a["faults"].get(key, {})
             cells = [_pair(_delay(fb.get(m), b["runs"]), _delay(fa.get(m), a["runs"])) if key != "–" else "–"
                      for m in ("cut", "quarantine")]
-            bound = _pair((fb.get("vs_bound") or {}).get("median"), (fa.get("vs_bound") or {}).get("median")) \
+            share = _pair((fb.get("detector") or {}).get("median"), (fa.get("detector") or {}).get("median")) \
                 if key != "–" else "–"
             rates = [_pair(b[k], a[k]) for k in ("false_cuts_per_1000h", "false_quarantines_per_1000h")] \
                 if i == 0 else ["", ""]
-            lines.append(f"| {name if i == 0 else ''} | {key} | {cells[0]} | {cells[1]} | {bound} | "
+            lines.append(f"| {name if i == 0 else ''} | {key} | {cells[0]} | {cells[1]} | {share} | "
                          f"{rates[0]} | {rates[1]} |")
-    pb, pa = before.get("precision_recall") or {}, after.get("precision_recall") or {}
-    lines += ["", "| cuts over the suite | before | after |", "|---|---|---|"]
-    for k in ("true_cuts", "false_cuts", "faulty_nodes_cut", "faulty_nodes", "precision", "recall", "f1"):
-        lines.append(f"| {k} | {pb.get(k, '–')} | {pa.get(k, '–')} |")
-    lines.append("| Minder (NSDI '25), for reference | precision 0.904, F1 0.893 | |")
+    qb, qa = before.get("detection_quality") or {}, after.get("detection_quality") or {}
+    lines += ["", "| per incident over the suite | before | after |", "|---|---|---|"]
+    for label, get in QUALITY_ROWS:
+        lines.append(f"| {label} | {get(qb) if qb else '–'} | {get(qa) if qa else '–'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -233,8 +233,18 @@ def rejected_rows(source: str, hour: int) -> str:
     return f"{PREFIX}rejected-rows:{source}:{hour}"
 
 
+def ingest_inflight(token_id: int | str) -> str:
+    """The leases of an ingest token's requests in progress (``ingest.throttle``)."""
+    return f"{PREFIX}ratelimit:ingest:inflight:{token_id}"
+
+
+def ingest_bytes(token_id: int | str) -> str:
+    """The token bucket of an ingest token's body bytes (``ingest.throttle``)."""
+    return f"{PREFIX}ratelimit:ingest:bytes:{token_id}"
+
+
 def preview_ratelimit(user_id: int | str) -> str:
-    """The threshold preview's per-user rate-limit counter (``api.preview``)."""
+    """The threshold preview's per-user rate-limit counter (``history.preview``)."""
     return f"{PREFIX}ratelimit:preview:{user_id}"
 
 

@@ -33,6 +33,7 @@ Modules, one concept each (read in this order):
   both run
 - :mod:`detector.weights` — from states to weights, and what is published (the shadow policy's too)
 - :mod:`detector.explain` — the outcome of a tick and the explanation of every transition
+- :mod:`detector.canary` — the canary probe's pass limit (the rule, once)
 - :mod:`detector.operator` — canary probes and operator actions on single nodes
 - :mod:`detector.snapshot` — the exact snapshot of a group detector
 - :mod:`detector.group` — :class:`GroupDetector`, which composes the above

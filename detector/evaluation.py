@@ -2,7 +2,7 @@
 
 :func:`evaluate` is called by :meth:`detector.group.GroupDetector.evaluate` (every tick, over the
 nodes' EW statistics) and by the threshold preview's replay
-(:func:`outlier_admin.api.preview.replay`, over the figures its history rows recorded). Given every
+(:func:`outlier_admin.history.preview.replay`, over the figures its history rows recorded). Given every
 signal's peer view and the group's detectors (:class:`~detector.detectors.verdict.Detector`, in the
 ejection layer's priority order), it decides in this order:
 

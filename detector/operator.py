@@ -1,9 +1,8 @@
 """Single nodes moved between evaluations: canary probes and operator actions.
 
 A quarantined node is probed after ``canary_interval_s * 2^(ejections-1)`` (capped), then every
-``canary_interval_s``; a probe passes when its normalised latency is within ``baseline +
-canary_tolerance_sigma * sigma`` (sigma: the larger of the peer spread and the per-request spread — a
-probe is one request). ``canary_passes`` passes in a row start a stepwise restore with fresh
+``canary_interval_s``; a probe passes when its normalised latency is within the limit of
+:func:`detector.canary.probe_limit` (the rule and its reasons are stated there). ``canary_passes`` passes in a row start a stepwise restore with fresh
 statistics; a failed probe puts the node back to QUARANTINED.
 
 Operators force nodes out (FORCED_QUARANTINE) or in (FORCED_ACTIVE), optionally until a time, release
@@ -21,6 +20,7 @@ import numpy as np
 
 from detector import ejection, explain
 from detector.baseline import References
+from detector.canary import ProbeLimit, fmt, probe_limit
 from detector.detectors.tail import TailDetector
 from detector.nodes import NodeArrays
 from detector.samples import SampleBatch
@@ -46,19 +46,11 @@ class NodeActions:
         return self.a.position(node)
 
     # ------------------------------------------------------------------------------ canary probes
-    def probe_threshold(self) -> float:
-        """The largest normalised probe latency that passes: ``baseline + tolerance * sigma``. A probe
-        is one request, so ``sigma`` is the larger of the peers' spread and the per-request spread of
-        healthy peers: judging a single request against the spread of *averages* fails a healthy node
-        a third of the time."""
-        t = self.thresholds
+    def probe_limit(self) -> ProbeLimit:
+        """The pass limit of a probe now (:func:`detector.canary.probe_limit`: the rule and its reasons),
+        from the peers' ``norm`` reference as the last evaluation left it."""
         ref = self._last.of("norm")
-        base = ref.baseline
-        spread = max(ref.spread, 0.0 if math.isnan(ref.request_sd) else ref.request_sd)
-        if not (math.isfinite(base) and math.isfinite(spread)):
-            base = 1.0 if t.normalization == "learned" else math.nan  # "as predicted" is 1.0
-            spread = t.spread_floor * base
-        return base + t.canary_tolerance_sigma * spread
+        return probe_limit(ref.baseline, ref.spread, ref.request_sd, self.thresholds)
 
     def probe_value(self, prompt_tokens: float, completion_tokens: float, ttft_ms: float | None,
                     total_ms: float | None) -> float:
@@ -83,9 +75,9 @@ class NodeActions:
         if src not in (S.PROBING, S.QUARANTINED):
             return False
         value = self.probe_value(prompt_tokens, completion_tokens, ttft_ms, total_ms) if ok else math.nan
-        limit = self.probe_threshold()
-        passed = bool(ok and math.isfinite(value) and value <= limit)
-        text = f"probe normalised latency {value:.3g} vs limit {limit:.3g}" if ok else "probe failed (error/timeout)"
+        rule = self.probe_limit()
+        passed = bool(ok and math.isfinite(value) and value <= rule.limit)
+        text = f"probe {fmt(value, rule.unit)}, {rule.words()}" if ok else "probe failed (error/timeout)"
         if passed:
             a.passes[i] += 1
             if a.passes[i] >= self.thresholds.canary_passes:

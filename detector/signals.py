@@ -84,6 +84,20 @@ from detector.samples import (
 from detector.thresholds import BATCH_EXTRAPOLATION, LATENCY_ONLY_CLIP, REFERENCE_SD, Thresholds
 
 SIGNALS: tuple[str, ...] = ("norm", "prefill", "decode", "prefill_time")
+#: Each signal in a few words, for a cause read at 3 a.m. (the unit follows from :func:`unit_of`).
+SIGNAL_NAMES: dict[str, str] = {"norm": "total latency", "prefill": "time to first token",
+                                "decode": "decode time per token", "prefill_time": "prefill time"}
+
+
+def unit_of(signal: str, normalization: str = "learned") -> str:
+    """The unit of a signal's EMA and baseline: decode is ms per output token; "learned"
+    normalisation divides latency by the group's cost model (a ratio, 1.0 = as expected), "seed" by
+    weighted tokens (ms per token)."""
+    if signal == "decode" or normalization == "seed":
+        return "ms/token"
+    return "x expected"
+
+
 #: The signals measured after the wait for a batch slot: they decide (detectors.zscore).
 QUEUE_FREE: tuple[str, ...] = ("decode", "prefill_time")
 _FITS = ("norm", "prefill", "prefill_time", "batch")

@@ -75,10 +75,14 @@ class Safeguard:
         return self.held > 0 or (self.counted > 0 and self.full)
 #: States whose nodes form the peer baseline (when warmed up and fresh).
 BASELINE_STATES = frozenset({S.HEALTHY, S.DEGRADED})
+#: States whose latency the detector judges toward a cut or a quarantine: the baseline's, and a node
+#: proposed for quarantine (kept at the floor so its evidence stays current until a person decides).
+JUDGED_STATES = BASELINE_STATES | {S.PENDING_APPROVAL}
+#: States an operator set (a manual quarantine, a node forced active): the detector does not move them.
+OPERATOR_STATES = frozenset({S.FORCED_QUARANTINE, S.FORCED_ACTIVE})
 #: The canary's cycle: a quarantined node waits for its probes, is probed, and ramps back up.
 CANARY_STATES = (S.QUARANTINED, S.PROBING, S.RECOVERING)
 
-_OPERATOR = {S.FORCED_QUARANTINE, S.FORCED_ACTIVE}
 
 ALLOWED_EDGES: frozenset[tuple[NodeState, NodeState]] = frozenset(
     {
@@ -101,7 +105,7 @@ ALLOWED_EDGES: frozenset[tuple[NodeState, NodeState]] = frozenset(
         (S.FORCED_ACTIVE, S.HEALTHY),  # expiry or release
     }
     # Operators may force any node, and release any held node back to service.
-    | {(s, f) for s in S for f in _OPERATOR if s != f}
+    | {(s, f) for s in S for f in OPERATOR_STATES if s != f}
     | {(s, S.HEALTHY) for s in (S.QUARANTINED, S.PROBING, S.RECOVERING, S.FORCED_QUARANTINE, S.WARMING)}
 )
 

@@ -4,7 +4,8 @@ Used by ``tests/agent/test_e2e_*.py`` and ``python -m bench.agent``.
 Everything binds 127.0.0.1 on ephemeral ports, lives in one temp directory (config, pid, socket,
 logs), and every process is started by us and stopped by pid (``stop()``; also a context manager).
 
-* ``FakeInferenceServer``: OpenAI-compatible ``POST /v1/completions``; sleeps
+* ``FakeInferenceServer``: OpenAI-compatible ``POST /v1/completions`` and ``/v1/chat/completions``
+  (plus the health and model-info routes LLM routers probe, ``_INFO_ROUTES``); sleeps
   ``base_delay_s * slowdown`` per request, answers with ``usage`` token counts and the header
   ``X-Served-By: <name>`` so a client can count each server's share.
 * ``HAProxyProcess``: ``balance roundrobin`` backend over the servers, runtime API on a UNIX stats
@@ -106,6 +107,39 @@ class _Process:
         self.stop()
 
 
+#: The model name the fake servers serve (``/v1/models``) and answer with.
+FAKE_MODEL = "fake"
+
+#: Routes a router probes before (and while) it routes to a worker: health checks
+#: (``/health``, ``/health_generate``) and the engine/model discovery of SGLang Model Gateway and
+#: vLLM router (``/v1/models``, ``/get_model_info``, ``/get_server_info``, ``/server_info``,
+#: ``/version``). Answered at once, not counted as completions.
+_INFO_ROUTES = frozenset({"/health", "/health_generate", "/v1/models", "/get_model_info", "/get_server_info",
+                          "/server_info", "/version"})
+
+
+def _info_body(route: str, name: str) -> dict[str, Any]:
+    if route == "/v1/models":
+        return {"object": "list", "data": [{"id": FAKE_MODEL, "object": "model", "created": 0,
+                                            "owned_by": "outlier-admin-harness", "root": FAKE_MODEL,
+                                            "max_model_len": 4096}]}
+    if route == "/get_model_info":
+        return {"model_path": FAKE_MODEL, "tokenizer_path": None, "is_generation": True}
+    if route in ("/get_server_info", "/server_info"):
+        return {"model_path": FAKE_MODEL, "served_model_name": FAKE_MODEL, "name": name}
+    if route == "/version":
+        return {"version": "0.0.0-fake"}
+    return {"status": "ok"}
+
+
+def _chat_prompt(payload: dict[str, Any]) -> str:
+    """The text of a chat request's messages (the fake's prompt size is its word count)."""
+    messages = payload.get("messages")
+    if not isinstance(messages, list):
+        return ""
+    return " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+
+
 class FakeInferenceServer:
     """A tiny OpenAI-compatible completion server (see module docstring).
 
@@ -147,6 +181,7 @@ class FakeInferenceServer:
                 if self.path.startswith("/admin/"):
                     self._admin(raw)
                     return
+                payload: Any = None
                 try:
                     payload = json.loads(raw)
                     prompt = str(payload.get("prompt", ""))
@@ -157,7 +192,13 @@ class FakeInferenceServer:
                     outer.paths[self.path] += 1
                     # Canary probes come straight from the control plane (httpx), traffic via the gateway.
                     outer.user_agents[(self.headers.get("User-Agent") or "-").split("/")[0]] += 1
-                if self.path != "/v1/completions":
+                route = self.path.split("?", 1)[0]
+                if route in _INFO_ROUTES:
+                    self._info(route)
+                    return
+                if route == "/v1/chat/completions":
+                    prompt = _chat_prompt(payload if isinstance(payload, dict) else {})
+                elif route != "/v1/completions":
                     self.send_error(404)
                     return
                 prompt_tokens = max(1, len(prompt.split()))
@@ -176,13 +217,22 @@ class FakeInferenceServer:
                 with outer._lock:
                     outer.requests += 1
                     n = outer.requests
-                body = json.dumps({
-                    "id": f"cmpl-{outer.name}-{n}", "object": "text_completion",
-                    "created": int(time.time()), "model": "fake",
-                    "choices": [{"index": 0, "text": " ok" * completion_tokens, "finish_reason": "length"}],
-                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                              "total_tokens": prompt_tokens + completion_tokens},
-                }).encode()
+                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                         "total_tokens": prompt_tokens + completion_tokens}
+                if route == "/v1/chat/completions":
+                    answer: dict[str, Any] = {
+                        "id": f"chatcmpl-{outer.name}-{n}", "object": "chat.completion",
+                        "created": int(time.time()), "model": FAKE_MODEL,
+                        "choices": [{"index": 0, "finish_reason": "length",
+                                     "message": {"role": "assistant", "content": " ok" * completion_tokens}}],
+                        "usage": usage}
+                else:
+                    answer = {
+                        "id": f"cmpl-{outer.name}-{n}", "object": "text_completion",
+                        "created": int(time.time()), "model": FAKE_MODEL,
+                        "choices": [{"index": 0, "text": " ok" * completion_tokens, "finish_reason": "length"}],
+                        "usage": usage}
+                body = json.dumps(answer).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -196,6 +246,15 @@ class FakeInferenceServer:
                 self.wfile.write(body)
 
             do_GET = do_POST
+
+            def _info(self, route: str) -> None:
+                """What a router asks a worker before it routes to it (health, model, server info)."""
+                body = json.dumps(_info_body(route, outer.name)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             def _admin(self, raw: bytes) -> None:
                 """Test control: ``POST /admin/slowdown {"slowdown": x}``, ``GET /admin/stats``."""
@@ -222,7 +281,10 @@ class FakeInferenceServer:
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.address = f"127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"fake-{name}", daemon=True)
+        # serve_forever polls for shutdown every poll_interval (0.5 s by default): stop() waited that
+        # long per server, 2 s for a test's four.
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"fake-{name}", daemon=True)
         self._thread.start()
 
     @property
@@ -668,6 +730,25 @@ def publish(redis_client: Any, doc: dict[str, Any]) -> None:
     pipe.set(keys.legacy_weights(doc["group"]), body)
     pipe.publish(keys.LEGACY_WEIGHTS_CHANNEL, json.dumps({"group": doc["group"], "version": doc["version"]}))
     pipe.execute()
+
+
+def run_agent(agent: Any, *, resync_interval_s: float = 60.0) -> tuple[threading.Event, threading.Thread]:
+    """``agent.run`` (an :class:`agent.core.Agent`) in a daemon thread; set the event to stop it."""
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,), kwargs={"resync_interval_s": resync_interval_s},
+                              daemon=True)
+    thread.start()
+    return stop, thread
+
+
+def wait_version(agent: Any, version: int, timeout: float = 5.0) -> None:
+    """Block until ``agent`` has applied ``version`` without error (AssertionError after ``timeout``)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if agent.state.version == version and agent.state.last_error == "":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"agent did not apply version {version}: {agent.state}")
 
 
 def make_workdir(prefix: str = "oa-gw-") -> Path:

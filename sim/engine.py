@@ -132,7 +132,7 @@ class StateLog:
     changes: dict[tuple[int, int], list[tuple[float, float, bool]]] = field(default_factory=dict)
     series: dict[tuple[int, int], list[tuple[float, float, float]]] = field(default_factory=dict)
     # Every step-engine node's streamed progress per scrape period, in scenarios with a faulty node,
-    # whatever the policy reads (the report's oracle bound, :func:`sim.report.bound_samples`): per group
+    # whatever the policy reads (the report's first evidence, :func:`sim.report.policy_report`): per group
     # ``(t, tokens, inter-token seconds, running, prompt tokens, kv usage)``, each a list over the
     # group's nodes in order (what a scrape of their /metrics shows).
     rows: dict[int, list[tuple[float, list[float], list[float], list[float], list[float], list[float]]]] = \

@@ -43,8 +43,7 @@ median of it; for a line without one (one output token, no TTFT, an error or a t
 ``T_norm`` over the group's median ``T_norm``. Both medians are taken over every analysed node's
 window at the 30 s analysis.
 
-:data:`POLICY_INPUTS` names what each policy reads (the report prints it); :data:`ORACLE_STREAMS` the
-per-sample signals of those inputs that the report's oracle lower bound reads (:mod:`sim.oracle`).
+:data:`POLICY_INPUTS` names what each policy reads (the report prints it).
 """
 
 from __future__ import annotations
@@ -438,22 +437,6 @@ POLICY_INPUTS = {
                "histograms, running and waiting requests, KV-cache usage); canary probes",
     "default_lc": "as default (weighted least connections at the gateway)",
 }
-#: The per-sample signals of those inputs that the report's oracle bound reads
-#: (:func:`sim.report.bound_samples`): ``log_total``, ``t_norm``, ``decode``, ``prefill`` and
-#: ``failed`` per access-log line, ``itl_row`` per node and tick of streamed progress. Open connections
-#: and probes are not modelled: a policy that detects on them may beat the bound, and the report says so.
-ORACLE_STREAMS: dict[str, tuple[str, ...]] = {
-    "round_robin": (),
-    "least_conn": (),
-    "p2c_ewma": ("log_total",),
-    "envoy_errors": ("failed",),
-    "seed_zscore": ("t_norm",),
-    "seed_p99p50": ("log_total",),
-    "seed_p99p50_norm": ("decode", "t_norm"),
-    "default_logs": ("decode", "prefill", "t_norm", "failed"),
-    "default": ("itl_row", "decode", "prefill", "t_norm", "failed"),
-    "default_lc": ("itl_row", "decode", "prefill", "t_norm", "failed"),
-}
 ALL_POLICIES = (*BASELINE_POLICIES, "default_logs", "default")
 #: Run only when named (``--policies``): ``default_lc`` is ``default`` behind a gateway that balances
 #: by weighted least connections instead of weighted round robin (the same detector and weights).
@@ -473,5 +456,5 @@ def policy_factory(name: str, options: dict | None = None):
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(KNOWN_POLICIES)})")
 
 
-__all__ = ["ALL_POLICIES", "KNOWN_POLICIES", "OPTIONAL_POLICIES", "ORACLE_STREAMS", "POLICY_INPUTS", "STATUS_OK",
+__all__ = ["ALL_POLICIES", "KNOWN_POLICIES", "OPTIONAL_POLICIES", "POLICY_INPUTS", "STATUS_OK",
            "policy_factory"]

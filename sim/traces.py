@@ -5,7 +5,6 @@
 - Splitwise's measured iteration latencies (``splitwise_sim_perf_model.csv``): decode time per token as
   a function of batch size, the shape of the healthy cost model under load.
 - Azure VM noise 2024 (TUNA): per-VM latency offsets of identical VMs, the real healthy peer spread.
-- The CUSUM table (``cusum_gaussian_shift_bounds.csv``), used by tests to check :mod:`sim.cusum`.
 
 Every loader is cached: a suite run parses each file once.
 """
@@ -147,9 +146,3 @@ def vm_noise_spread() -> dict[str, float]:
     for k, v in vm_noise_offsets().items():
         out[k] = robust_sd(v)
     return out
-
-
-def load_cusum_table() -> list[dict[str, float]]:
-    """Rows of ``cusum_gaussian_shift_bounds.csv`` as floats."""
-    with (traces_dir() / "cusum_gaussian_shift_bounds.csv").open(newline="") as fh:
-        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(fh)]

@@ -42,7 +42,7 @@ def redis_client(settings):
 
 @pytest.fixture(autouse=True)
 def _fresh_preview_buckets(settings):
-    """Every test starts with full threshold-preview token buckets (api.preview.admit_preview): user ids
+    """Every test starts with full threshold-preview token buckets (history.preview.admit_preview): user ids
     repeat between runs of the suite, and a bucket outlives its test by up to a minute."""
     import redis
 

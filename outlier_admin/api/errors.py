@@ -23,7 +23,7 @@ and the API's 404 for unknown paths (:func:`outlier_admin.api.views.api_not_foun
 
 What becomes what: a refused action (:class:`~outlier_admin.control.actions.ActionError`) is a 400
 ``refused``; an invalid threshold (:class:`~detector.thresholds.ThresholdError`) a 400 ``invalid``
-on its field; a preview over a bound (:class:`~outlier_admin.api.preview.PreviewTooLarge`) a 400
+on its field; a preview over a bound (:class:`~outlier_admin.history.preview.PreviewTooLarge`) a 400
 ``too_large`` on the input at fault; a body over Django's upload limits a 413 ``too_large``. A
 database outage is left to :class:`~outlier_admin.outage.DatabaseOutageMiddleware`
 (503, this shape), not made a 500 here.
@@ -74,8 +74,8 @@ class ProblemHandler(ExceptionHandler):
 
     def convert_known_exceptions(self, exc: Exception) -> Exception:
         from detector.thresholds import ThresholdError
-        from outlier_admin.api.preview import PreviewTooLarge
         from outlier_admin.control.actions import ActionError
+        from outlier_admin.history.preview import PreviewTooLarge
 
         if isinstance(exc, ThresholdError):
             return exceptions.ValidationError({exc.field: [ErrorDetail(exc.message, code="invalid")]})

@@ -16,7 +16,15 @@ from rest_framework.exceptions import ErrorDetail, ValidationError
 from rest_framework.settings import api_settings
 
 from detector.signals import SIGNALS
-from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
+from outlier_admin.control.models import (
+    AuditEvent,
+    CanaryProbe,
+    Incident,
+    IncidentOutcome,
+    Override,
+    QuarantineProposal,
+    Transition,
+)
 from outlier_admin.fleet.models import Node
 from outlier_admin.ingest.models import GpuReading
 
@@ -138,6 +146,30 @@ class TransitionFilter(_TimeFilter):
         model = Transition
         form = NodeRefForm
         fields = ["group", "node", "reason", "to_state", "shadow"]
+
+
+class IncidentFilter(filters.FilterSet):
+    """Incidents by group, node, open or ended, outcome, and the time they overlap: ``since`` keeps those
+    still open at or after it, ``until`` those started before it."""
+
+    group = filters.CharFilter(field_name="group__name")
+    node = NodeRefFilter(help_text="the node's id, or its name (within ?group= when names repeat across groups)")
+    open = filters.BooleanFilter(field_name="ended_at", lookup_expr="isnull",
+                                 help_text="true: open incidents only; false: ended ones only")
+    outcome = filters.ChoiceFilter(choices=IncidentOutcome.choices)
+    since = UTCIsoDateTimeFilter(method="_since", help_text="incidents not ended before this time")
+    until = UTCIsoDateTimeFilter(field_name="started_at", lookup_expr="lt",
+                                 help_text="incidents started before this time")
+
+    class Meta:
+        model = Incident
+        form = NodeRefForm
+        fields = ["group", "node", "open", "outcome"]
+
+    def _since(self, qs: QuerySet, name: str, value: datetime) -> QuerySet:
+        from django.db.models import Q
+
+        return qs.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=value))
 
 
 class ProposalFilter(filters.FilterSet):

@@ -53,3 +53,4 @@ def capability_permission(capability: str) -> type[_Capability]:
     if capability not in CAPABILITIES:
         raise KeyError(f"unknown capability {capability!r}")
     return type(f"Can{capability.title()}", (_Capability,), {"capability": capability})
+

@@ -17,7 +17,14 @@ from rest_framework.exceptions import ErrorDetail
 from contract.names import ADDRESS_MAX, GROUP_NAME_MAX, NODE_ID_MAX, URL_MAX
 from detector.signals import SIGNALS
 from outlier_admin.control.actions import DEFAULT_SILENCE_S, MAX_SILENCE_S, REASON_MAX
-from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
+from outlier_admin.control.models import (
+    AuditEvent,
+    CanaryProbe,
+    Incident,
+    Override,
+    QuarantineProposal,
+    Transition,
+)
 from outlier_admin.fleet.models import ModelGroup, Node, Policy, ThresholdChange
 from outlier_admin.ingest.models import GpuReading
 
@@ -66,7 +73,7 @@ class GroupSerializer(serializers.ModelSerializer):
 
 
 class NodeSerializer(serializers.ModelSerializer):
-    """A node with its latest figures (:func:`outlier_admin.api.queries.with_latest_figures`): ``z`` and
+    """A node with its latest figures (:func:`outlier_admin.history.queries.with_latest_figures`): ``z`` and
     ``ema`` are on ``signal``, by default the one the detector decides on for this node, so that a
     client alerting on ``z`` sees what the detector acts on."""
 
@@ -251,7 +258,32 @@ class ProbeSerializer(serializers.ModelSerializer):
     class Meta:
         model = CanaryProbe
         fields = ["id", "node", "node_name", "at", "ok", "status", "total_ms", "ttft_ms", "prompt_tokens",
-                  "completion_tokens", "normalised_latency", "error", "passed", "applied_at"]
+                  "completion_tokens", "normalised_latency", "limit", "error", "passed", "applied_at"]
+
+
+class IncidentSerializer(serializers.ModelSerializer):
+    node = serializers.IntegerField(source="node_id")
+    node_name = serializers.CharField(source="node.name")
+    group = serializers.CharField(source="group.name")
+    open = serializers.BooleanField(source="is_open", help_text="not ended yet")
+    cause = serializers.SerializerMethodField(help_text="the deciding cause in words, with its signal and units")
+
+    class Meta:
+        model = Incident
+        fields = ["id", "group", "node", "node_name", "started_at", "ended_at", "open", "first_state", "worst_state",
+                  "reason", "signal", "unit", "z", "ema", "baseline", "cause", "detail", "quarantined_at",
+                  "probes_failed", "restore_steps_failed", "outcome", "opened_by", "closed_by"]
+        extra_kwargs = {
+            "unit": {"help_text": "the unit of `ema` and `baseline` (`ms/token`, `x expected`)"},
+            "outcome": {"help_text": "empty while open; fault_confirmed, no_fault_found (cut and restored: no fault "
+                                     "found), operator or retired once ended"},
+            "opened_by": {"help_text": "the transition that opened it (its deciding cause)"},
+        }
+
+    def get_cause(self, obj: Incident) -> str:
+        from outlier_admin.control.incidents import cause_text
+
+        return cause_text(obj)
 
 
 class GpuReadingSerializer(serializers.ModelSerializer):

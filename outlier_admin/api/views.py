@@ -23,24 +23,29 @@ from rest_framework.renderers import BrowsableAPIRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from contract.names import NODE_ID_MAX, NODE_ID_RE
 from detector.signals import SIGNALS
 from detector.thresholds import Thresholds
-from outlier_admin.api import filters, queries
+from outlier_admin.api import filters
 from outlier_admin.api import serializers as s
 from outlier_admin.api.errors import PROBLEM_CONTENT_TYPE, problem_response
 from outlier_admin.api.inputs import PARSERS, Pagination
 from outlier_admin.api.permissions import CanRead, capability_permission
-from outlier_admin.api.preview import (
-    PreviewThrottled,
-    may_preview,
-    preview_roles,
-    preview_thresholds,
-)
 from outlier_admin.api.renderers import FastJSONRenderer
-from outlier_admin.api.timeline import MAX_POINTS, RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.control import actions
-from outlier_admin.control.models import AuditEvent, CanaryProbe, Override, QuarantineProposal, Transition
+from outlier_admin.control.models import (
+    AuditEvent,
+    CanaryProbe,
+    Incident,
+    Override,
+    QuarantineProposal,
+    Transition,
+)
 from outlier_admin.fleet.models import ApiToken, ModelGroup, Node
+from outlier_admin.fleet.roles import may_preview, preview_roles
+from outlier_admin.history import queries
+from outlier_admin.history.preview import PreviewThrottled, preview_thresholds
+from outlier_admin.history.timeline import MAX_POINTS, RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.ingest.models import GpuReading
 
 CanTune = capability_permission("tune")
@@ -60,7 +65,7 @@ class PreviewUnavailable(APIException):
 
 
 class CanPreview(CanRead):
-    """The threshold preview: roles of :func:`outlier_admin.api.preview.may_preview` (operator, oncall).
+    """The threshold preview: roles of :func:`outlier_admin.history.preview.may_preview` (operator, oncall).
     It reads and replays a whole group's history, so not every reader may start one."""
 
     def has_permission(self, request: Any, view: Any) -> bool:
@@ -93,8 +98,9 @@ SIGNAL_PARAMETER = OpenApiParameter(
     "`signal` names the one shown. An unknown value: 400.")
 NODE_LOOKUP = OpenApiParameter(
     "id", OpenApiTypes.STR, OpenApiParameter.PATH,
-    description="The node's numeric id, or its name when no other group has a node of that name (a name "
-    "several groups share: 400 `ambiguous_node`; `/api/v1/groups/<group>/nodes/<name>/` is always exact).")
+    description="The node's numeric id (ASCII digits, no leading zeros: always an id, never a name; a node "
+    "name of digits is refused at registration), or its name when no other group has a node of that name (a "
+    "name several groups share: 400 `ambiguous_node`; `/api/v1/groups/<group>/nodes/<name>/` is always exact).")
 
 
 def requested_signal(request: Request | None) -> str | None:
@@ -113,10 +119,17 @@ def node_of(lookup: str, group: ModelGroup | None = None) -> Node:
     anything else a name: one node of that name in any group, else a 404; a name several groups
     share is a 400 naming them (no node is picked for the caller: an override on the wrong one would
     take a healthy node out)."""
+    if not NODE_ID_RE.fullmatch(lookup):  # no node is named so (a NUL, a space...): never a query
+        raise NotFound(f"no node {lookup[:200]!r}: a node id is a number, a name 1-{NODE_ID_MAX} of letters, "
+                       "digits and . _ : @ - [ ]")
     if group is not None:
         return get_object_or_404(Node, group=group, name=lookup)
     if lookup.isascii() and lookup.isdigit():
-        return get_object_or_404(Node, pk=lookup)
+        # Digits are an id, and only in their one spelling ("0003" is not node 3): names of digits are
+        # refused at registration (fleet.names.validate_new_node_name), so /nodes/3/ has one meaning.
+        if lookup != str(int(lookup)) or int(lookup) > 2**63 - 1:
+            raise NotFound(f"no node id {lookup[:30]!r}: an id is written without leading zeros")
+        return get_object_or_404(Node, pk=int(lookup))
     found = list(Node.objects.filter(name=lookup).select_related("group").order_by("group__name")[:10])
     if not found:
         raise NotFound(f"no node named {lookup[:200]!r} in any group")
@@ -205,7 +218,7 @@ class GroupViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     def threshold_preview(self, request: Request, slug: str | None = None) -> Response:
         """Replay recorded history under the proposed values (changes nothing; role ``operator`` or
         ``oncall``). Bounded: over ``PREVIEW_MAX_WINDOW_S``, ``PREVIEW_MAX_NODES`` or ``PREVIEW_MAX_ROWS``
-        it is a 400 naming the bound (see :mod:`outlier_admin.api.preview`). Rate-limited per user
+        it is a 400 naming the bound (see :mod:`outlier_admin.history.preview`). Rate-limited per user
         (``PREVIEW_BURST``, ``PREVIEW_REFILL_S``) and per process (``PREVIEW_MAX_CONCURRENT``): a 429
         ``throttled`` with ``Retry-After``; the input is checked first, so a bad one spends no token.
 
@@ -430,6 +443,28 @@ class TransitionViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.TransitionSerializer
     filterset_class = filters.TransitionFilter
     ordering_fields = ["at"]
+
+
+class IncidentViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
+    """A node's episodes out of full service, newest first: one start, one deciding cause (signal, Z,
+    EMA vs peer baseline with units), the canary's probes counted beneath it, and how it ended
+    (:mod:`outlier_admin.control.incidents`)."""
+
+    queryset = Incident.objects.select_related("node", "group")
+    serializer_class = s.IncidentSerializer
+    filterset_class = filters.IncidentFilter
+    ordering_fields = ["started_at", "ended_at"]
+
+    @extend_schema(responses={(200, "text/csv"): OpenApiTypes.STR})
+    @action(detail=False, methods=["get"])
+    def export(self, request: Request) -> HttpResponse:
+        """The incidents under the same filters as CSV, newest first (the audit log's CSV writer:
+        :func:`outlier_admin.api.export.csv_response`)."""
+        from outlier_admin.api.export import INCIDENT_COLUMNS, csv_response, incident_rows
+
+        stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+        return csv_response(f"outlier-admin-incidents-{stamp}.csv", INCIDENT_COLUMNS,
+                            incident_rows(self.filter_queryset(self.get_queryset())))
 
 
 class ProposalViewSet(ApiView, viewsets.ReadOnlyModelViewSet):

@@ -235,12 +235,64 @@ class CanaryProbe(models.Model):
     prompt_tokens = models.IntegerField(default=0)
     completion_tokens = models.IntegerField(default=0)
     normalised_latency = models.FloatField(null=True, help_text="latency on the scale the detector judged it (norm signal); set by the judging tick")
+    limit = models.FloatField(null=True, help_text="the pass limit it was judged against, on the same scale "
+                              "(detector.canary.probe_limit); set by the judging tick")
     error = models.TextField(blank=True, default="")
     passed = models.BooleanField(null=True)
     applied_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-at"]
+
+
+class IncidentOutcome(models.TextChoices):
+    """How an incident ended (:mod:`outlier_admin.control.incidents` defines each)."""
+
+    FAULT_CONFIRMED = "fault_confirmed", "fault confirmed"
+    NO_FAULT_FOUND = "no_fault_found", "cut and restored: no fault found"
+    OPERATOR = "operator", "returned to service by an operator"
+    RETIRED = "retired", "node retired"
+
+
+class Incident(models.Model):
+    """A node's episode out of full service: from its first cut or quarantine to the end of its
+    restore (:mod:`outlier_admin.control.incidents`: when one opens and closes, its cause, its
+    outcome). Opened and closed by the writer of the transitions, in the same statement's
+    transaction; everything that happened to the node in ``[started_at, ended_at]`` (transitions,
+    probes, overrides, proposals) is the incident's.
+
+    The deciding cause is copied from the transition that opened it: ``reason``, ``signal``, ``z``,
+    the node's ``ema`` against the peers' ``baseline`` (both in ``unit``)."""
+
+    group = models.ForeignKey(ModelGroup, on_delete=models.CASCADE, related_name="incidents")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="incidents")
+    started_at = models.DateTimeField(db_index=True)
+    ended_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    opened_by = models.ForeignKey(Transition, null=True, on_delete=models.SET_NULL, related_name="+")
+    closed_by = models.ForeignKey(Transition, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    first_state = models.CharField(max_length=32)
+    worst_state = models.CharField(max_length=32)
+    reason = models.CharField(max_length=64)
+    signal = models.CharField(max_length=16, blank=True, default="")
+    unit = models.CharField(max_length=16, blank=True, default="")
+    z = models.FloatField(null=True)
+    ema = models.FloatField(null=True)
+    baseline = models.FloatField(null=True)
+    detail = models.TextField(blank=True, default="")
+    quarantined_at = models.DateTimeField(null=True, blank=True)
+    probes_failed = models.IntegerField(default=0)
+    restore_steps_failed = models.IntegerField(default=0)
+    outcome = models.CharField(max_length=16, choices=IncidentOutcome.choices, blank=True, default="")
+
+    class Meta:
+        ordering = ["-started_at", "-pk"]
+        indexes = [models.Index(fields=["node", "-started_at"], name="incident_node_started")]
+        constraints = [models.UniqueConstraint(fields=["node"], condition=models.Q(ended_at__isnull=True),
+                                               name="one_open_incident_per_node")]
+
+    @property
+    def is_open(self) -> bool:
+        return self.ended_at is None
 
 
 class AuditLogIsAppendOnly(PermissionError):

@@ -118,10 +118,14 @@ def apply(gd: GroupDetector, group: ModelGroup, now: float) -> tuple[list, list,
     for pr in probes:
         if pr.node.name not in known:
             continue
+        # The limit before the verdict: what this probe was judged against (record_probe reads the same).
+        limit = gd.probe_limit().limit
         pr.passed = gd.record_probe(
             pr.node.name, pr.at.timestamp(), pr.prompt_tokens, pr.completion_tokens,
             pr.ttft_ms, pr.total_ms, pr.ok,
         )
+        # A confirmation probe of a degraded node is a sample, not a verdict: it has no limit.
+        pr.limit = limit if pr.passed is not None and math.isfinite(limit) else None
         # Stored on the scale the detector judged it on, beside the verdict (NULL if not computable).
         value = gd.probe_value(pr.prompt_tokens, pr.completion_tokens, pr.ttft_ms, pr.total_ms) if pr.ok else None
         pr.normalised_latency = value if value is not None and math.isfinite(value) else None

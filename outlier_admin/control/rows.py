@@ -7,6 +7,7 @@ other's private functions), and the one writer of them (:func:`write_rows`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass, field
@@ -15,11 +16,12 @@ from typing import Any
 
 import numpy as np
 import orjson
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Model
 
 from detector.signals import SIGNALS
 from detector.states import NodeState, Transition
+from outlier_admin.control import incidents
 from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.control.models import Transition as TransitionRow
 from outlier_admin.control.publish import lifted, record_version, version_update_sql
@@ -241,8 +243,9 @@ class TickRows:
 def write_rows(group: ModelGroup, version: int, rows: TickRows, **fields: Any) -> list[int]:
     """The one writer of a tick's rows, for the tick (:class:`~outlier_admin.control.sql_store.SqlStore`)
     and the outage drain (:func:`~outlier_admin.control.outage_store.drain`): insert the transitions,
-    history and baselines, update the node rows that moved, and raise the group's version with
-    ``fields`` set (:func:`~outlier_admin.control.publish.record_version`: the tick's time and
+    history and baselines, open and close the incidents the transitions begin and end
+    (:func:`outlier_admin.control.incidents.follow`), update the node rows that moved, and raise the
+    group's version with ``fields`` set (:func:`~outlier_admin.control.publish.record_version`: the tick's time and
     figures). On PostgreSQL one statement (no ``BEGIN``/``COMMIT`` needed); elsewhere (the demo's
     SQLite) through the ORM. Returns the transitions' primary keys, in order."""
     if connection.vendor != "postgresql":
@@ -272,22 +275,29 @@ def write_rows(group: ModelGroup, version: int, rows: TickRows, **fields: Any) -
         primary = group_update
         params += group_params
     sql = (f"WITH {', '.join(ctes)} " if ctes else "") + primary
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        ids = [r[0] for r in cur.fetchall()] if transitions else []
+    # With transitions, their incidents in the same transaction (a tick without any stays one statement).
+    with transaction.atomic(savepoint=False) if transitions else contextlib.nullcontext():
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
+            ids = [r[0] for r in cur.fetchall()] if transitions else []
+        for row, pk in zip(transitions, ids, strict=True):
+            row.pk = pk
+        incidents.follow(transitions)
     lifted(group, version, **fields)
     return ids
 
 
 def _write_rows_orm(group: ModelGroup, version: int, rows: TickRows, fields: dict[str, Any]) -> list[int]:
     """:func:`write_rows` through the ORM (a database other than PostgreSQL: the demo's SQLite)."""
-    transitions, history, baselines, nodes = rows.transitions, rows.history, rows.baselines, rows.nodes
-    TransitionRow.objects.bulk_create(transitions)
-    NodeHistory.objects.bulk_create([NodeHistory(**dict(zip(HISTORY_COLUMNS, h, strict=True))) for h in history],
-                                    batch_size=500)
-    GroupBaseline.objects.bulk_create([GroupBaseline(**dict(zip(BASELINE_COLUMNS, b, strict=True)))
-                                       for b in baselines])
-    Node.objects.bulk_update([Node(id=pk, state=state, weight=weight, last_seen=seen)
-                              for pk, state, weight, seen in nodes], ["state", "weight", "last_seen"], batch_size=500)
-    record_version(group, version, **fields)
-    return [t.pk for t in transitions]
+    with transaction.atomic(savepoint=False):  # the incidents with their transitions
+        transitions, history, baselines, nodes = rows.transitions, rows.history, rows.baselines, rows.nodes
+        TransitionRow.objects.bulk_create(transitions)
+        incidents.follow(transitions)
+        NodeHistory.objects.bulk_create([NodeHistory(**dict(zip(HISTORY_COLUMNS, h, strict=True))) for h in history],
+                                        batch_size=500)
+        GroupBaseline.objects.bulk_create([GroupBaseline(**dict(zip(BASELINE_COLUMNS, b, strict=True)))
+                                           for b in baselines])
+        Node.objects.bulk_update([Node(id=pk, state=state, weight=weight, last_seen=seen)
+                                  for pk, state, weight, seen in nodes], ["state", "weight", "last_seen"], batch_size=500)
+        record_version(group, version, **fields)
+        return [t.pk for t in transitions]

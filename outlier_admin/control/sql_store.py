@@ -260,7 +260,7 @@ class SqlStore:
             for pr in probes:
                 pr.applied_at = stamp
             if probes:
-                CanaryProbe.objects.bulk_update(probes, ["passed", "normalised_latency", "applied_at"])
+                CanaryProbe.objects.bulk_update(probes, ["passed", "normalised_latency", "limit", "applied_at"])
         if out.marks:
             # Stamped applied above, or by the drain if the write went to the outbox.
             clear_marks(r, group.name, out.marks)

@@ -1,4 +1,4 @@
-"""The node page's charts, built from the timeline (:mod:`outlier_admin.api.timeline`)."""
+"""The node page's charts, built from the timeline (:mod:`outlier_admin.history.timeline`)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ from datetime import datetime
 
 from django.utils.safestring import SafeString
 
+from detector.signals import unit_of
 from detector.states import NodeState as S
 from detector.thresholds import Thresholds
-from outlier_admin.api.timeline import BaselinePoint, Point
 from outlier_admin.control.models import CanaryProbe, Transition
 from outlier_admin.dashboard.heatmap import STATE_COLORS
 from outlier_admin.dashboard.svg import PALETTE, Band, Series, Threshold, time_chart
+from outlier_admin.history.timeline import BaselinePoint, Point
 
 #: Chart width in SVG units: the charts fill the page's width, and text stays ~10 px on a wide screen.
 CHART_WIDTH = 1200
@@ -50,11 +51,8 @@ def probe_z(probes: list[CanaryProbe], norm_baseline: list[BaselinePoint]) -> li
 
 
 def signal_unit(signal: str, thresholds: Thresholds) -> str:
-    """The unit of a signal's EMA: decode is ms per output token; "learned" normalisation divides
-    latency by the group's cost model (a ratio, 1.0 = as expected), "seed" by weighted tokens."""
-    if signal == "decode" or thresholds.normalization == "seed":
-        return "ms/token"
-    return "x expected"
+    """The unit of a signal's EMA (:func:`detector.signals.unit_of`) under ``thresholds``."""
+    return unit_of(signal, thresholds.normalization)
 
 
 def node_charts(

@@ -8,9 +8,9 @@ from typing import Any
 from django import forms
 
 from detector.thresholds import Thresholds
-from outlier_admin.api.preview import PREVIEW_FIELDS
 from outlier_admin.control.actions import REASON_MAX, ActionError, check_override
 from outlier_admin.fleet.models import Node, Policy
+from outlier_admin.history.preview import PREVIEW_FIELDS
 
 INTEGER_FIELDS = {"quarantine_persistence", "tail_windows"}
 

@@ -2,7 +2,10 @@
 peers as the detector judges it, with a band of each node's state.
 
 One row per node (the nodes the table puts first: problems, then the highest Z), one column per time
-bucket. A cell is the node's median reading in the bucket, read the way the detector reads it: by
+bucket; the axis spans the data (:func:`data_window`: three minutes of history fill it, an hour of it
+is the last hour in minutes). A cell is the node's median reading in the bucket, read by the read
+model (:func:`outlier_admin.history.replay.reading`, which the nodes table agrees with) the way the
+detector reads it: by
 default on the node's **deciding** signal (of the group's judged signals, the one with the larger Z,
 as :func:`detector.detectors.zscore.decide` picks it; ``?signal=`` shows one signal instead), against
 the detector's own lines (:func:`detector.detectors.zscore.lines`): over the degrade line only when
@@ -15,8 +18,8 @@ Z (quarantined, probing: no traffic). Under each row a thin band shows the node'
 one segment per run of equal states, each with its name in a tooltip, so nothing is told by colour
 alone. Server-rendered SVG, no script (CSP ``default-src 'self'``).
 
-Size: at most :data:`MAX_ROWS` x :data:`BUCKETS` cells, from two indexed queries (the rows, the
-group's stored baselines) and one vectorised decision over every history write.
+Size: at most :data:`MAX_ROWS` x :data:`BUCKETS` cells, from three indexed queries (the first write,
+the rows, the group's stored baselines) and one vectorised decision over every history write.
 """
 
 from __future__ import annotations
@@ -28,30 +31,37 @@ from datetime import datetime, timedelta
 from html import escape
 
 import numpy as np
-from django.db import connection
 from django.utils.safestring import SafeString, mark_safe
 
 from detector.detectors import zscore
-from detector.nodes import NodeArrays
 from detector.signals import SIGNALS
-from detector.states import BASELINE_STATES
 from detector.states import NodeState as S
 from detector.thresholds import Thresholds
-from outlier_admin.api.queries import attention_rank
-from outlier_admin.control.models import GroupBaseline, NodeHistory
+from outlier_admin.control.models import NodeHistory
 from outlier_admin.fleet.models import Node
+from outlier_admin.history.queries import attention_rank
+from outlier_admin.history.replay import (
+    AT_OR_UNDER,
+    OVER_DEGRADE,
+    OVER_QUARANTINE,
+    SLOWER,
+    judged_in,
+    load,
+    reading,
+)
 
 MAX_ROWS = 50
+#: At most this many time buckets (columns); the plot is :data:`PLOT_W` wide whatever their number.
 BUCKETS = 60
+PLOT_W = 960
 STATE_COLORS = {s.label: colour for s, colour in {
     S.HEALTHY: "#2e7d32", S.FORCED_ACTIVE: "#2e7d32", S.DEGRADED: "#ef8f00", S.PENDING_APPROVAL: "#b8860b",
     S.QUARANTINED: "#c62828", S.FORCED_QUARANTINE: "#8e0000", S.PROBING: "#1f5fbf", S.RECOVERING: "#64b5f6",
     S.WARMING: "#9e9e9e",
 }.items()}
-_BASELINE_LABELS = tuple(sorted(s.label for s in BASELINE_STATES))  # the states that serve at a judged weight
 NO_Z = "#d9d9d9"
-#: A reading's level against the detector's lines: its cell's class and what the legend says of it.
-AT_OR_UNDER, SLOWER, OVER_DEGRADE, OVER_QUARANTINE = 0, 1, 2, 3
+#: A reading's level against the detector's lines (:mod:`outlier_admin.history.replay`): its cell's
+#: class and what the legend says of it.
 LEVELS = {
     AT_OR_UNDER: ("z-under", "#ffffff"),
     SLOWER: ("z-slower", "#fff0a8"),  # the paler end; the fill ramps from white with Z
@@ -94,160 +104,88 @@ class Cell:
     readings: int = 0
 
 
-def judge(z: np.ndarray, excess: np.ndarray, signals: Sequence[str], t: Thresholds) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The detector's reading of stored figures: ``z`` and ``excess`` (EMA over its baseline) are
-    ``(len(SIGNALS), N)``, one column per node and history write, NaN where not recorded, filled on
-    ``signals`` only. Returns, per column, the deciding Z, the index of its signal in ``SIGNALS``
-    (-1: none), its excess and its level.
+def cells(nodes: list[Node], window: Window, thresholds: Thresholds, signal: str | None = None) -> dict[int, list[Cell]]:
+    """``{node pk: [Cell per bucket]}``: each bucket's median reading (by level, then Z) on each
+    node's deciding signal (or on ``signal``): the read model's
+    :func:`~outlier_admin.history.replay.reading`, the same Z the nodes table shows for the same
+    history write; and its most urgent state (:func:`~outlier_admin.history.queries.attention_rank`);
+    ``Cell(None, None)`` for a bucket without history.
 
-    The decision is :func:`~detector.detectors.zscore.decide` and the lines
-    :func:`~detector.detectors.zscore.lines`, called once for all columns: each column is a node of
-    one peer view whose baseline is 1 on ``signals`` (the EMAs are already divided by the baseline
-    of their own write), so ``EMA / baseline`` there is each column's own excess."""
-    n = z.shape[1]
-    base = {s: 1.0 if s in signals else math.nan for s in SIGNALS}
-    view = zscore.PeerView(z=z, ema=excess, baseline=base, spread=dict.fromkeys(SIGNALS, math.nan),
-                           peers=dict.fromkeys(SIGNALS, 0), fresh=np.ones(n, dtype=bool))
-    a = NodeArrays(map(str, range(n)))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        d = zscore.decide(view, a, t, now=0.0)
-        over = zscore.lines(d, t)
-        level = np.where(over.over_q, OVER_QUARANTINE, np.where(over.over_d, OVER_DEGRADE,
-                                                                np.where(d.cut_z > 0, SLOWER, AT_OR_UNDER)))
-        # A reading the detector sets aside (prefill time under its own line: decode speaks for the
-        # node) is shown with its Z, under the line, not as "no Z".
-        raw, raw_which = zscore.nan_max(z)
-        aside = ~np.isfinite(d.cut_z) & np.isfinite(raw)
-        score = np.where(aside, raw, d.cut_z)
-        which = np.where(aside, raw_which, d.cut_which)
-        ratio = np.where(aside, excess[np.maximum(raw_which, 0), np.arange(n)], d.cut_excess)
-        level = np.where(aside, np.where(raw > 0, SLOWER, AT_OR_UNDER), level)
-    return score, which, ratio, level
-
-
-def cells(nodes: list[Node], start: datetime, end: datetime, signals: Sequence[str],
-          thresholds: Thresholds) -> dict[int, list[Cell]]:
-    """``{node pk: [Cell per bucket]}``: each bucket's median reading (by level, then Z) on
-    ``signals`` (:func:`judge`) and its most urgent state
-    (:func:`~outlier_admin.api.queries.attention_rank`); ``Cell(None, None)`` for a bucket without
-    history. A write without a stored baseline of a signal (rows from before baselines were stored)
-    takes the median EMA of that write's nodes in service, as the threshold preview does.
-
-    Vectorised (numpy) after the two reads: 50 nodes x an hour of writes every 10 s x two signals is
-    36,000 rows."""
-    out = {n.pk: [Cell(None, None)] * BUCKETS for n in nodes}
-    rows = _history(list(out), signals, start, end)
-    if not rows:
+    Vectorised (numpy) after the read model's two reads: 50 nodes x an hour of writes every 10 s x
+    four signals is 72,000 rows."""
+    buckets = window.buckets
+    out = {n.pk: [Cell(None, None)] * buckets for n in nodes}
+    if not nodes:
         return out
-    pks = [n.pk for n in nodes]
-    node_ids, ts_list, sigs, zs, emas, row_states = zip(*rows, strict=True)
-    pk_order = np.argsort(pks)
-    node_i = pk_order[np.searchsorted(np.asarray(pks)[pk_order], np.asarray(node_ids, dtype=np.int64))]
-    ts = np.array(ts_list, dtype=np.float64)
-    names, sig_of = np.unique(np.asarray(sigs, dtype=str), return_inverse=True)
-    sig_i = np.array([SIGNALS.index(x) for x in names.tolist()], dtype=np.int64)[sig_of]
-    z_row, ema_row = np.array(zs, dtype=np.float64), np.array(emas, dtype=np.float64)  # None -> NaN
-    labels, state_of = np.unique(np.asarray([x or "" for x in row_states], dtype=str), return_inverse=True)
-    # One column per node and history write: the rows of its signals side by side.
-    writes, write_of_row = np.unique(ts, return_inverse=True)
-    keys, col_of_row = np.unique(node_i * len(writes) + write_of_row, return_inverse=True)
-    col_node, col_write = keys // len(writes), keys % len(writes)
-    z = np.full((len(SIGNALS), len(keys)), np.nan)
-    ema = np.full((len(SIGNALS), len(keys)), np.nan)
-    z[sig_i, col_of_row], ema[sig_i, col_of_row] = z_row, ema_row
-    # The peers' baseline of every write and signal: stored, else the median EMA of those in service.
-    base = np.full((len(SIGNALS), len(writes)), np.nan)
-    at_write = {float(w): k for k, w in enumerate(writes)}
-    for at, sig, b in GroupBaseline.objects.filter(group_id=nodes[0].group_id, signal__in=list(signals), at__gte=start,
-                                                  at__lt=end).values_list("at", "signal", "baseline"):
-        k = at_write.get(_epoch(at))
-        if k is not None and b is not None and b > 0:
-            base[SIGNALS.index(sig), k] = b
-    serving = np.isin(labels, _BASELINE_LABELS)[state_of] & np.isfinite(ema_row)
-    missing = serving & np.isnan(base[sig_i, write_of_row])
-    for k_sig, k_write in set(zip(sig_i[missing].tolist(), write_of_row[missing].tolist(), strict=True)):
-        peers = ema_row[missing & (sig_i == k_sig) & (write_of_row == k_write)]
-        if np.median(peers) > 0:
-            base[k_sig, k_write] = float(np.median(peers))
-    # As in a tick, a signal without any baseline is not one the detector can judge on.
-    with_base = [s for s in signals if np.isfinite(base[SIGNALS.index(s)]).any()]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        score, which, excess, level = judge(z, ema / base[:, col_write], with_base, thresholds)
-    span = (end - start).total_seconds() / BUCKETS
-    bucket_of_write = np.clip(((writes - start.timestamp()) / span).astype(np.int64), 0, BUCKETS - 1)
+    group_id = nodes[0].group_id
+    signals = judged_in(group_id, window.start, window.end) if signal is None else (signal,)
+    f = load(group_id, window.start, window.end, signals, node_ids=list(out))
+    if not f.columns:
+        return out
+    r = reading(f, thresholds, signal)
+    row_of = {pk: i for i, pk in enumerate(out)}
+    col_row = np.array([row_of[f.node_ids[k]] for k in f.col_node.tolist()], dtype=np.int64)
+    bucket = np.clip(((f.writes[f.col_write] - window.start.timestamp()) / window.step_s).astype(np.int64),
+                     0, buckets - 1)
+    labels = {int(s): s.label for s in S}
     # The most urgent state of each node's bucket.
-    rank = np.array([attention_rank(x) if x else 10**6 for x in labels.tolist()], dtype=np.int64)[state_of]
-    urgent = np.full((len(pks), BUCKETS), 10**6, dtype=np.int64)
-    np.minimum.at(urgent, (node_i, bucket_of_write[write_of_row]), rank)
-    label = {attention_rank(x): x for x in labels.tolist() if x}
+    rank = np.array([attention_rank(labels[x]) if x in labels else 10**6 for x in f.state.tolist()], dtype=np.int64)
+    urgent = np.full((len(out), buckets), 10**6, dtype=np.int64)
+    np.minimum.at(urgent, (col_row, bucket), rank)
+    label = {attention_rank(x): x for x in labels.values()}
     # The median reading of each node's bucket (the detector too cuts on persistence, not on one
     # tick: a node over the line for most of the minute is painted so, a single reading is not).
-    judged = np.flatnonzero(np.isfinite(score))
-    b_col = bucket_of_write[col_write[judged]]
-    order = judged[np.lexsort((score[judged], level[judged], b_col, col_node[judged]))]
-    group_key = col_node[order] * BUCKETS + bucket_of_write[col_write[order]]
-    starts = np.flatnonzero(np.r_[True, group_key[1:] != group_key[:-1]]) if len(order) else np.array([], np.int64)
+    judged = np.flatnonzero(np.isfinite(r.z))
+    order = judged[np.lexsort((r.z[judged], r.level[judged], bucket[judged], col_row[judged]))]
+    key = col_row[order] * buckets + bucket[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(order) else np.array([], np.int64)
     counts = np.diff(np.r_[starts, len(order)])
-    peaks = np.maximum.reduceat(score[order], starts) if len(order) else np.array([])
-    picked = {int(group_key[s0]): (int(order[s0 + c // 2]), float(pk), int(c))
+    peaks = np.maximum.reduceat(r.z[order], starts) if len(order) else np.array([])
+    picked = {int(key[s0]): (int(order[s0 + c // 2]), float(pk), int(c))
               for s0, c, pk in zip(starts.tolist(), counts.tolist(), peaks.tolist(), strict=True)}
-    for i, pk in enumerate(pks):
+    for i, pk in enumerate(out):
         row = []
-        for b in range(BUCKETS):
+        for b in range(buckets):
             state = label.get(int(urgent[i, b]))
-            if (i * BUCKETS + b) in picked:
-                c, peak, count = picked[i * BUCKETS + b]
-                x = float(excess[c])
-                row.append(Cell(float(score[c]), state, SIGNALS[int(which[c])], x if math.isfinite(x) else None,
-                                int(level[c]), peak=peak, readings=count))
+            if (i * buckets + b) in picked:
+                c, peak, count = picked[i * buckets + b]
+                x = float(r.excess[c])
+                row.append(Cell(float(r.z[c]), state, SIGNALS[int(r.which[c])], x if math.isfinite(x) else None,
+                                int(r.level[c]), peak=peak, readings=count))
             else:
                 row.append(Cell(None, state))
         out[pk] = row
     return out
 
 
-def _epoch(at: datetime) -> float:
-    """A timestamp as the epoch seconds :func:`_history` reads (microseconds exact, as stored)."""
-    return round(at.timestamp(), 6)
-
-
-def _history(node_ids: list[int], signals: Sequence[str], start: datetime, end: datetime) -> list[tuple]:
-    """``(node_id, epoch seconds, signal, z, ema, state)`` of the nodes' history rows in the window.
-    On PostgreSQL the time is read as a number (building a datetime per row was most of the cost
-    of 36,000 rows); elsewhere (the demo's SQLite) through the ORM."""
-    if connection.vendor != "postgresql":
-        qs = (NodeHistory.objects.filter(node_id__in=node_ids, signal__in=list(signals), at__gte=start, at__lt=end)
-              .values_list("node_id", "at", "signal", "z", "ema", "state"))
-        return [(i, _epoch(at), *rest) for i, at, *rest in qs]
-    sql = (f"SELECT node_id, round(EXTRACT(EPOCH FROM at)::numeric, 6)::float8, signal, z, ema, state "
-           f"FROM {NodeHistory._meta.db_table} WHERE node_id = ANY(%s) AND signal = ANY(%s) AND at >= %s AND at < %s")
-    with connection.cursor() as cur:
-        cur.execute(sql, [node_ids, list(signals), start, end])
-        return cur.fetchall()
-
-
-def heatmap(nodes: list[Node], thresholds: Thresholds, *, start: datetime, end: datetime,
-            signals: Sequence[str]) -> SafeString:
+def heatmap(nodes: list[Node], thresholds: Thresholds, *, window: Window, signals: Sequence[str],
+            signal: str | None = None) -> SafeString:
     """The SVG (see the module docstring) of the first :data:`MAX_ROWS` of ``nodes`` (in order), read
-    on ``signals`` (the group's judged signals: each node's deciding one; or one signal)."""
+    on each node's deciding signal (``signals``: the group's judged ones now, for the caption) or on
+    ``signal``, over ``window`` (:func:`data_window`)."""
     nodes = nodes[:MAX_ROWS]
-    grid = cells(nodes, start, end, signals, thresholds)
-    label_w, top, cell_w, cell_h, band_h, gap = 170, 18, 16, 12, 4, 3
+    grid = cells(nodes, window, thresholds, signal)
+    signals = (signal,) if signal else signals
+    start, end, buckets = window.start, window.end, window.buckets
+    label_w, top, cell_h, band_h, gap = 170, 18, 12, 4, 3
+    cell_w = PLOT_W / buckets
     row_h = cell_h + band_h + gap
-    width = label_w + BUCKETS * cell_w + 10
+    width = label_w + PLOT_W + 10
     height = top + max(len(nodes), 1) * row_h + 22
     span = end - start
+    fmt = "%H:%M" if window.step_s * buckets / 6 >= 60 and window.step_s >= 60 else "%H:%M:%S"
     on = " or ".join(signals) if len(signals) > 1 else signals[0]
-    desc = (f"Each node against its peers on {on} ({len(nodes)} nodes) from {start:%H:%M} to {end:%H:%M} UTC in "
-            f"{BUCKETS} steps of {span.total_seconds() / BUCKETS:.0f} s; a band under each row shows the node's state.")
+    desc = (f"Each node against its peers on {on} ({len(nodes)} nodes) from {start:{fmt}} to {end:{fmt}} UTC in "
+            f"{buckets} steps of {window.step_s:g} s; a band under each row shows the node's state.")
     out = [f'<svg class="heatmap" role="img" viewBox="0 0 {width} {height}" width="100%" '
            f'preserveAspectRatio="xMinYMin meet" xmlns="http://www.w3.org/2000/svg">',
            f"<title>Nodes against their peers ({escape(on)})</title><desc>{escape(desc)}</desc>"]
-    for k in range(0, BUCKETS + 1, BUCKETS // 6):
-        at = start + span * k / BUCKETS
-        anchor = "start" if k == 0 else "end" if k == BUCKETS else "middle"
-        out.append(f'<text x="{label_w + k * cell_w}" y="{height - 6}" font-size="10" text-anchor="{anchor}">'
-                   f"{at:%H:%M}</text>")
+    ticks = sorted({round(buckets * j / 6) for j in range(7)})
+    for k in ticks:
+        at = start + span * k / buckets
+        anchor = "start" if k == 0 else "end" if k == buckets else "middle"
+        out.append(f'<text x="{label_w + k * cell_w:g}" y="{height - 6}" font-size="10" text-anchor="{anchor}">'
+                   f"{at:{fmt}}</text>")
     for i, n in enumerate(nodes):
         y = top + i * row_h
         name = n.name if len(n.name) <= 26 else n.name[:25] + "…"
@@ -256,20 +194,20 @@ def heatmap(nodes: list[Node], thresholds: Thresholds, *, start: datetime, end: 
         for b, c in enumerate(grid[n.pk]):
             if c.z is None and c.state is None:
                 continue
-            at = start + span * b / BUCKETS
+            at = start + span * b / buckets
             if c.z is None or c.level is None:
                 css, fill = "no-z", NO_Z
             else:
                 css, fill = LEVELS[c.level][0], cell_color(c.level, c.z, thresholds)
             text = f"{n.name} {at:%H:%M:%S}: {reading_text(c, thresholds)}, {c.state or 'state unknown'}"
-            out.append(f'<rect class="cell {css}" x="{label_w + b * cell_w}" y="{y}" width="{cell_w - 1}" '
+            out.append(f'<rect class="cell {css}" x="{label_w + b * cell_w:g}" y="{y}" width="{cell_w - 1:g}" '
                        f'height="{cell_h}" fill="{fill}" stroke="#ccc" stroke-width="0.5"><title>{escape(text)}</title></rect>')
         run_start, run_state = 0, None
         for b, c in enumerate([*grid[n.pk], Cell(None, "__end__")]):
             if c.state != run_state:
                 if run_state is not None and b > run_start:
-                    out.append(f'<rect class="band band-{escape(run_state)}" x="{label_w + run_start * cell_w}" '
-                               f'y="{y + cell_h + 1}" width="{(b - run_start) * cell_w - 1}" height="{band_h}" '
+                    out.append(f'<rect class="band band-{escape(run_state)}" x="{label_w + run_start * cell_w:g}" '
+                               f'y="{y + cell_h + 1}" width="{(b - run_start) * cell_w - 1:g}" height="{band_h}" '
                                f'fill="{STATE_COLORS.get(run_state, "#555")}"><title>{escape(n.name)}: '
                                f'{escape(run_state)}</title></rect>')
                 run_start, run_state = b, c.state
@@ -321,8 +259,39 @@ def heatmap_legend(t: Thresholds) -> list[tuple[str, str, str]]:
     ]
 
 
-def default_window(now: datetime) -> tuple[datetime, datetime]:
-    """The last hour, ending at the next whole bucket so that refreshes do not shift every cell."""
-    step = 3600 / BUCKETS
+@dataclass(frozen=True)
+class Window:
+    """The heatmap's time axis: ``buckets`` columns of ``step_s`` seconds from ``start`` to ``end``."""
+
+    start: datetime
+    end: datetime
+    step_s: float
+
+    @property
+    def buckets(self) -> int:
+        return max(round((self.end - self.start).total_seconds() / self.step_s), 1)
+
+
+#: Bucket widths the axis picks from (seconds): labels stay on round times.
+STEPS = (1, 2, 5, 10, 15, 20, 30, 60)
+
+
+def data_window(now: datetime, first: datetime | None, every_s: float) -> Window:
+    """The axis over the data: from the first history write of the last hour (``first``; None: no
+    data, the last ``BUCKETS`` history steps) to ``now``, in at most :data:`BUCKETS` buckets of a
+    round width no shorter than a history step (``every_s``: each bucket holds a reading), ending at
+    the next whole bucket so that refreshes do not shift every cell. Three minutes of data fill the
+    axis (18 buckets of 10 s), an hour or more of it is the last hour in minutes."""
+    earliest = now - timedelta(hours=1)
+    first = max(first, earliest) if first is not None else now - timedelta(seconds=every_s * BUCKETS)
+    span = max((now - first).total_seconds(), every_s)
+    step = next((s for s in STEPS if s >= max(every_s, span / BUCKETS)), STEPS[-1])
     end = datetime.fromtimestamp(math.ceil(now.timestamp() / step) * step, tz=now.tzinfo)
-    return end - timedelta(hours=1), end
+    buckets = min(max(math.ceil((end - first).total_seconds() / step), 1), BUCKETS)
+    return Window(end - timedelta(seconds=step * buckets), end, float(step))
+
+
+def first_write(group_id: int, since: datetime) -> datetime | None:
+    """The first history write of the group's nodes since ``since`` (one index probe on ``at``)."""
+    return (NodeHistory.objects.filter(at__gte=since, node__group_id=group_id).order_by("at")
+            .values_list("at", flat=True).first())

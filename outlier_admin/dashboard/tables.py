@@ -14,6 +14,8 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from detector.states import NodeState as S
+from detector.thresholds import Thresholds
+from outlier_admin.dashboard.charts import signal_unit
 from outlier_admin.fleet.models import Node
 
 #: A glyph per state so the table does not tell states by colour alone.
@@ -62,14 +64,20 @@ class NodeRow:
     samples: str
     last_seen: datetime | None
     gpu_flags: list[str]
+    signal: str = ""  # the signal of its Z and EMA
+    ema_unit: str = ""
 
 
-def node_rows(nodes: list[Node]) -> list[NodeRow]:
-    """Table rows of nodes annotated by :func:`outlier_admin.api.queries.group_nodes`."""
+def node_rows(nodes: list[Node], thresholds: Thresholds | None = None) -> list[NodeRow]:
+    """Table rows of nodes annotated by :func:`outlier_admin.history.queries.group_nodes`, each with
+    the signal its Z and EMA are on and that EMA's unit."""
+    t = thresholds or Thresholds()
     return [
         NodeRow(
             pk=n.pk, name=n.name, address=n.address, state=n.state, icon=STATE_ICONS.get(n.state, "○"),
             weight=n.weight, base_weight=n.base_weight, ema=fixed(n.latest_ema, 3), z=fixed(n.latest_z, 2),
+            signal=getattr(n, "latest_signal", None) or "", ema_unit=signal_unit(getattr(n, "latest_signal", None)
+                                                                                 or "norm", t),
             p50=fixed(n.latest_p50, 3), p99=fixed(n.latest_p99, 3),
             samples=MISSING if n.latest_samples is None else str(n.latest_samples),
             last_seen=n.last_seen, gpu_flags=gpu_flags(n.gpu_evidence),

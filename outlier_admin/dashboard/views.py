@@ -1,4 +1,4 @@
-"""Dashboard pages. Thin: check the role, read through :mod:`outlier_admin.api.queries`, change through
+"""Dashboard pages. Thin: check the role, read through :mod:`outlier_admin.history.queries`, change through
 :mod:`outlier_admin.control.actions` (which validates and audits), render a template.
 
 Roles (:mod:`outlier_admin.fleet.roles`): every page needs a role; anonymous users go to the
@@ -12,6 +12,7 @@ from datetime import timedelta
 from functools import wraps
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.paginator import Paginator
@@ -20,23 +21,17 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from detector.signals import SIGNALS
+from detector.signals import SIGNALS, unit_of
 from detector.states import CANARY_STATES
 from detector.thresholds import ThresholdError
-from outlier_admin.api import queries
 from outlier_admin.api.filters import AuditFilter
-from outlier_admin.api.preview import (
-    PreviewThrottled,
-    PreviewTooLarge,
-    may_preview,
-    preview_roles,
-    preview_thresholds,
-)
-from outlier_admin.api.timeline import RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.control import actions
+from outlier_admin.control.incidents import CANARY_CYCLE
+from outlier_admin.control.incidents import story as incident_story
 from outlier_admin.control.models import (
     AuditEvent,
     CanaryProbe,
+    Incident,
     NodeHistory,
     Override,
     QuarantineProposal,
@@ -44,7 +39,7 @@ from outlier_admin.control.models import (
     Transition,
 )
 from outlier_admin.dashboard.charts import node_charts, signal_unit
-from outlier_admin.dashboard.firstscreen import applied_versions, first_screen
+from outlier_admin.dashboard.firstscreen import applied_versions, first_screen, injected_faults, mark_injected
 from outlier_admin.dashboard.forms import (
     OverrideForm,
     PolicyForm,
@@ -55,11 +50,18 @@ from outlier_admin.dashboard.forms import (
 )
 from outlier_admin.dashboard.heatmap import MAX_ROWS as HEATMAP_ROWS
 from outlier_admin.dashboard.heatmap import STATE_COLORS as HEATMAP_STATES
-from outlier_admin.dashboard.heatmap import default_window as heatmap_window
-from outlier_admin.dashboard.heatmap import heatmap, heatmap_legend
+from outlier_admin.dashboard.heatmap import data_window, first_write, heatmap, heatmap_legend
 from outlier_admin.dashboard.tables import node_rows
 from outlier_admin.fleet.models import ModelGroup, Node
-from outlier_admin.fleet.roles import CAPABILITIES, capabilities_of, user_can
+from outlier_admin.fleet.roles import CAPABILITIES, capabilities_of, may_preview, preview_roles, user_can
+from outlier_admin.history import queries
+from outlier_admin.history.audit import fold
+from outlier_admin.history.preview import (
+    PreviewThrottled,
+    PreviewTooLarge,
+    preview_thresholds,
+)
+from outlier_admin.history.timeline import RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.ingest.models import GpuReading, RejectedInput
 
 SORTS = queries.NODE_SORTS
@@ -124,11 +126,13 @@ def group_page(request: HttpRequest, slug: str) -> HttpResponse:
     if sort.lstrip("-") not in SORTS:
         sort = "attention"
     signal = _signal(request, group)
-    ordered = queries.group_nodes(group, sort, signal=signal)
+    # Without ?signal=, each node's Z on its deciding signal: the API's, and the heatmap's.
+    ordered = queries.group_nodes(group, sort, signal=_asked_signal(request))
     page = Paginator(ordered, GROUP_PAGE_SIZE).get_page(request.GET.get("page"))
     counts = queries.state_counts([group.pk]).get(group.pk, {})
-    ctx = _ctx(request, group=group, nodes=node_rows(page.object_list), page=page, sort=sort,
-               signal=signal, signal_label=queries.SIGNAL_LABELS[signal], signals=SIGNALS,
+    ctx = _ctx(request, group=group, nodes=node_rows(page.object_list, group.thresholds()), page=page, sort=sort,
+               signal=signal, signal_asked=_asked_signal(request), signal_label=queries.SIGNAL_LABELS[signal],
+               signals=SIGNALS,
                ema_unit=signal_unit(signal, group.thresholds()),
                baseline=queries.latest_baseline(group, signal),
                safeguard=queries.safeguard_status(group, counts), thresholds=group.thresholds().to_dict(),
@@ -142,15 +146,16 @@ def group_page(request: HttpRequest, slug: str) -> HttpResponse:
 def _heatmap_ctx(group: ModelGroup, asked: str | None, nodes: list[Node] | None = None) -> dict[str, Any]:
     """The heatmap's rows are the group's nodes in attention order (``nodes``: already so sorted).
     Read on ``asked`` (``?signal=``), else on each node's deciding signal: the group's judged signals
-    (:func:`~outlier_admin.api.queries.judged_signals`), of which the detector takes the larger Z."""
-    start, end = heatmap_window(timezone.now())
+    (:func:`~outlier_admin.history.queries.judged_signals`), of which the detector takes the larger Z."""
+    now = timezone.now()
+    window = data_window(now, first_write(group.pk, now - timedelta(hours=1)), settings.HISTORY_EVERY_S)
     signals = (asked,) if asked else queries.judged_signals(ModelGroup.objects.filter(pk=group.pk))[group.pk]
-    nodes = queries.group_nodes(group, "attention", signal=signals[0]) if nodes is None else nodes
+    nodes = queries.group_nodes(group, "attention", signal=asked) if nodes is None else nodes
     t = group.thresholds()
     return {"group": group, "heatmap_signal": asked, "heatmap_signals": signals,
-            "heatmap_start": start, "heatmap_end": end,
+            "heatmap_start": window.start, "heatmap_end": window.end, "heatmap_step_s": window.step_s,
             "heatmap_rows": min(len(nodes), HEATMAP_ROWS), "heatmap_nodes": len(nodes),
-            "heatmap": heatmap(nodes, t, start=start, end=end, signals=signals),
+            "heatmap": heatmap(nodes, t, window=window, signals=signals, signal=asked),
             "heatmap_states": HEATMAP_STATES, "heatmap_legend": heatmap_legend(t)}
 
 
@@ -206,10 +211,20 @@ def node_page(request: HttpRequest, pk: int) -> HttpResponse:
     latest_gpu: dict[str, GpuReading] = {}
     for r in GpuReading.objects.filter(node=node).order_by("-at")[:64]:
         latest_gpu.setdefault(r.gpu, r)
+    # The page opens on the node's incident (the open one, else the latest): its start, its deciding
+    # cause, then what happened beneath it, the canary's probes folded.
+    incidents = list(Incident.objects.filter(node=node).select_related("group", "node")[:20])
+    current = next((i for i in incidents if i.is_open), incidents[0] if incidents else None)
+    mark_injected(incidents, injected_faults())  # the demo's own faults, told from the detector's calls
+    # The transitions below, without the canary's cycles (each one a probe outcome, in the probes table).
+    recent = list(Transition.objects.filter(node=node)[:200])
+    told = [t for t in recent if t.reason not in CANARY_CYCLE][:50]
     return render(request, "dashboard/node.html", _ctx(
         request, node=node, charts=charts, start=start, end=end, hours=request.GET.get("hours", "1"),
         signal=signal, signals=SIGNALS, signal_label=queries.SIGNAL_LABELS[signal],
-        decision_signal=decision, points=len(points), transitions=Transition.objects.filter(node=node)[:50],
+        decision_signal=decision, points=len(points), transitions=told, cycles=len(recent) - len(told) if len(recent) < 200 else None,
+        story=incident_story(current) if current else None, incidents=incidents,
+        probe_unit=unit_of("norm", node.group.thresholds().normalization),
         probes=CanaryProbe.objects.filter(node=node)[:50], overrides=Override.objects.filter(node=node).select_related("transition")[:50],
         gpus=sorted(latest_gpu.values(), key=lambda r: r.gpu), override_form=OverrideForm(),
         scrape_failures=list(scrape_failures),
@@ -327,7 +342,7 @@ def expire_silence(request: HttpRequest, pk: int) -> HttpResponse:
 @requires("read")
 @require_http_methods(["GET", "POST"])
 def thresholds_page(request: HttpRequest, slug: str) -> HttpResponse:
-    """Preview (``operator`` or ``oncall``: :func:`~outlier_admin.api.preview.may_preview`) and save
+    """Preview (``operator`` or ``oncall``: :func:`~outlier_admin.history.preview.may_preview`) and save
     (``operator``). Preview replays the last hour of history, within the preview's bounds."""
     group = get_object_or_404(ModelGroup, slug=slug)
     form = ThresholdForm(request.POST or None, current=group.thresholds())
@@ -429,13 +444,15 @@ def audit_log(request: HttpRequest) -> HttpResponse:
     page = Paginator(flt.qs, 50).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
-    return render(request, "dashboard/audit.html", _ctx(request, filter=flt, page=page, query=query.urlencode()))
+    # Runs of registrations (a fleet registered at once) folded into one entry each.
+    return render(request, "dashboard/audit.html", _ctx(request, filter=flt, page=page, rows=fold(page),
+                                                        query=query.urlencode()))
 
 
 def _export(request: HttpRequest, filter_cls: Any, model: Any, name: str, columns: list[str],
             rows: Any) -> HttpResponse:
     """A CSV export under the page's filters; a filter the page would refuse is a 400 naming it."""
-    from outlier_admin.dashboard.export import csv_response
+    from outlier_admin.api.export import csv_response
 
     flt = filter_cls(request.GET or None, queryset=model.objects.all())
     if request.GET and not flt.is_valid():
@@ -449,7 +466,7 @@ def _export(request: HttpRequest, filter_cls: Any, model: Any, name: str, column
 @require_http_methods(["GET", "HEAD"])
 def audit_csv(request: HttpRequest) -> HttpResponse:
     """The audit log as CSV, newest first, under the audit page's filters."""
-    from outlier_admin.dashboard.export import AUDIT_COLUMNS, audit_rows
+    from outlier_admin.api.export import AUDIT_COLUMNS, audit_rows
 
     return _export(request, AuditFilter, AuditEvent, "audit", AUDIT_COLUMNS, audit_rows)
 
@@ -459,8 +476,8 @@ def audit_csv(request: HttpRequest) -> HttpResponse:
 def transitions_csv(request: HttpRequest) -> HttpResponse:
     """Every node's state changes as CSV, newest first (``group``, ``node``, ``since``, ``until``,
     ``reason``, ``to_state`` as the API's transitions list): the fleet-wide history for a review."""
+    from outlier_admin.api.export import TRANSITION_COLUMNS, transition_rows
     from outlier_admin.api.filters import TransitionFilter
-    from outlier_admin.dashboard.export import TRANSITION_COLUMNS, transition_rows
 
     return _export(request, TransitionFilter, Transition, "transitions", TRANSITION_COLUMNS, transition_rows)
 
@@ -493,3 +510,40 @@ def rejected_input(request: HttpRequest) -> HttpResponse:
 #: The rejected-input page's count windows, in hours (the API takes any ``since`` up to 30 days).
 REJECTED_WINDOWS = ("1", "24", "168", "720")
 
+
+
+def _admin(request: HttpRequest) -> HttpResponse | None:
+    """None for an active superuser; else the login redirect or the 403 page (login lockouts are an
+    administrator's to clear: a role-holder locked out must not be able to unlock the guesser)."""
+    if not request.user.is_authenticated:
+        return redirect_to_login(request.get_full_path())
+    if not (request.user.is_superuser and request.user.is_active):
+        return render(request, "dashboard/forbidden.html", {"capability": "unlock logins", "roles": ["administrator"]},
+                      status=403)
+    return None
+
+
+@require_http_methods(["GET", "POST"])
+def login_lockouts(request: HttpRequest) -> HttpResponse:
+    """The (username, address) pairs locked out of logging in, with an *Unlock* per pair (an
+    administrator's, audited: :func:`~outlier_admin.control.actions.do_unlock_login`)."""
+    from outlier_admin.fleet.login_throttle import locked_out
+
+    refused = _admin(request)
+    if refused is not None:
+        return refused
+    if request.method == "POST":
+        form = ReasonForm(request.POST)
+        username = request.POST.get("username", "")
+        if not form.is_valid():
+            messages.error(request, "A reason is required to unlock a login.")
+        else:
+            try:
+                cleared = actions.do_unlock_login(username, ip_address=request.POST.get("ip_address") or None,
+                                                  actor=request.user, reason=form.cleaned_data["reason"])
+            except actions.ActionError as exc:
+                messages.error(request, str(exc))
+            else:
+                messages.success(request, f"Unlocked {username!r}: {cleared} failures cleared.")
+        return redirect("dashboard:lockouts")
+    return render(request, "dashboard/lockouts.html", _ctx(request, lockouts=locked_out(), max_failures=settings.LOGIN_MAX_FAILURES))

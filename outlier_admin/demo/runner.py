@@ -219,6 +219,26 @@ def seed(cfg: Any, addresses: dict[tuple[int, int], str], password: str) -> list
     return groups
 
 
+def mark_injected_faults(cfg: Any, started: float, groups: list[Any]) -> None:
+    """One audit event ``demo.fault`` per fault the demo will inject (node, kind, start and end in epoch
+    seconds): the first screen shows them as a banner and marks the node's incident, so a newcomer
+    tells an injected fault from the detector's own calls (a false cut among them)."""
+    from django.db import transaction
+
+    from outlier_admin.control.actions import audit
+    from outlier_admin.demo.fleet import PCIE_NODE, THERMAL_NODE, node_name
+    from outlier_admin.fleet.models import Node
+
+    faults = [(0, THERMAL_NODE, "thermal_throttle", cfg.fault_at_s, "3x slower per step"),
+              (1, PCIE_NODE, "pcie_downgrade", cfg.pcie_at_s, "decode 2.5x, prefill 1.5x slower")]
+    with transaction.atomic():
+        for gi, i, kind, at_s, what in faults:
+            node = Node.objects.get(group=groups[gi], name=node_name(gi, i))
+            audit("demo.fault", ACTOR, node=node, reason=f"injected by the demo, not a real fault: {what}",
+                  detail={"kind": kind, "node": node.name, "starts_at": round(started + at_s, 3),
+                          "ends_at": round(started + cfg.heal_at_s, 3)})
+
+
 def demo_api_token() -> str:
     """A new API token acting as the demo user (all three roles), shown once per run; audited."""
     from django.contrib.auth.models import User
@@ -368,6 +388,7 @@ def run(cfg: Any, client: Any, httpd: Any) -> int:
                 for gi, g in enumerate(fleet.scn.groups) for i in range(g.nodes)}
     password = cfg.password or secrets.token_urlsafe(9)
     groups = seed(cfg, {k: c.address for k, c in canaries.items()}, password)
+    mark_injected_faults(cfg, fleet.started, groups)
     directory.clear()
     gateways.extend(GatewayClient(client, g.name) for g in groups)
     serve_web(httpd)

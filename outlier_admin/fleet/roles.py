@@ -25,6 +25,9 @@ CAPABILITIES: dict[str, frozenset[str]] = {
     "decide": frozenset({"operator"}),
     "override": frozenset({"oncall"}),
 }
+#: Capabilities that allow a threshold preview (any one): ``tune`` (operator) and ``override``
+#: (oncall); the preview itself is :mod:`outlier_admin.history.preview`.
+PREVIEW_CAPABILITIES = ("tune", "override")
 
 
 def roles_of(user: Any) -> frozenset[str]:
@@ -54,3 +57,13 @@ def user_can(user: Any, capability: str) -> bool:
 def capabilities_of(user: Any) -> dict[str, bool]:
     """``{capability: allowed}`` for templates (buttons are hidden when not allowed)."""
     return {cap: user_can(user, cap) for cap in CAPABILITIES}
+
+
+def may_preview(user: Any) -> bool:
+    """True if ``user`` may run a threshold preview (see :data:`PREVIEW_CAPABILITIES`)."""
+    return any(user_can(user, cap) for cap in PREVIEW_CAPABILITIES)
+
+
+def preview_roles() -> list[str]:
+    """The role names that may preview, sorted (for the 403 messages)."""
+    return sorted(set().union(*(CAPABILITIES[cap] for cap in PREVIEW_CAPABILITIES)))

@@ -16,7 +16,11 @@ computes the set of conditions that hold now from the database and the weights d
                                  GPU that stays slow must get repaired, not only avoided
 ==============================  ===============================================================
 
-(a ``shadow`` group publishes its nodes ``healthy``, so its decisions raise no alert). Every alert in
+(a ``shadow`` group publishes its nodes ``healthy``, so its decisions raise no alert). A node alert
+carries its open incident (:mod:`outlier_admin.control.incidents`) in its annotations: ``incident``
+(its id), ``since`` (its start) and ``cause`` (its deciding cause, with signal and units), which do
+not move while the canary probes the node: ``quarantined`` and ``probing`` hold one alert, so one
+incident fires one ``OutlierNodeQuarantined``. Every alert in
 the set is re-sent to Alertmanager every ``ALERT_RESEND_S`` with ``endsAt = now + 4 x ALERT_RESEND_S``
 (Alertmanager would otherwise end it ``resolve_timeout`` after receipt, 5 min by default, while the
 node is still out; four intervals let three sends in a row be lost before it lapses). An alert that
@@ -60,6 +64,7 @@ from django.conf import settings
 
 from contract import keys
 from contract.weights_document import DocumentError, WeightsDocument
+from detector.states import CANARY_STATES, OPERATOR_STATES, OUT_OF_SERVICE
 from outlier_admin.observability import metrics
 
 log = logging.getLogger("outlier_admin.alerts")
@@ -289,12 +294,15 @@ def redeliver_failed(*, client: httpx.Client | None = None, limit: int = 100) ->
 
 # --- level-triggered alerts -------------------------------------------------------------------------
 
-#: Node state label -> (alertname, severity, cause label) of the alert it holds up.
+#: Node state label -> (alertname, severity, cause label) of the alert it holds up: every state that
+#: drains the node (:data:`detector.states.OUT_OF_SERVICE`: quarantined, probing — still out while the
+#: canary probes it —, forced_quarantine) holds up ``OutlierNodeQuarantined``, its cause the operator
+#: for an operator's state (:data:`~detector.states.OPERATOR_STATES`); the rest of the canary's cycle
+#: (:data:`~detector.states.CANARY_STATES`: recovering) ``OutlierCanaryRecovery``.
 NODE_STATE_ALERTS: dict[str, tuple[str, str, str | None]] = {
-    "quarantined": ("OutlierNodeQuarantined", "warning", "detector"),
-    "probing": ("OutlierNodeQuarantined", "warning", "detector"),  # still out: the canary probes it
-    "forced_quarantine": ("OutlierNodeQuarantined", "warning", "operator"),
-    "recovering": ("OutlierCanaryRecovery", "info", None),
+    **{s.label: ("OutlierNodeQuarantined", "warning", "operator" if s in OPERATOR_STATES else "detector")
+       for s in sorted(OUT_OF_SERVICE)},
+    **{s.label: ("OutlierCanaryRecovery", "info", None) for s in CANARY_STATES if s not in OUT_OF_SERVICE},
 }
 
 
@@ -337,13 +345,15 @@ def _degraded_since(nodes: list[Any]) -> dict[int, datetime]:
 def active_alerts(now: float | None = None) -> list[Alert]:
     """Every alert whose condition holds now (see module docstring), ``starts_at`` empty (the first
     send sets it). Reads live nodes, pending proposals and the weights documents."""
-    from outlier_admin.control.models import ProposalStatus, QuarantineProposal
+    from outlier_admin.control.incidents import cause_text
+    from outlier_admin.control.models import Incident, ProposalStatus, QuarantineProposal
     from outlier_admin.control.redis_conn import get_redis, mget
     from outlier_admin.fleet.models import ModelGroup, Node
 
     out: list[Alert] = []
-    nodes = (Node.objects.filter(retired=False, state__in=list(NODE_STATE_ALERTS))
-             .select_related("group").order_by("group__name", "name"))
+    nodes = list(Node.objects.filter(retired=False, state__in=list(NODE_STATE_ALERTS))
+                 .select_related("group").order_by("group__name", "name"))
+    incidents = {i.node_id: i for i in Incident.objects.filter(node__in=[n.pk for n in nodes], ended_at__isnull=True)}
     for n in nodes:
         name, severity, cause = NODE_STATE_ALERTS[n.state]
         g = n.group.name
@@ -353,9 +363,14 @@ def active_alerts(now: float | None = None) -> list[Alert]:
             summary = f"{g}/{n.name} is held out of service by an operator"
         else:
             summary = f"{g}/{n.name} is quarantined by the detector ({n.state})"
-        out.append(Alert(name, "firing", severity, g, summary, f"state {n.state}, weight {n.weight}",
+        # The incident it belongs to (one per episode out of full service): its start and deciding
+        # cause stay put while the canary probes the node.
+        inc = incidents.get(n.pk)
+        told = {"incident": str(inc.pk), "since": rfc3339(inc.started_at), "cause": cause_text(inc)} if inc else {}
+        out.append(Alert(name, "firing", severity, g, summary, f"state {n.state}, weight {n.weight}"
+                         + (f"; {told['cause']}, since {told['since']}" if told else ""),
                          node=n.name, labels={"cause": cause} if cause else {},
-                         annotations={"state": n.state}, path=_node_path(n.pk)))
+                         annotations={"state": n.state, **told}, path=_node_path(n.pk)))
     degraded = list(Node.objects.filter(retired=False, state="degraded").select_related("group")
                     .order_by("group__name", "name"))
     since = _degraded_since(degraded) if degraded else {}

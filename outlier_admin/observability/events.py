@@ -10,7 +10,10 @@ calls :func:`scan_events` itself):
    ``outlier:obs:cursor:{transition,audit}``; on the very first scan (no cursor) the cursors start
    at the current maximum ids, so deploying does not replay old history;
 3. logs each transition and each audit event (overrides, approvals, threshold changes) as one
-   JSON line on logger ``outlier_admin.events``;
+   JSON line on logger ``outlier_admin.events``; counts each transition by its new state
+   (``outlier_transitions_total``), except the canary's cycles within an incident (probe due, probe
+   failed, restore step failed: :data:`~outlier_admin.control.incidents.CANARY_CYCLE`), which are
+   probe outcomes (``outlier_canary_cycles_total``): one incident's quarantine counts once;
 4. brings the alert receivers up to date with the conditions that hold now (quarantined nodes,
    canary recoveries, waiting proposals, tripped safeguards: the table in
    :mod:`outlier_admin.observability.alerts`), re-sending the active set to Alertmanager every
@@ -28,6 +31,7 @@ from typing import Any
 from django.db.models import Max
 
 from contract import keys
+from outlier_admin.control.incidents import CANARY_CYCLE
 from outlier_admin.control.models import AuditEvent, Transition
 from outlier_admin.control.redis_conn import GroupLock, get_redis
 from outlier_admin.observability import alerts, metrics
@@ -51,12 +55,15 @@ class ScanResult:
 
 
 def _cursor(r: Any, name: str, model: Any) -> int:
+    """The id after which rows are new. A cursor past the table's last id belongs to another database
+    (a fresh demo SQLite on the same Redis: its ids start again at 1, and every row would be skipped
+    until they passed the old cursor): it starts again at the last id, like a first scan."""
     raw = r.get(PREFIX + "cursor:" + name)
-    if raw is not None:
+    last = model.objects.aggregate(m=Max("id"))["m"] or 0
+    if raw is not None and int(raw) <= last:
         return int(raw)
-    start = model.objects.aggregate(m=Max("id"))["m"] or 0
-    r.set(PREFIX + "cursor:" + name, start)
-    return start
+    r.set(PREFIX + "cursor:" + name, last)
+    return last
 
 
 def _fmt(v: float | None) -> str:
@@ -98,7 +105,10 @@ def scan_events(*, now: float | None = None, deliver: bool = True) -> ScanResult
         rows = list(Transition.objects.filter(pk__gt=t_cur).select_related("group", "node").order_by("pk")[:BATCH])
         for t in rows:
             _log_transition(t)
-            metrics.TRANSITIONS.labels(t.group.name, t.to_state).inc()
+            if t.reason in CANARY_CYCLE:  # a probe outcome within its incident
+                metrics.CANARY_CYCLES.labels(t.group.name, t.reason).inc()
+            else:
+                metrics.TRANSITIONS.labels(t.group.name, t.to_state).inc()
         result.transitions = len(rows)
         audits = list(AuditEvent.objects.filter(pk__gt=a_cur).select_related("group", "node").order_by("pk")[:BATCH])
         for a in audits:

@@ -40,7 +40,15 @@ Series (labels):
 ``outlier_tick_duration_seconds``           histogram of detector tick durations (group)
 ``outlier_publish_latency_seconds``         histogram, decision -> document in Redis (group)
 ``outlier_tick_samples_total``              samples applied by ticks (group)
-``outlier_transitions_total``               node transitions seen by the event scan (group, to_state)
+``outlier_transitions_total``               node transitions seen by the event scan (group, to_state),
+                                            the canary's cycles within an incident aside: one
+                                            incident's quarantine counts 1 however often it is probed
+``outlier_canary_cycles_total``             those cycles (group, outcome=probe_due|probe_failed|
+                                            recovery_step_failed)
+``outlier_incidents_total``                 incidents started (group; :mod:`outlier_admin.control.incidents`)
+``outlier_incidents_ended_total``           incidents ended (group, outcome=fault_confirmed|
+                                            no_fault_found|operator|retired)
+``outlier_incidents_open``                  incidents open now (group)
 ``outlier_alerts_total``                    alert deliveries (receiver kind, result=sent|failed)
 ``outlier_scrape_failures_total``           failed model-server scrapes (group, node, kind; kinds in
                                             :data:`outlier_admin.ingest.scraper.KINDS`)
@@ -87,6 +95,10 @@ INGEST_REJECTED = Counter(
     "outlier_ingest_rejected", "Rejected ingest records by source and reason code.",
     ["source", "reason"], registry=EVENTS,
 )
+INGEST_THROTTLED = Counter(
+    "outlier_ingest_throttled", "Ingest requests refused with 429 by token and limit (concurrency: requests in "
+    "progress, bytes: body bytes a second; outlier_admin.ingest.throttle).", ["token", "limit"], registry=EVENTS,
+)
 TICK_DURATION = Histogram(
     "outlier_tick_duration_seconds", "Duration of one detector tick of a group.", ["group"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=EVENTS,
@@ -97,8 +109,12 @@ PUBLISH_LATENCY = Histogram(
 )
 TICK_SAMPLES = Counter("outlier_tick_samples", "Samples applied to the detector by ticks.", ["group"],
                        registry=EVENTS)
-TRANSITIONS = Counter("outlier_transitions", "Node state transitions seen by the event scan.",
+TRANSITIONS = Counter("outlier_transitions", "Node state transitions seen by the event scan, the canary's "
+                      "cycles within an incident aside (outlier_canary_cycles_total).",
                       ["group", "to_state"], registry=EVENTS)
+CANARY_CYCLES = Counter("outlier_canary_cycles", "The canary's transitions within an incident, by outcome "
+                        "(probe_due, probe_failed, recovery_step_failed): each a probe outcome, not a new "
+                        "quarantine.", ["group", "outcome"], registry=EVENTS)
 ALERTS = Counter("outlier_alerts", "Alert deliveries by receiver kind and result (sent, failed).",
                  ["receiver", "result"], registry=EVENTS)
 SCRAPE_FAILURES = Counter(
@@ -185,6 +201,8 @@ class FleetCollector(Collector):
         from outlier_admin.control.models import (
             CanaryProbe,
             GroupBaseline,
+            Incident,
+            IncidentOutcome,
             NodeHistory,
             ProposalStatus,
             QuarantineProposal,
@@ -275,8 +293,29 @@ class FleetCollector(Collector):
                 m_canary.add_metric([gname, verdict], float(verdicts.get((gname, verdict), 0)))
             m_canary_pending.add_metric([gname], float(waiting.get(gname, 0)))
 
+        m_incidents = CounterMetricFamily("outlier_incidents", "Incidents started (a node's episode out of full "
+                                          "service).", labels=["group"])
+        m_ended = CounterMetricFamily("outlier_incidents_ended", "Incidents ended, by outcome.",
+                                      labels=["group", "outcome"])
+        m_open = GaugeMetricFamily("outlier_incidents_open", "Incidents open now.", labels=["group"])
+        started: dict[str, int] = {g: 0 for g in groups.values()}
+        ended: dict[tuple[str, str], int] = {}
+        still: dict[str, int] = {g: 0 for g in groups.values()}
+        for gid, outcome, n in Incident.objects.values_list("group_id", "outcome").annotate(n=Count("id")):
+            gname = groups.get(gid, "?")
+            started[gname] = started.get(gname, 0) + n
+            if outcome:
+                ended[(gname, outcome)] = ended.get((gname, outcome), 0) + n
+            else:
+                still[gname] = still.get(gname, 0) + n
+        for gname, n in started.items():
+            m_incidents.add_metric([gname], float(n))
+            m_open.add_metric([gname], float(still.get(gname, 0)))
+            for outcome in IncidentOutcome.values:
+                m_ended.add_metric([gname, outcome], float(ended.get((gname, outcome), 0)))
+
         families: list[Metric] = [m_state, m_weight, m_base, m_z, m_ema, m_baseline, m_nodes, m_props, m_canary,
-                                  m_canary_pending]
+                                  m_canary_pending, m_incidents, m_ended, m_open]
         return families, list(groups.values())
 
     def _weights_families(self, groups: list[str] | None) -> list[Metric]:

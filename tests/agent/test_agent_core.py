@@ -16,7 +16,7 @@ from agent.__main__ import main
 from agent.base import ApplyError, ApplyResult
 from agent.client import GatewayClient
 from agent.core import Agent
-from agent.envoy import EnvoyApplier
+from agent.envoy import EnvoyApplier, seed_discovery_response
 from agent.metrics import make_registry
 from contract import keys
 from harness.gateways import publish, weights_document
@@ -88,19 +88,31 @@ def test_metrics(redis_client, group):
 def test_cli_once_envoy(redis_client, group, tmp_path, settings):
     publish(redis_client, weights_document(group, 2, SERVERS, quarantined=("b",)))
     eds = tmp_path / "eds.json"
+    eds.write_text(json.dumps(seed_discovery_response(SERVERS, group)))  # the operator's seed (docs/gateways.md)
     assert main(["--gateway", "envoy", "--group", group, "--redis-url", settings.REDIS_URL,
                  "--envoy-eds-path", str(eds), "--once"]) == 0
     eps = json.loads(eds.read_text())["resources"][0]["endpoints"][0]["lb_endpoints"]
     assert [e["health_status"] for e in eps] == ["HEALTHY", "DRAINING"]
     # No document for another group: exit code 1, nothing written.
+    none = tmp_path / "none.json"
+    none.write_text(json.dumps(seed_discovery_response(SERVERS, group + "-none")))
     assert main(["--gateway", "envoy", "--group", group + "-none", "--redis-url", settings.REDIS_URL,
-                 "--envoy-eds-path", str(tmp_path / "none.json"), "--once"]) == 1
-    assert not (tmp_path / "none.json").exists()
+                 "--envoy-eds-path", str(none), "--once"]) == 1
+    assert json.loads(none.read_text())["version_info"] == seed_discovery_response(SERVERS, group + "-none")["version_info"]
+    # No EDS file at all: the apply fails with the reason (exit 1), nothing is invented.
+    assert main(["--gateway", "envoy", "--group", group, "--redis-url", settings.REDIS_URL,
+                 "--envoy-eds-path", str(tmp_path / "missing.json"), "--once"]) == 1
+    assert not (tmp_path / "missing.json").exists()
 
 
 def test_envoy_applier_through_agent_fail_open(redis_client, group, tmp_path):
+    (tmp_path / "e.json").write_text(json.dumps(seed_discovery_response(SERVERS, "c")))
     agent = Agent(GatewayClient(redis_client, group), EnvoyApplier(tmp_path / "e.json", "c"))
-    publish(redis_client, weights_document(group, 1, SERVERS, quarantined=("a",), generated_at=time.time() - 120,
+    publish(redis_client, weights_document(group, 1, SERVERS, quarantined=("a",)))
+    assert agent.run_once()
+    eps = json.loads((tmp_path / "e.json").read_text())["resources"][0]["endpoints"][0]["lb_endpoints"]
+    assert [e["health_status"] for e in eps] == ["DRAINING", "HEALTHY"]
+    publish(redis_client, weights_document(group, 2, SERVERS, quarantined=("a",), generated_at=time.time() - 120,
                                            stale_after_s=60))
     assert agent.run_once()
     assert agent.state.mode == "fail_open"
@@ -150,6 +162,7 @@ def test_the_agent_reports_the_version_it_applied_and_only_after_applying(redis_
     assert 0 < redis_client.ttl(key) <= 86400
     # The CLI names the gateway with --gateway-id.
     publish(redis_client, weights_document(group, 6, SERVERS))
+    (tmp_path / "e.json").write_text(json.dumps(seed_discovery_response(SERVERS, group)))
     assert main(["--gateway", "envoy", "--group", group, "--redis-url", settings.REDIS_URL, "--gateway-id", "edge-3",
                  "--envoy-eds-path", str(tmp_path / "e.json"), "--once"]) == 0
     assert json.loads(redis_client.hget(key, "edge-3"))["version"] == 6

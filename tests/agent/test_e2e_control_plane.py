@@ -56,7 +56,7 @@ from outlier_admin.control.actions import do_create_group, do_register_node, do_
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services, pytest.mark.slow,
               pytest.mark.timeout(90)]
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 HEALTHY = ("s0", "s1", "s2")
 
 

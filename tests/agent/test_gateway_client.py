@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import threading
 import time
+from itertools import pairwise
 
 import pytest
 import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent.base import ApplyError
 from agent.client import MODE_FAIL_OPEN, MODE_LIVE, GatewayClient, effective_weights
 from contract.weights_document import DocumentError, check_document, parse_document, split_address
 from harness.gateways import publish, weights_document
@@ -185,6 +187,44 @@ def test_run_loop_reacts_to_pubsub_and_to_the_clock(redis_client, group):
         stop.set()
         thread.join(timeout=5)
     assert not thread.is_alive()
+
+
+def test_run_loop_backs_off_while_the_same_weights_keep_failing(redis_client, group):
+    """A gateway that is down is retried with exponential backoff, not at every heartbeat version; new
+    weights are tried at once; a success resets the backoff."""
+    calls: list[tuple[float, int]] = []
+    healthy = threading.Event()
+
+    def on_update(eff):
+        calls.append((time.monotonic(), eff.version))
+        if not healthy.is_set():
+            raise ApplyError("gateway down")
+
+    client = GatewayClient(redis_client, group, poll_interval_s=30.0)
+    publish(redis_client, weights_document(group, 1, SERVERS))
+    stop = threading.Event()
+    thread = threading.Thread(target=client.run, args=(on_update, stop),
+                              kwargs={"retry_backoff_s": 0.2, "max_retry_backoff_s": 0.8}, daemon=True)
+    thread.start()
+    try:
+        t0 = time.monotonic()
+        version = 1
+        while time.monotonic() - t0 < 2.5:  # heartbeats: same weights, a new version every 20 ms
+            version += 1
+            publish(redis_client, weights_document(group, version, SERVERS))
+            time.sleep(0.02)
+        # Without backoff every heartbeat (~100) would be an attempt; with it: 0, 0.2, 0.6, 1.4, 2.2 s.
+        assert 3 <= len(calls) <= 6, [round(t - t0, 2) for t, _ in calls]
+        gaps = [b - a for (a, _), (b, _) in pairwise(calls)]
+        assert gaps[0] >= 0.19 and gaps[1] >= 0.39 and all(g <= 2.0 for g in gaps)
+        n = len(calls)
+        publish(redis_client, weights_document(group, version + 1, SERVERS, quarantined=("b",)))  # new weights
+        _wait(lambda: len(calls) > n, timeout=0.5)  # tried at once, not after the backoff
+        healthy.set()
+        _wait(lambda: calls[-1][1] == version + 1 and len(calls) >= n + 2, timeout=3.0)
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 def _wait(cond, timeout: float = 3.0) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from agent.base import ApplyError
 from agent.client import effective_weights
-from agent.envoy import CLA_TYPE, EnvoyApplier, render_cluster_load_assignment
+from agent.envoy import CLA_TYPE, EnvoyApplier, seed_discovery_response
 from agent.nginx import NginxApplier, render_upstream
 from contract.weights_document import parse_document
 from harness.gateways import NGINX_BIN, weights_document
@@ -112,10 +112,26 @@ def check_cla_shape(cla: dict) -> None:
             assert isinstance(ep["load_balancing_weight"], int) and ep["load_balancing_weight"] >= 1
 
 
-def test_envoy_cla_shape_weights_and_draining():
-    cla = render_cluster_load_assignment(eff(quarantined=("b",), weights={"c": 35}), "llama")
-    check_cla_shape(cla)
-    eps = {e["endpoint"]["hostname"]: e for e in cla["endpoints"][0]["lb_endpoints"]}
+def seeded(tmp_path, servers=SERVERS):
+    """The EDS file as the operator writes it first (docs/gateways.md): the agent edits only that."""
+    path = tmp_path / "eds" / "llama.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(seed_discovery_response(servers, "llama")))
+    return path
+
+
+def endpoints(path):
+    return {e["endpoint"]["hostname"]: e for e in json.loads(path.read_text())["resources"][0]["endpoints"][0]["lb_endpoints"]}
+
+
+def test_envoy_seed_and_applied_file_have_the_cla_shape_weights_and_draining(tmp_path):
+    path = seeded(tmp_path)
+    check_cla_shape(json.loads(path.read_text())["resources"][0])
+    EnvoyApplier(path, "llama").apply(eff(quarantined=("b",), weights={"c": 35}))
+    body = json.loads(path.read_text())
+    assert set(body) == {"version_info", "resources"} and len(body["resources"]) == 1
+    check_cla_shape(body["resources"][0])
+    eps = endpoints(path)
     assert (eps["a"]["health_status"], eps["a"]["load_balancing_weight"]) == ("HEALTHY", 100)
     assert (eps["b"]["health_status"], eps["b"]["load_balancing_weight"]) == ("DRAINING", 1)  # never 0
     assert eps["c"]["load_balancing_weight"] == 35
@@ -123,15 +139,13 @@ def test_envoy_cla_shape_weights_and_draining():
 
 
 def test_envoy_file_written_by_rename_and_only_on_change(tmp_path):
-    path = tmp_path / "eds" / "llama.json"
+    path = seeded(tmp_path)
     applier = EnvoyApplier(path, "llama")
-    applier.apply(eff())
-    body = json.loads(path.read_text())
-    assert set(body) == {"version_info", "resources"} and len(body["resources"]) == 1
-    check_cla_shape(body["resources"][0])
     inode = os.stat(path).st_ino
+    assert applier.apply(eff()).changes == []  # the seed already says so: not rewritten
+    assert os.stat(path).st_ino == inode
     result = applier.apply(eff(quarantined=("a",)))
-    assert result.changes == ["127.0.0.1:8000 DRAINING weight=1"]
+    assert result.changes == ["127.0.0.1:8000 DRAINING weight=1 (was HEALTHY weight=100)"]
     assert os.stat(path).st_ino != inode  # a new file moved into place: what Envoy's watcher needs
     version = json.loads(path.read_text())["version_info"]
     assert applier.apply(eff(quarantined=("a",))).changes == []
@@ -139,7 +153,31 @@ def test_envoy_file_written_by_rename_and_only_on_change(tmp_path):
 
 
 def test_envoy_fail_open_puts_everyone_back_healthy(tmp_path):
-    path = tmp_path / "llama.json"
+    path = seeded(tmp_path)
+    EnvoyApplier(path, "llama").apply(eff(quarantined=("a",)))
     EnvoyApplier(path, "llama").apply(eff(now=10_000.0, quarantined=("a",)))  # stale document
-    eps = json.loads(path.read_text())["resources"][0]["endpoints"][0]["lb_endpoints"]
-    assert {(e["health_status"], e["load_balancing_weight"]) for e in eps} == {("HEALTHY", 100)}
+    assert {(e["health_status"], e["load_balancing_weight"]) for e in endpoints(path).values()} == {("HEALTHY", 100)}
+
+
+def test_envoy_edits_only_the_endpoints_the_file_lists(tmp_path):
+    """The operator owns the cluster's membership: a node the file does not list is skipped, an
+    endpoint no node matches is left as it is, and every locality is read."""
+    path = tmp_path / "llama.json"
+    body = seed_discovery_response({"a": SERVERS["a"]}, "llama")
+    body["resources"][0]["endpoints"].append(
+        seed_discovery_response({"b": SERVERS["b"], "x": "127.0.0.9:8000"}, "llama")["resources"][0]["endpoints"][0])
+    path.write_text(json.dumps(body))
+    result = EnvoyApplier(path, "llama").apply(eff(quarantined=("b",), weights={"c": 35}))
+    assert result.missing == ["c (127.0.0.3:8000)"] and result.unknown == ["127.0.0.9:8000"]
+    eps = [e for loc in json.loads(path.read_text())["resources"][0]["endpoints"] for e in loc["lb_endpoints"]]
+    assert [(e["endpoint"]["hostname"], e["health_status"]) for e in eps] == [
+        ("a", "HEALTHY"), ("b", "DRAINING"), ("x", "HEALTHY")]
+
+
+def test_envoy_without_its_file_or_with_another_cluster_refuses(tmp_path):
+    with pytest.raises(ApplyError, match=r"no file at .* write the EDS file first"):
+        EnvoyApplier(tmp_path / "none.json", "llama").apply(eff())
+    assert not (tmp_path / "none.json").exists()
+    path = seeded(tmp_path)
+    with pytest.raises(ApplyError, match="no ClusterLoadAssignment for cluster 'other'"):
+        EnvoyApplier(path, "other").apply(eff())

@@ -26,7 +26,7 @@ from harness.gateways import (
     weights_document,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 SERVERS = {"a": "127.0.0.1:18001", "b": "127.0.0.2:18001"}
 
 

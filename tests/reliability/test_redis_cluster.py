@@ -19,6 +19,7 @@ import numpy as np
 import orjson
 import pytest
 from prometheus_client import generate_latest
+from redis.exceptions import TryAgainError
 
 from agent.base import ApplyResult
 from agent.client import GatewayClient
@@ -103,7 +104,8 @@ def test_a_cluster_with_an_unreachable_or_foreign_node_is_named_at_start(cluster
     started = time.monotonic()
     dead = cluster_problem(cluster.url() + ",127.0.0.1:1", timeout_s=1.0)
     assert dead is not None and "node 127.0.0.1:1 unreachable" in dead
-    assert time.monotonic() - started < 10, "an unreachable node is an error at once, not a hang"
+    # A hang guard (loaded CI hosts): a wait for the connect timeout per retry would take minutes.
+    assert time.monotonic() - started < 30, "an unreachable node is an error at once, not a hang"
     # The machine's own Redis is no cluster node: named as such.
     plain = cluster_problem("redis+cluster://127.0.0.1:6379")
     assert plain is not None and "127.0.0.1:6379 is not a cluster node" in plain
@@ -193,7 +195,9 @@ def test_resharding_a_groups_slot_mid_load_loses_nothing_and_applies_nothing_twi
 
     refusals: list[int] = []  # the status of every answer other than 200
     pending: list[list[dict]] = []  # bodies not yet answered 200 (retried in order, as a shipper does)
-    answered = accepted = duplicates = refused = tick_errors = 0
+    answered = accepted = duplicates = refused = 0
+    tick_errors: list[BaseException] = []  # every exception a tick raised (asserted: the migration's kind only)
+    post_errors: list[BaseException] = []  # every exception an ingest call raised (asserted: none)
     ids: set[str] = set()
     body_no = 0
     moving: threading.Thread | None = None
@@ -237,7 +241,8 @@ def test_resharding_a_groups_slot_mid_load_loses_nothing_and_applies_nothing_twi
         while pending:
             try:
                 status = post(pending[0])
-            except Exception:
+            except Exception as exc:
+                post_errors.append(exc)
                 status = 599
             if status != 200:
                 refused += 1
@@ -247,8 +252,8 @@ def test_resharding_a_groups_slot_mid_load_loses_nothing_and_applies_nothing_twi
         if now >= next_tick:
             try:
                 run_tick(group)
-            except Exception:
-                tick_errors += 1
+            except Exception as exc:
+                tick_errors.append(exc)
             next_tick = time.time() + TICK_EVERY_S
         if now - t_start >= 4.0 and not pending and moving is not None and not moving.is_alive():
             break
@@ -280,9 +285,14 @@ def test_resharding_a_groups_slot_mid_load_loses_nothing_and_applies_nothing_twi
     metric = sum(REDIS_REDIRECTIONS.labels(k)._value.get() for k in ("moved", "ask")) - metric_before
     print(f"resharding: slot {slot} moved {source} -> {target} ({keys_moved[0]} keys) under load; records sent "
           f"{len(ids)}, accepted {accepted} (+{duplicates} duplicates on retry), applied {gd.accepted_total}, "
-          f"lost {lost}, twice {twice}; {refused} refusals retried, {tick_errors} tick errors; redirections "
+          f"lost {lost}, twice {twice}; {refused} refusals retried, {len(tick_errors)} tick errors; redirections "
           f"{redirections} (metric +{metric:.0f})")
     assert lost == 0 and twice == 0
+    # A slot moving is no fault of a client that follows MOVED and ASK: no ingest call raised, and a tick
+    # raised only what Redis answers a multi-key command while the slot's keys are split between two
+    # nodes (TRYAGAIN; the next tick, 250 ms later, runs it again: nothing lost, nothing twice, above).
+    assert post_errors == [], [repr(e) for e in post_errors]
+    assert all(isinstance(e, TryAgainError) for e in tick_errors), [repr(e) for e in tick_errors]
     # The agent exports the redirections its process followed (its /metrics).
     text = generate_latest(make_registry(Agent(gateway, _Recorder()))).decode()
     for kind in ("moved", "ask"):

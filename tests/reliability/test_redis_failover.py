@@ -17,6 +17,7 @@ import time
 import numpy as np
 import orjson
 import pytest
+import redis
 
 from agent.client import GatewayClient
 from contract import keys
@@ -34,6 +35,8 @@ BODY_EVERY_S = 0.1  # 10 bodies/s of 8 records: a fixed rate
 TICK_EVERY_S = 0.25
 LOAD_BEFORE_S = 2.0  # load before the kill
 RESTART_AFTER_S = 1.0  # the dead node is back (as a replica) this long after the failover
+#: What a tick may raise while the primary is dead and Sentinel promotes the replica: the injected fault.
+FAILOVER_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ReadOnlyError)
 
 
 def test_primary_killed_under_load_nothing_lost_nothing_twice(sentinel_cluster, settings, client,  # noqa: F811
@@ -58,7 +61,9 @@ def test_primary_killed_under_load_nothing_lost_nothing_twice(sentinel_cluster, 
     answered = accepted = duplicates = refused = 0
     ids: set[str] = set()
     seen_docs: list[tuple[float, int, float]] = []  # (wall time the gateway took it, version, generated_at)
-    tick_errors = not_replicated = 0
+    tick_errors: list[tuple[float, BaseException]] = []  # (wall time, exception) of every tick that raised
+    post_errors: list[tuple[float, BaseException]] = []
+    not_replicated = 0
     killed_at = failover_at = restarted_at = None
     old_primary = cluster.primary_port
     t_start = time.time()
@@ -102,7 +107,8 @@ def test_primary_killed_under_load_nothing_lost_nothing_twice(sentinel_cluster, 
         while pending:  # oldest first; stop at the first refusal (the retry comes next turn)
             try:
                 status = post(pending[0])
-            except Exception:
+            except Exception as exc:  # asserted below: only the failover's own kind, only during it
+                post_errors.append((time.time(), exc))
                 status = 599
             if status != 200:
                 refused += 1
@@ -113,8 +119,8 @@ def test_primary_killed_under_load_nothing_lost_nothing_twice(sentinel_cluster, 
                 res = run_tick("g1")
                 if res is None:
                     not_replicated += 1  # lock held by a lost tick, or not confirmed by a replica
-            except Exception:
-                tick_errors += 1
+            except Exception as exc:  # asserted below: only the failover's own kind, only during it
+                tick_errors.append((time.time(), exc))
             next_tick = time.time() + TICK_EVERY_S
         if gateway.refresh():
             seen_docs.append((time.time(), gateway.document.version, gateway.document.generated_at))
@@ -149,9 +155,18 @@ def test_primary_killed_under_load_nothing_lost_nothing_twice(sentinel_cluster, 
     longest = float(gaps.max())
     print(f"failover: promoted {failover_at - killed_at:.2f} s after the kill; longest gap between documents "
           f"{longest:.2f} s (stale_after_s {settings.WEIGHTS_STALE_AFTER_S}); {len(ids)} records, {refused} "
-          f"refusals retried, {duplicates} duplicates on retry, {tick_errors} tick errors, {not_replicated} ticks "
-          "dropped")
-    assert longest < settings.WEIGHTS_STALE_AFTER_S / 3, longest
+          f"refusals retried, {duplicates} duplicates on retry, {len(tick_errors)} tick errors "
+          f"({sorted({type(e).__name__ for _, e in tick_errors})}), {not_replicated} ticks dropped")
+    # The behaviour: the gateways never went stale (they fail open after stale_after_s without a document).
+    # How long the gap was is a figure (printed above; bench/chaos_probe.py measures it), not asserted here.
+    assert longest < settings.WEIGHTS_STALE_AFTER_S, longest
+    # Every exception a tick or an ingest call raised is the injected fault's: the primary's death seen
+    # as a lost or refused connection (or a write that reached the demoted node), from the kill until
+    # the cluster settled; before the kill none, and none of any other kind.
+    for when, exc in tick_errors + post_errors:
+        assert isinstance(exc, FAILOVER_ERRORS), repr(exc)
+        assert killed_at <= when, f"{exc!r} before the primary was killed"
+    assert not post_errors, f"ingest answers 503 through a failover, it does not raise: {post_errors}"
 
 
 def _feed(t: float, rng: np.random.Generator, n_nodes: int = 4) -> int:

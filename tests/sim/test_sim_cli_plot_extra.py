@@ -40,7 +40,7 @@ def test_a_missing_sim_extra_stops_the_command_at_once(argv, tmp_path, without_m
     assert "pip install -e '.[sim]'" in proc.stderr and "matplotlib" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert not out.exists()  # nothing simulated, nothing written
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30  # a hang guard: nothing simulated (a run takes minutes)
 
 
 def test_run_without_plot_needs_no_matplotlib(tmp_path, without_matplotlib):

@@ -8,7 +8,6 @@ from sim_helpers import tiny
 from sim.engine import Precomputed, Simulation
 from sim.policies import (
     KNOWN_POLICIES,
-    ORACLE_STREAMS,
     POLICY_INPUTS,
     SEED_SAFEGUARD_FRACTION,
     policy_factory,
@@ -29,10 +28,8 @@ def run(doc, policy):
     return Simulation(scn, Precomputed.build(scn, build_requests(scn)), policy_factory(policy)).run()
 
 
-def test_every_policy_names_its_inputs_and_the_signals_its_bound_reads():
-    assert set(POLICY_INPUTS) == set(KNOWN_POLICIES) == set(ORACLE_STREAMS)
-    assert ORACLE_STREAMS["seed_p99p50"] == ("log_total",)  # raw latency, as written
-    assert "decode" in ORACLE_STREAMS["seed_p99p50_norm"] and "itl_row" in ORACLE_STREAMS["default"]
+def test_every_policy_names_its_inputs():
+    assert set(POLICY_INPUTS) == set(KNOWN_POLICIES)
 
 
 def test_seed_zscore_pauses_isolation_at_30_percent_of_the_group():

@@ -27,6 +27,7 @@ from outlier_admin.control.actions.access import (
     do_create_user,
     do_revoke_token,
     do_set_roles,
+    do_unlock_login,
 )
 from outlier_admin.control.actions.core import REASON_MAX, ActionError, Actor, audit
 from outlier_admin.control.actions.groups import (
@@ -99,6 +100,7 @@ __all__ = [
     "do_set_group_policy",
     "do_set_roles",
     "do_supersede_proposals",
+    "do_unlock_login",
     "do_unpin_weight",
     "do_unretire_node",
     "do_update_group",

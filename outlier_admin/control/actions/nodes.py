@@ -13,7 +13,7 @@ from contract.names import (
     NameError_,
     host_allowed,
     parse_address,
-    validate_node_id,
+    validate_new_node_name,
     validate_scrape_url,
 )
 from contract.weights_document import DEFAULT_BASE_WEIGHT, MAX_BASE_WEIGHT
@@ -26,6 +26,7 @@ from outlier_admin.control.actions.core import (
     _save_changes,
     audit,
 )
+from outlier_admin.control.incidents import close_retired
 from outlier_admin.control.models import AuditEvent
 from outlier_admin.fleet.models import ModelGroup, Node, RegisteredVia
 
@@ -51,7 +52,7 @@ def do_register_node(
         raise ActionError("address is required")
     address = address.strip()
     _checked(parse_address, address)
-    node_id = _checked(validate_node_id, name or address)
+    node_id = _checked(validate_new_node_name, name or address)
     _checked(validate_scrape_url, dcgm_url)
     _checked(validate_scrape_url, metrics_url)
     _base_weight(base_weight)
@@ -135,13 +136,15 @@ def _room_locked(group: ModelGroup) -> int:
 
 def do_retire_node(node: Node, *, actor: Actor, reason: str) -> Node:
     """Take ``node`` out of the group for good (removed from the detector and the weights document
-    at the next tick; its history stays)."""
+    at the next tick; its history stays; its open incident ends as ``retired``)."""
     reason = _reason(reason)
     with transaction.atomic():
         if not Node.objects.filter(pk=node.pk, retired=False).update(retired=True):
             raise ActionError(f"node {node.name} is already retired")
+        ended = close_retired(node)  # its open incident ends with it, with this audit event
         audit("node.retire", actor, node=node, reason=reason,
-              detail={"address": node.address, "state": node.state, "weight": node.weight})
+              detail={"address": node.address, "state": node.state, "weight": node.weight,
+                      **({"incident": ended.pk} if ended else {})})
     node.refresh_from_db()
     return node
 

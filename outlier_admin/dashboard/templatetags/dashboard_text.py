@@ -62,3 +62,39 @@ def state_icon(state: str) -> str:
     from outlier_admin.dashboard.tables import STATE_ICONS
 
     return STATE_ICONS.get(state, "○")
+
+
+@register.filter
+def incident_cause(incident: Any) -> str:
+    """An incident's deciding cause with its signal and units (:func:`outlier_admin.control.incidents.cause_text`)."""
+    from outlier_admin.control.incidents import cause_text
+
+    return cause_text(incident)
+
+
+@register.filter
+def duration(incident: Any) -> str:
+    """How long an incident lasted (or has lasted), in words."""
+    end = incident.ended_at or timezone.now()
+    seconds = max(0, int((end - incident.started_at).total_seconds()))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, s = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {s} s"
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
+@register.filter
+def proposal_cause(proposal: Any) -> str:
+    """A proposal's evidence once, with its signal and units (:func:`outlier_admin.control.incidents.evidence_words`),
+    instead of ``EMA=90.423 baseline=57.582``; a GPU proposal's reason as it was written."""
+    from detector.signals import unit_of
+    from outlier_admin.control.incidents import evidence_words
+
+    e = proposal.evidence or {}
+    if not e.get("reason"):
+        return proposal.reason
+    signal = e.get("signal") or ""
+    unit = unit_of(signal, proposal.group.thresholds().normalization) if signal else ""
+    return evidence_words(e["reason"], signal, e.get("z"), e.get("ema"), e.get("baseline"), unit)

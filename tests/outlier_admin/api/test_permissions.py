@@ -62,7 +62,8 @@ def test_mutating_endpoint_matrix(fleet, users, role, index):
 
 
 READ_URLS = ["/api/v1/groups/", "/api/v1/nodes/", "/api/v1/audit/", "/api/v1/transitions/", "/api/v1/proposals/",
-             "/api/v1/overrides/", "/api/v1/probes/", "/api/v1/gpu-readings/", "/api/schema/?format=json"]
+             "/api/v1/overrides/", "/api/v1/probes/", "/api/v1/gpu-readings/", "/api/v1/incidents/",
+             "/api/v1/incidents/export/", "/api/schema/?format=json"]
 
 
 @pytest.mark.parametrize("role", ROLES)

@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 from django.test import Client
 
-from outlier_admin.api.preview import preview_thresholds
 from outlier_admin.control.models import Transition
+from outlier_admin.history.preview import WHY_BETWEEN_ROWS, preview_thresholds
 
 pytestmark = pytest.mark.django_db
 
@@ -34,11 +34,14 @@ def test_a_recorded_quarantine_the_replay_misses_is_said_not_hidden(fleet, users
     assert not f.faithful and (f.recorded, f.reproduced) == (3, 2)
     assert f.missed == [(nodes[3].name, "quarantine")] and f.extra == []
     body = f.to_dict()
-    assert body["faithful"] is False and body["missed"] == [{"node": nodes[3].name, "to_state": "quarantine"}]
+    assert body["faithful"] is False and body["missed"] == [
+        {"node": nodes[3].name, "to_state": "quarantine", "why": WHY_BETWEEN_ROWS["quarantine"]}]
 
     c = Client()
     c.force_login(users["operator"])
     html = c.post(f"/groups/{group.slug}/thresholds/", {"quarantine_z": "5", "preview": "1"}).content.decode()
     warning = html.split('id="fidelity"')[1].split("</div>")[0]
     assert "does not reproduce what happened" in warning and "2 of the 3" in warning
-    assert f"recorded, not replayed: {nodes[3].name} → quarantine" in warning
+    assert f"recorded, not replayed: {nodes[3].name} → quarantine: its recorded figures are under" in warning
+    # The difference comes after the check of what the replay reproduces.
+    assert html.index('id="fidelity"') < html.index("no longer happening")

@@ -9,10 +9,10 @@ from datetime import timedelta
 import pytest
 from django.test import Client
 
-from outlier_admin.api.preview import preview_thresholds
 from outlier_admin.control.actions import do_register_node
 from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.dashboard.views import GROUP_PAGE_SIZE
+from outlier_admin.history.preview import preview_thresholds
 from tests.outlier_admin.api.conftest import write_history
 
 pytestmark = pytest.mark.django_db

@@ -14,11 +14,11 @@ from django.test import Client
 
 from agent.client import GatewayClient
 from detector.thresholds import Thresholds
-from outlier_admin.api.timeline import BaselinePoint
 from outlier_admin.control.models import CanaryProbe, NodeHistory, Transition
 from outlier_admin.dashboard.charts import probe_z
 from outlier_admin.dashboard.svg import Threshold, time_chart
 from outlier_admin.fleet.models import ModelGroup, Node
+from outlier_admin.history.timeline import BaselinePoint
 
 pytestmark = pytest.mark.django_db
 
@@ -226,3 +226,18 @@ def test_a_node_held_degraded_past_degraded_alert_s_says_needs_hardware_check(in
     assert html.count("needs hardware check") == 1
     ModelGroup.objects.filter(pk=group.pk).update(threshold_overrides={"degraded_alert_s": 3600})
     assert "needs hardware check" not in client.get("/").content.decode()
+
+
+def test_a_gateway_that_stopped_reporting_shows_as_gone_not_behind(incident, users, redis_client, settings):
+    """An agent run once (--once) reported v2 and stopped: after GATEWAY_GONE_AFTER_S it no longer
+    counts as behind (it said "10 versions behind" for good), and shows as gone."""
+    group = incident["group"]
+    settings.GATEWAY_GONE_AFTER_S = 300
+    GatewayClient(redis_client, group.name).report_applied("gw-once/haproxy", 2, time.time() - 301, "live")
+    html = viewer(users).get("/").content.decode()
+    assert "gw-once/haproxy: gone (last report" in html and "10 versions behind" not in html
+    assert "v10 on the oldest of 2 gateway(s); published v12 (1 gateway(s) behind); 1 gone (no report for 300 s)" in html
+    # Reporting again, it is back, and behind.
+    GatewayClient(redis_client, group.name).report_applied("gw-once/haproxy", 2, time.time(), "live")
+    html = viewer(users).get("/").content.decode()
+    assert "gw-once/haproxy: v2 <strong>(10 versions behind)</strong>" in html

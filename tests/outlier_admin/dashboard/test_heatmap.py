@@ -79,7 +79,8 @@ def test_a_healthy_spread_of_prefill_times_paints_no_cell_over_the_line(viewer):
     assert zs["prefill_time"][7] >= t.degrade_z
     for query in ("", "&signal=prefill_time"):
         cells = heat_cells(viewer, group, query)
-        assert len(cells) == 8 and all(10 <= len(c) <= 12 for c in cells.values())  # 10 minutes of 1-minute cells
+        # The axis spans the data: 10 minutes of history every 10 s in cells of 10 or 15 s, none empty.
+        assert len(cells) == 8 and all(40 <= len(c) <= 60 for c in cells.values()), {len(c) for c in cells.values()}
         kinds = {k for c in cells.values() for k in c}
         assert kinds <= {"z-under", "z-slower"}, (query, kinds)
         assert set(cells["node-7"]) == {"z-slower"}
@@ -133,12 +134,29 @@ def test_the_orm_read_of_other_databases_gives_the_rows_of_the_postgresql_read(m
     """The demo's SQLite reads the history through the ORM; PostgreSQL by plain SQL (epoch seconds)."""
     from types import SimpleNamespace
 
-    from outlier_admin.dashboard import heatmap as module
+    from outlier_admin.history import replay
 
-    _, nodes, _ = write_group(HEALTHY_PREFILL, HEALTHY_DECODE, minutes=2)
+    group, nodes, _ = write_group(HEALTHY_PREFILL, HEALTHY_DECODE, minutes=2)
     end = timezone.now() + timedelta(seconds=1)
-    args = ([n.pk for n in nodes], ("decode", "prefill_time"), end - timedelta(minutes=5), end)
-    sql = sorted(module._history(*args))
-    monkeypatch.setattr(module, "connection", SimpleNamespace(vendor="sqlite"))
-    orm = sorted(module._history(*args))
-    assert len(sql) == 8 * 12 * 2 and sql == orm
+    window = (("decode", "prefill_time"), end - timedelta(minutes=5), end, None)
+    sql = sorted(replay._rows(group.pk, None, *window))
+    by_node = sorted(replay._rows(group.pk, [n.pk for n in nodes], *window))
+    monkeypatch.setattr(replay, "connection", SimpleNamespace(vendor="sqlite"))
+    orm = sorted(replay._rows(group.pk, None, *window))
+    assert len(sql) == 8 * 12 * 2 and sql == orm == by_node
+
+
+def test_the_time_axis_spans_the_data():
+    """Three minutes of history fill the axis (the old one put them in the right 5 % of an hour);
+    an hour or more of it is the last hour in one-minute cells."""
+    from datetime import UTC, datetime
+
+    from outlier_admin.dashboard.heatmap import data_window
+
+    now = datetime(2026, 1, 1, 12, 0, 3, tzinfo=UTC)
+    w = data_window(now, now - timedelta(minutes=3), 10)
+    assert (w.step_s, w.buckets) == (10.0, 19) and w.start <= now - timedelta(minutes=3) < w.start + timedelta(seconds=10)
+    assert w.end >= now
+    hour = data_window(now, now - timedelta(hours=5), 10)
+    assert (hour.step_s, hour.buckets) == (60.0, 60)
+    assert data_window(now, None, 10).buckets == 60  # no data: the last 60 history steps

@@ -93,7 +93,7 @@ def test_a_cause_names_its_signal_and_the_evidence_its_units(fleet, users):
     c = Client()
     c.force_login(users["viewer"])
     row = c.get("/").content.decode().split(f">{node.name}</a></th>")[1].split("</tr>")[0]
-    assert "slower than its peers (Z over the degrade threshold), on decode" in row
+    assert "slower than its peers on decode time per token" in row
     page = c.get(f"/nodes/{node.pk}/").content.decode()
     assert "Z=2.70 on <strong>decode</strong>; EMA 14.800 ms/token, peer baseline 9.600 ms/token" in page
     # The fixture's norm transitions read as ratios to the cost model.

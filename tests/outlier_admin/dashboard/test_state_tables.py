@@ -5,10 +5,10 @@ display orders fails here, not on a page."""
 from __future__ import annotations
 
 from detector.states import NodeState
-from outlier_admin.api.queries import ATTENTION_ORDER, STATE_ORDER
 from outlier_admin.dashboard.heatmap import STATE_COLORS
 from outlier_admin.dashboard.tables import STATE_ICONS
 from outlier_admin.dashboard.templatetags.dashboard_text import state_icon
+from outlier_admin.history.queries import ATTENTION_ORDER, STATE_ORDER
 
 LABELS = sorted(s.label for s in NodeState)
 

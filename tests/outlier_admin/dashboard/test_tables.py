@@ -27,7 +27,7 @@ def test_gpu_flags_faults_before_throttle_and_nothing_for_clean_gpus():
 
 
 def test_every_state_has_a_glyph_so_colour_is_not_the_only_cue():
-    from outlier_admin.api.queries import STATE_ORDER
+    from outlier_admin.history.queries import STATE_ORDER
 
     assert {s for s in STATE_ORDER if s != "warming"} <= set(STATE_ICONS)
 

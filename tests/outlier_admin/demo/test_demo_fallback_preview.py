@@ -4,9 +4,9 @@ ResponseError" on every preview of such a demo)."""
 
 from __future__ import annotations
 
-from outlier_admin.api.preview import take_token
 from outlier_admin.control import redis_conn
 from outlier_admin.demo.runner import choose_redis
+from outlier_admin.history.preview import take_token
 
 
 def test_the_demos_redis_stand_in_runs_the_previews_rate_limiter(settings):

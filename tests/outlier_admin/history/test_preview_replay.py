@@ -6,9 +6,26 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from detector.thresholds import Thresholds
-from outlier_admin.api.preview import replay
+from outlier_admin.history import preview
+from outlier_admin.history.replay import build
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def replay(rows, t, node_count, baselines=None, *, signal="decode", also=None):
+    """The preview's replay of history rows ``(at, node, z, ema, p50, p99, state, evidence)`` of
+    ``signal`` (P50/P99 go on the ``norm`` rows, as the tick writes them), stored ``baselines``
+    ``{at: baseline}``, and ``also`` ``{signal: (rows, baselines)}``."""
+    stored, out = [], []
+    for sig, (sig_rows, base) in {signal: (rows, baselines or {}), **(also or {})}.items():
+        for at, node, z, ema, p50, p99, state, ev in sig_rows:
+            out.append((node, at.timestamp(), sig, z, ema, None, None, state, ev, False))
+            if sig == signal and sig != "norm":
+                out.append((node, at.timestamp(), "norm", None, None, p50, p99, state, None, False))
+            elif sig == "norm":
+                out[-1] = (node, at.timestamp(), sig, z, ema, p50, p99, state, ev, False)
+        stored += [(at, sig, b) for at, b in base.items()]
+    return preview.replay(build(out, stored), t, node_count, signal=signal, also=tuple(also or ()))
 
 
 def rows(count: int) -> list[tuple]:

@@ -17,12 +17,14 @@ priority and ``dry_run``, the safeguard cap and its hold (``safeguard_blocked``:
 cross-P50 detectors over the recorded percentiles (:class:`detector.detectors.tail.RecordedTail`). A
 change of a rule in the detector is a change of the preview.
 
-``baseline`` at a timestamp is the detector's own, stored by the tick with the history rows
-(:class:`~outlier_admin.control.models.GroupBaseline`, same ``at``); for rows written without one
-(history older than that table) it falls back to the median EMA of the nodes recorded
-healthy/degraded at that timestamp.
+The history is read once, by the read model (:mod:`outlier_admin.history.replay`): the peer view of
+each write, with the detector's stored baseline (and its one fallback for rows older than stored
+baselines), is the one the heatmap reads too.
 
-Approximations, stated so nobody over-reads the preview: the evidence is replayed as recorded, i.e.
+Approximations, stated so nobody over-reads the preview: a node the detector took out between two
+history rows (within seconds of its cut: the detector judges every request, the replay one row every
+``HISTORY_EVERY_S``) has its persistence counted as recorded at the row of its quarantine, which
+the replayed thresholds' lines still decide (:func:`_as_recorded`); the evidence is replayed as recorded, i.e.
 as accumulated under the materiality and allowance in force then (a new ``degrade_evidence`` line is
 replayed exactly, a new ``degrade_materiality`` only through the EMA test); a history step counts as
 one sample and one evaluation (the detector counts every request and tick, so real quarantines come
@@ -31,7 +33,7 @@ are not replayed, so a simulated quarantine lasts to the end of the window; node
 warming, probing, recovering or forced by an operator are not judged at those rows.
 
 Who and how much: a preview reads a whole group's history into memory and replays it twice, so it
-is for the roles that act on thresholds and nodes (:data:`PREVIEW_CAPABILITIES`: operator, oncall),
+is for the roles that act on thresholds and nodes (:data:`outlier_admin.fleet.roles.PREVIEW_CAPABILITIES`: operator, oncall),
 and it is bounded — a window of at most ``PREVIEW_MAX_WINDOW_S`` seconds, a group of at most
 ``PREVIEW_MAX_NODES`` nodes, at most ``PREVIEW_MAX_ROWS`` history rows read (per query). Over a bound
 the preview is refused with :class:`PreviewTooLarge` naming it (a 400), never silently truncated: a
@@ -40,11 +42,8 @@ Unbounded, 10,000 nodes x 60 rows took 10-16 s and +379 MB of one web worker per
 now in 0.02 s); at the default bounds' limit, 1,000 nodes x an hour (~340,000 rows), 4-14 s and
 +215 MB on the shared 2-core development machine.
 
-``PREVIEW_MAX_ROWS`` is one budget for the whole preview, not per query: a group deciding on
-``decode`` with ``prefill_time`` baselines read its deciding rows, the ``norm`` rows for the tail
-window, the ``prefill_time`` rows and the ``norm`` rows once more, each up to the bound — four times
-the rows the bound names (issue 29, finding 10: 17-42 s a request with 8 at once). The ``norm`` rows
-are now read once, and every read takes from the same budget.
+``PREVIEW_MAX_ROWS`` is one budget for the whole preview: the rows of every signal it reads (the
+deciding one, ``norm`` for the tail window, the other queue-free one) together, read in one query.
 
 And how often (:func:`admit_preview`, both the API and the dashboard): a preview costs seconds of a
 web thread, so each user has a token bucket of ``PREVIEW_BURST`` previews refilled one per
@@ -61,10 +60,9 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -73,12 +71,17 @@ from django.conf import settings
 from django.utils import timezone
 
 from contract import keys
+from detector.ejection import in_time
+from detector.nodes import NodeArrays
+from detector.signals import QUEUE_FREE, SIGNALS
+from detector.states import JUDGED_STATES, OPERATOR_STATES, Reason
+from detector.states import NodeState as S
 from detector.thresholds import Thresholds
-from outlier_admin.api.permissions import CAPABILITIES, user_can
-from outlier_admin.api.queries import decision_signal
+from outlier_admin.control import buckets
 from outlier_admin.control.models import GroupBaseline, NodeHistory, Transition
-from outlier_admin.control.redis_conn import get_redis
 from outlier_admin.fleet.models import ModelGroup
+from outlier_admin.history.queries import decision_signal
+from outlier_admin.history.replay import Frames, TooManyRows, load
 
 #: Thresholds whose effect the replay can show (they act on stored figures).
 PREVIEW_FIELDS = (
@@ -87,23 +90,10 @@ PREVIEW_FIELDS = (
     "quarantine_materiality", "degrade_evidence", "queue_drain_s", "tail_ratio", "cross_p50_ratio",
     "tail_windows", "max_quarantine_fraction",
 )
-JUDGED = frozenset({"healthy", "degraded", "pending_approval"})
 #: Recorded states the replay always follows (membership and operator decisions, not thresholds).
-FOLLOWED = frozenset({"warming", "forced_quarantine", "forced_active"})
-#: Capabilities that allow a preview (any one): ``tune`` (operator) and ``override`` (oncall).
-PREVIEW_CAPABILITIES = ("tune", "override")
+FOLLOWED_STATES = OPERATOR_STATES | {S.WARMING}
 #: The window the dashboard replays (the API's default is the serializer's, also an hour).
 DEFAULT_WINDOW_S = 3600.0
-
-
-def may_preview(user: Any) -> bool:
-    """True if ``user`` may run a threshold preview (see :data:`PREVIEW_CAPABILITIES`)."""
-    return any(user_can(user, cap) for cap in PREVIEW_CAPABILITIES)
-
-
-def preview_roles() -> list[str]:
-    """The role names that may preview, sorted (for the 403 messages)."""
-    return sorted(set().union(*(CAPABILITIES[cap] for cap in PREVIEW_CAPABILITIES)))
 
 
 class PreviewTooLarge(ValueError):
@@ -130,29 +120,13 @@ def rate_key(user_id: int) -> str:
     return keys.preview_ratelimit(user_id)
 
 
-# Refill by the time elapsed since the last take (Redis' own clock: every web process agrees), take one
-# token if there is one, else answer how long until there is; the key lapses once the bucket is full
-# again. Atomic: concurrent requests of one user cannot both take the last token.
-_TAKE = """
-local cap, per = tonumber(ARGV[1]), tonumber(ARGV[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local v = redis.call('HMGET', KEYS[1], 'tokens', 'at')
-local tokens = math.min(cap, (tonumber(v[1]) or cap) + (now - (tonumber(v[2]) or now)) / per)
-local took = 0
-if tokens >= 1 then tokens = tokens - 1; took = 1 end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
-redis.call('PEXPIRE', KEYS[1], math.ceil((cap - tokens) * per * 1000) + 1000)
-if took == 1 then return 0 end
-return math.ceil((1 - tokens) * per * 1000)
-"""
 _slots_lock = threading.Lock()
 _slots: dict[str, int] = {"running": 0}
 
 
 def take_token(user_id: int) -> int:
     """Take one of the user's preview tokens: 0 if taken, else the milliseconds until one is there."""
-    return int(get_redis().eval(_TAKE, 1, rate_key(user_id), settings.PREVIEW_BURST, settings.PREVIEW_REFILL_S))
+    return buckets.take(rate_key(user_id), cap=settings.PREVIEW_BURST, rate_per_s=1 / settings.PREVIEW_REFILL_S)
 
 
 @contextlib.contextmanager
@@ -185,14 +159,6 @@ def admit_preview(user: Any) -> Iterator[None]:
             _slots["running"] -= 1
 
 
-class RowBudget:
-    """What is left of ``PREVIEW_MAX_ROWS`` for one preview's history reads (every query takes from it)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.left = limit
-
-
 @dataclass(frozen=True)
 class SimTransition:
     node: str
@@ -208,8 +174,10 @@ class SimTransition:
 
 #: The detector's own cuts and quarantines, which a replay of history can make: what the replay of
 #: the current thresholds is checked against (operators' moves, probes and restores are not replayed).
-REPLAYED_REASONS = ("z_degrade", "z_quarantine", "tail_ratio", "cross_p50")
-REPLAYED_STATES = ("degraded", "pending_approval", "quarantined")
+REPLAYED_REASONS = tuple(r.value for r in (Reason.Z_DEGRADE, Reason.Z_QUARANTINE, Reason.TAIL_RATIO, Reason.CROSS_P50))
+#: A quarantine the detector decided: proposed (awaiting approval) or taken.
+QUARANTINE_LABELS = frozenset(s.label for s in (S.PENDING_APPROVAL, S.QUARANTINED))
+REPLAYED_STATES = (S.DEGRADED.label, *sorted(QUARANTINE_LABELS))
 
 
 @dataclass(frozen=True)
@@ -225,6 +193,8 @@ class Fidelity:
     missed: list[tuple[str, str]]
     extra: list[tuple[str, str]]
     unread: list[str]
+    #: Why each missed one was not reproduced, in words: ``{(node, kind): reason}``.
+    why: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @property
     def faithful(self) -> bool:
@@ -232,7 +202,7 @@ class Fidelity:
 
     def to_dict(self) -> dict[str, Any]:
         return {"faithful": self.faithful, "recorded": self.recorded, "reproduced": self.reproduced,
-                "missed": [{"node": n, "to_state": s} for n, s in self.missed],
+                "missed": [{"node": n, "to_state": s, "why": self.why.get((n, s), "")} for n, s in self.missed],
                 "extra": [{"node": n, "to_state": s} for n, s in self.extra],
                 "nodes_without_rows": self.unread}
 
@@ -241,17 +211,32 @@ def _kind(state: str) -> str:
     """``degraded`` (a cut), or ``quarantine`` for either way out: the replay cannot know what an
     operator decided, so a quarantine the detector proposed (``pending_approval``) and one it took or an
     operator approved (``quarantined``) are the same decision of the detector."""
-    return "quarantine" if state in ("pending_approval", "quarantined") else state
+    return "quarantine" if state in QUARANTINE_LABELS else state
 
 
-def fidelity(recorded: list[tuple[str, str]], current: list[SimTransition], replayed_nodes: set[str]) -> Fidelity:
-    """Compare the recorded (node, cut or quarantine) with the current-threshold replay's (see :class:`Fidelity`)."""
+#: Why a recorded cut or quarantine was not replayed (see :func:`fidelity`).
+WHY_NO_ROWS = "no history rows of this node in the window"
+WHY_OUT_AT_START = "already out of service at its first row in the window (its way out began before it)"
+WHY_BETWEEN_ROWS = {
+    "quarantine": "its recorded figures are under the current quarantine line at every row (a Z or tail "
+                  "reading the detector saw between two history rows, one every HISTORY_EVERY_S)",
+    "degraded": "a cut made between two history rows (one every HISTORY_EVERY_S) that its rows do not show",
+}
+
+
+def fidelity(recorded: list[tuple[str, str]], current: list[SimTransition], replayed_nodes: set[str],
+             out_at_start: set[str] | frozenset[str] = frozenset()) -> Fidelity:
+    """Compare the recorded (node, cut or quarantine) with the current-threshold replay's (see
+    :class:`Fidelity`), and say why each missed one was missed: no rows of the node, the node already
+    out at its first row in the window (``out_at_start``), or between two rows."""
     rec = {(n, _kind(st)) for n, st in recorded}
     sim = {(t.node, _kind(t.to_state)) for t in current
            if t.to_state in REPLAYED_STATES and t.rule in REPLAYED_REASONS}
     missed, extra = sorted(rec - sim), sorted(sim - rec)
+    why = {(n, k): WHY_NO_ROWS if n not in replayed_nodes else WHY_OUT_AT_START if n in out_at_start
+           else WHY_BETWEEN_ROWS.get(k, WHY_BETWEEN_ROWS["quarantine"]) for n, k in missed}
     return Fidelity(recorded=len(rec), reproduced=len(rec & sim), missed=missed, extra=extra,
-                    unread=sorted({n for n, _ in missed if n not in replayed_nodes}))
+                    unread=sorted({n for n, _ in missed if n not in replayed_nodes}), why=why)
 
 
 @dataclass
@@ -290,100 +275,101 @@ class Preview:
         }
 
 
-# at, node, z, ema, p50, p99, state, evidence
-Row = tuple[datetime, str, float | None, float | None, float | None, float | None, str, float | None]
 _PAD = "\x00pad"  # nodes of the group without history rows: they count toward the safeguard's cap
 
 
-def replay(
-    rows: list[Row], t: Thresholds, node_count: int, baselines: dict[datetime, float] | None = None, *,
-    signal: str = "decode", also: dict[str, tuple[list[Row], dict[datetime, float]]] | None = None,
-) -> list[SimTransition]:
-    """Simulated transitions of ``rows`` (sorted by ``at``) under thresholds ``t``, decided by the
-    detector's own ejection layer (:mod:`detector.ejection`): the recorded figures of each history
-    step become a peer view, and the same functions that decide in a tick decide here — the deciding
-    signal and the queue-drain rule (:func:`detector.detectors.zscore.decide`), persistence (in
-    seconds, ``quarantine_persistence_s``, measured between history steps; or, set to 0 and in seed
-    mode, the leaky count), the evidence gate with flap damping, tail and cross-P50 verdicts, cause priority and
-    ``dry_run``, the safeguard cap, soft degrade and hysteresis, approval: :func:`detector.evaluation.evaluate`,
-    without restores and probes (not recorded). Pure function.
 
-    ``node_count`` sizes the safeguard (the group's nodes, not only those with history);
-    ``baselines``: the detector's stored baseline per timestamp (missing: median-EMA estimate);
-    ``signal``: the rows' signal, the group's deciding one as the tick stored it (``norm`` in a group
-    without a queue-free signal: its latency includes the queue); ``also``: the other queue-free
-    signals' rows and stored baselines (``prefill_time`` next to ``decode``): the replay judges each
-    node on the larger Z, as the detector does."""
-    from detector.detectors import zscore
+def _lut(states: object) -> np.ndarray:
+    """A membership table indexed by state code (the read model's -1, an unknown label: the last
+    entry, never a member): ``_lut(s)[codes]`` is ``np.isin(codes, s)`` without a sort per call."""
+    out = np.zeros(len(S) + 1, dtype=bool)
+    out[[int(x) for x in states]] = True
+    return out
+
+
+_JUDGED = _lut(JUDGED_STATES)
+_JUDGED_OR_WARMING = _lut(JUDGED_STATES | {S.WARMING})
+_FOLLOWED = _lut(FOLLOWED_STATES)
+_QUARANTINE = _lut(S.from_label(x) for x in QUARANTINE_LABELS)
+
+
+def replay(f: Frames, t: Thresholds, node_count: int, *, signal: str = "decode",
+           also: Sequence[str] = ()) -> list[SimTransition]:
+    """Simulated transitions of the stored history ``f`` (:mod:`outlier_admin.history.replay`) under
+    thresholds ``t``, decided by the detector's own ejection layer (:mod:`detector.ejection`): the
+    recorded figures of each history write become a peer view (:meth:`Frames.view`), and the same
+    functions that decide in a tick decide here — the deciding signal and the queue-drain rule
+    (:func:`detector.detectors.zscore.decide`), persistence (in seconds, ``quarantine_persistence_s``,
+    measured between history steps; or, set to 0 and in seed mode, the leaky count), the evidence
+    gate with flap damping, tail and cross-P50 verdicts, cause priority and ``dry_run``, the safeguard
+    cap, soft degrade and hysteresis, approval: :func:`detector.evaluation.evaluate`, without restores
+    and probes (not recorded). Pure function.
+
+    ``node_count`` sizes the safeguard (the group's nodes, not only those with history); ``signal``:
+    the group's deciding one as the tick stored it (``norm`` in a group without a queue-free signal:
+    its latency includes the queue); ``also``: the other queue-free signals with a stored baseline
+    (``prefill_time`` next to ``decode``): the replay judges each node on the larger Z, as the
+    detector does. Nodes are judged only at writes they were recorded in a judged state
+    (:data:`detector.states.JUDGED_STATES`); a recorded warming or operator state
+    (:data:`FOLLOWED_STATES`) is followed."""
     from detector.detectors.cross_p50 import CrossP50Detector
     from detector.detectors.tail import RecordedTail
     from detector.detectors.zscore import ZScoreDetector
     from detector.evaluation import evaluate
     from detector.moves import Moves
-    from detector.nodes import NodeArrays
-    from detector.signals import SIGNALS
-    from detector.states import NodeState
 
-    baselines = baselines or {}
-    by_at: dict[datetime, list[Row]] = defaultdict(list)
-    for r in rows:
-        by_at[r[0]].append(r)
-    others = {SIGNALS.index(sig): ({(r[0], r[1]): (r[2], r[3]) for r in sig_rows}, sig_base)
-              for sig, (sig_rows, sig_base) in (also or {}).items()}
-    names = sorted({r[1] for r in rows})
+    names = sorted(f.names)
     a = NodeArrays(names + [f"{_PAD}{k}" for k in range(max(node_count - len(names), 0))])
-    a.state[:] = NodeState.HEALTHY
-    seen: set[str] = set()
-    k = SIGNALS.index(signal)
+    a.state[:] = S.HEALTHY
+    slot = np.array([a.index[n] for n in f.names], dtype=np.int64)  # f's node index -> a's
+    seen = np.zeros(len(a), dtype=bool)
+    last = np.full(len(a), -1, dtype=np.int64)  # each node's recorded state at its previous row
+    timed = in_time(t)
+    signals = (signal, *also)
+    k_sig = SIGNALS.index(signal)  # a node is judged at a write with a row of the deciding signal
     out: list[SimTransition] = []
-    for at in sorted(by_at):
-        now = at.timestamp()
-        z, ema, p50, p99, evidence = (np.full(len(a), np.nan) for _ in range(5))
+    for k, when in enumerate(f.writes.tolist()):
+        lo, hi = np.searchsorted(f.col_write, [k, k + 1])
+        cols = np.arange(lo, hi)
+        cols = cols[f.present[k_sig, cols]]  # the nodes with a row of the deciding signal
+        if not len(cols):
+            continue  # a write of other signals only: no step of the deciding signal's history
+        i = slot[f.col_node[cols]]
+        recorded = f.state[cols]
+        rec_judged = _JUDGED[recorded]
+        cur_judged = _JUDGED[a.state[i]]
+        # Warming, forced by an operator, or in the detector's quarantine path: follow the record,
+        # except that a node the replay keeps in service stays there.
+        follow = ~seen[i] | (~rec_judged & (~cur_judged | _FOLLOWED[recorded]))
+        # Taken out by the detector at this write (its row is the evaluation that did it) while the
+        # replay still has it in service: judged on that row, its persistence as the detector
+        # recorded it (see _as_recorded).
+        entering = _QUARANTINE[recorded] & _JUDGED[last[i]] & cur_judged & seen[i]
+        a.state[i[follow]] = recorded[follow]
+        seen[i] = True
+        last[i] = recorded
         has = np.zeros(len(a), dtype=bool)
-        for _, node, rz, rema, rp50, rp99, recorded, rev in by_at[at]:
-            i = a.index[node]
-            cur = NodeState(int(a.state[i])).label
-            if node not in seen or (recorded not in JUDGED and (cur not in JUDGED or recorded in FOLLOWED)):
-                # Warming, forced by an operator, or in the detector's quarantine path: follow the
-                # record, except that a node the replay keeps in service stays there.
-                a.state[i] = NodeState.from_label(recorded)
-                seen.add(node)
-            if recorded not in JUDGED:
-                continue
-            has[i] = True
-            z[i], ema[i], p50[i], p99[i] = (np.nan if v is None else v for v in (rz, rema, rp50, rp99))
-            evidence[i] = np.inf if rev is None else rev  # rows from before evidence was recorded: not gated
-        judged = has & (a.state != NodeState.QUARANTINED)
-        peers = judged & ((a.state == NodeState.HEALTHY) | (a.state == NodeState.DEGRADED))
-        baseline = baselines.get(at)
-        if baseline is None and np.isfinite(ema[peers]).any():
-            baseline = float(np.nanmedian(ema[peers]))
-        base = {s: math.nan for s in SIGNALS}
-        base[SIGNALS[k]] = math.nan if baseline is None else baseline
-        stack_z, stack_ema = np.full((len(SIGNALS), len(a)), np.nan), np.full((len(SIGNALS), len(a)), np.nan)
-        stack_z[k], stack_ema[k] = np.where(judged, z, np.nan), np.where(judged, ema, np.nan)
-        for k2, (recorded_at, sig_base) in others.items():
-            for i in np.flatnonzero(judged):
-                z2, ema2 = recorded_at.get((at, a.ids[i]), (None, None))
-                stack_z[k2, i] = np.nan if z2 is None else z2
-                stack_ema[k2, i] = np.nan if ema2 is None else ema2
-            b2 = sig_base.get(at)
-            if b2 is None and np.isfinite(stack_ema[k2][peers]).any():
-                b2 = float(np.nanmedian(stack_ema[k2][peers]))
-            base[SIGNALS[k2]] = math.nan if b2 is None else b2
-        view = zscore.PeerView(z=stack_z, ema=stack_ema, baseline=base, spread=dict.fromkeys(SIGNALS, math.nan),
-                               peers={s: int(peers.sum()) for s in SIGNALS}, fresh=has)
+        has[i[rec_judged | entering]] = True
+        p50, p99, evidence = (np.full(len(a), np.nan) for _ in range(3))
+        p50[i], p99[i] = f.p50[cols], f.p99[cols]
+        # Rows from before evidence was recorded: not gated.
+        evidence[i] = np.where(np.isnan(f.evidence[cols]), np.inf, f.evidence[cols])
+        judged = has & (a.state != S.QUARANTINED)
+        peers = judged & ((a.state == S.HEALTHY) | (a.state == S.DEGRADED))
+        view = f.view(k, signals, judged, int(peers.sum()), slot)
         a.evidence = np.where(judged, evidence, a.evidence)
         # The strength half of the time rule (the CUSUM over the quarantine line) is not recorded: the
         # recorded evidence over the degrade line, which is never smaller, stands in for it.
         a.evidence_q = np.where(judged, evidence, a.evidence_q)
         a.new_samples = judged.astype(np.int64)  # one sample per history step
         with np.errstate(invalid="ignore"):
-            a.new_drained = (judged & (now >= a.cut_at + t.queue_drain_s)).astype(np.int64)
+            a.new_drained = (judged & (when >= a.cut_at + t.queue_drain_s)).astype(np.int64)
+        _as_recorded(a, t, i[entering], when, timed)
         moves = Moves(a.state)
         # Errors are not recorded in the history: the replay's detectors are the latency ones.
-        evaluate(a, t, now, view, (ZScoreDetector(), RecordedTail(p50, p99, judged & np.isfinite(p50)),
-                                   CrossP50Detector()), moves)
+        evaluate(a, t, when, view, (ZScoreDetector(), RecordedTail(p50, p99, judged & np.isfinite(p50)),
+                                    CrossP50Detector()), moves)
+        at = datetime.fromtimestamp(when, tz=UTC)
         for m in moves.taken:
             if not a.ids[m.i].startswith(_PAD):
                 rule = "safeguard_blocked" if m.safeguard_hold else m.reason.value
@@ -391,53 +377,23 @@ def replay(
     return out
 
 
-def history_rows(
-    group: ModelGroup, start: datetime, end: datetime, signal: str = "norm", *,
-    max_rows: int | RowBudget | None = None, tail: dict[tuple[datetime, str], tuple[Any, Any]] | None = None,
-) -> list[Row]:
-    """The group's ``signal`` history rows in ``[start, end)`` as replay input, sorted by time. The
-    tail window's P50/P99 are recorded on the ``norm`` rows: other signals' rows take them from there
-    (``tail``: those already read, ``{(at, node): (p50, p99)}``; filled when empty).
-    ``max_rows``: raise :class:`PreviewTooLarge` rather than read more than that many rows — an int
-    per call, a :class:`RowBudget` across calls (each read takes from it). A count capped at the rows
-    left + 1 (in the database) refuses before any row is loaded — reading rows only to refuse cost
-    2.2 s and +62 MB at 100,000 rows —, and the read itself is capped as well, for rows written by a
-    tick between the count and the read."""
-    budget = RowBudget(max_rows) if isinstance(max_rows, int) else max_rows
-
-    def rows(sig: str) -> list[Row]:
-        in_window = NodeHistory.objects.filter(node__group=group, signal=sig, at__gte=start, at__lt=end)
-        qs = in_window.order_by("at", "node_id").values_list(
-            "at", "node__name", "z", "ema", "p50", "p99", "state", "evidence")
-        if budget is None:
-            return list(qs)
-        left = budget.left
-        too_many = PreviewTooLarge(
-            "group", f"the preview would read more than PREVIEW_MAX_ROWS={budget.limit} history rows of "
-                     f"group {group.name!r} ({sig} rows in the window, {budget.limit - left} read before): "
-                     "preview a shorter window")
-        if in_window.order_by()[: left + 1].count() > left:
-            raise too_many
-        out = list(qs[: left + 1])
-        if len(out) > left:
-            raise too_many
-        budget.left -= len(out)
-        return out
-
-    out = rows(signal)
-    if signal != "norm":
-        if tail is None:
-            tail = {}
-        if not tail:
-            tail.update({(r[0], r[1]): (r[4], r[5]) for r in rows("norm")})
-        out = [(r[0], r[1], r[2], r[3], *tail.get((r[0], r[1]), (None, None)), r[6], r[7]) for r in out]
-    return out
-
-
-def stored_baselines(group: ModelGroup, start: datetime, end: datetime, signal: str = "norm") -> dict[datetime, float]:
-    """``{at: baseline}`` of the detector's stored ``signal`` baselines of ``group`` in ``[start, end)``."""
-    return dict(GroupBaseline.objects.filter(group=group, signal=signal, at__gte=start, at__lt=end,
-                                             baseline__isnull=False).values_list("at", "baseline"))
+def _as_recorded(a: NodeArrays, t: Thresholds, nodes: np.ndarray, now: float, timed: bool) -> None:
+    """Nodes the detector took out at this history write: count their quarantine strength as held for
+    as long as the thresholds ask, one evaluation short of enough. The detector judged every request
+    and tick between two history rows (10 s apart; a 3x-slow node is out within a few seconds of its
+    cut), the replay one row each: without this it never saw enough rows to reproduce the quarantine.
+    The evaluation of this write still decides: the node goes only if its recorded figures are over
+    the quarantine line of the thresholds replayed (and the evidence gate, the cap, approval and
+    ``dry_run`` allow it), so a higher ``quarantine_z`` or materiality still shows as a quarantine that
+    would not happen; a longer persistence does not, for these nodes (stated in the module docstring)."""
+    if not len(nodes):
+        return
+    if timed:
+        a.q_held[nodes] = t.quarantine_persistence_s
+        a.q_seen_at[nodes] = now
+    else:
+        a.over_q[nodes] = max(t.quarantine_persistence - 1, 0)
+    a.over_q_evals[nodes] = t.quarantine_min_evaluations - 1
 
 
 def preview_thresholds(
@@ -468,39 +424,43 @@ def preview_thresholds(
 
 def _replay_window(group: ModelGroup, current: Thresholds, proposed: Thresholds, n: int, window_s: float,
                    now: datetime | None) -> Preview:
-    """:func:`preview_thresholds` once its input is checked and the preview admitted: the reads and replays."""
+    """:func:`preview_thresholds` once its input is checked and the preview admitted: one read of the
+    window's history (:func:`outlier_admin.history.replay.load`: the deciding signal's rows, the other
+    queue-free signals' with a stored baseline, the ``norm`` rows for the tail window) and two replays."""
     end = now or timezone.now()
     start = end - timedelta(seconds=window_s)
     signal = decision_signal(group)
-    others = []
+    others: list[str] = []
     if signal != "norm":
-        from detector.signals import QUEUE_FREE
-
         others = [other for other in QUEUE_FREE if other != signal and GroupBaseline.objects.filter(
             group=group, signal=other, at__gte=start, at__lt=end, baseline__isnull=False).exists()]
-    # Every signal the preview reads, counted (each capped in the database) before any row is loaded:
-    # a refusal costs a few counts, not the reads before the one over the bound (2.1 s at 1,000 nodes).
-    budget = RowBudget(settings.PREVIEW_MAX_ROWS)
-    left = budget.limit
-    for sig in dict.fromkeys([signal, "norm", *others]):
-        left -= NodeHistory.objects.filter(node__group=group, signal=sig, at__gte=start, at__lt=end).order_by()[
-            : max(left, 0) + 1].count()
-        if left < 0:
-            raise PreviewTooLarge(
-                "group", f"the preview would read more than PREVIEW_MAX_ROWS={budget.limit} history rows of "
-                         f"group {group.name!r} ({', '.join(dict.fromkeys([signal, 'norm', *others]))} rows in "
-                         "the window): preview a shorter window")
-    tail: dict[tuple[datetime, str], tuple[Any, Any]] = {}  # the norm rows' P50/P99, read once
-    rows = history_rows(group, start, end, signal, max_rows=budget, tail=tail)  # every read takes from it
-    baselines = stored_baselines(group, start, end, signal)
-    also = {other: (history_rows(group, start, end, other, max_rows=budget, tail=tail),
-                    stored_baselines(group, start, end, other)) for other in others}
-    now_replay = replay(rows, current, n, baselines, signal=signal, also=also)
+    signals = list(dict.fromkeys([signal, "norm", *others]))
+    # Counted (capped in the database) before any row is loaded: a refusal costs a count, not a read.
+    limit = settings.PREVIEW_MAX_ROWS
+    too_many = PreviewTooLarge(
+        "group", f"the preview would read more than PREVIEW_MAX_ROWS={limit} history rows of group {group.name!r} "
+                 f"({', '.join(signals)} rows in the window): preview a shorter window")
+    in_window = NodeHistory.objects.filter(node__group=group, signal__in=signals, at__gte=start, at__lt=end)
+    if in_window.order_by()[: limit + 1].count() > limit:
+        raise too_many
+    try:
+        f = load(group.pk, start, end, signals, max_rows=limit)  # capped too: rows a tick wrote meanwhile
+    except TooManyRows:
+        raise too_many from None
+    now_replay = replay(f, current, n, signal=signal, also=others)
     recorded = list(Transition.objects.filter(
         group=group, at__gte=start, at__lt=end, shadow=False, reason__in=REPLAYED_REASONS,
         to_state__in=REPLAYED_STATES).values_list("node__name", "to_state")[:10_000])
+    rows = f.rows.get(signal, 0)
     return Preview(
-        rows=len(rows), nodes=len({r[1] for r in rows}), start=start, end=end, current=now_replay,
-        proposed=replay(rows, proposed, n, baselines, signal=signal, also=also), signal=signal,
-        fidelity=fidelity(recorded, now_replay, {r[1] for r in rows}),
+        rows=rows, nodes=len(f.names), start=start, end=end, current=now_replay,
+        proposed=replay(f, proposed, n, signal=signal, also=others), signal=signal,
+        fidelity=fidelity(recorded, now_replay, set(f.names), _out_at_start(f)),
     )
+
+
+def _out_at_start(f: Frames) -> set[str]:
+    """The nodes whose first row in the window records them in neither a judged nor a warming state."""
+    first = np.unique(f.col_node, return_index=True)[1]  # columns are in time order
+    judged = _JUDGED_OR_WARMING[f.state[first]]
+    return {f.names[int(j)] for j in f.col_node[first][~judged].tolist()}

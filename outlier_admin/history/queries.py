@@ -134,25 +134,33 @@ NODE_SORTS = {"attention": "attention", "name": "name", "state": "state", "weigh
 TABLE_COLUMNS = ("id", "group_id", "name", "address", "state", "weight", "base_weight", "last_seen", "gpu_evidence")
 
 
-def group_nodes(group: ModelGroup, sort: str = "name", signal: str = "norm") -> list[Node]:
-    """The group's live nodes with ``latest_ema``/``latest_z``/``latest_p50``/``latest_p99``/
-    ``latest_samples`` set, sorted by ``sort`` (a :data:`NODE_SORTS` key, ``-`` prefix = descending,
-    unknown keys sort by name; ``attention``: :data:`ATTENTION_ORDER`, then the highest Z).
+def group_nodes(group: ModelGroup, sort: str = "name", signal: str | None = "norm") -> list[Node]:
+    """The group's live nodes with ``latest_signal``/``latest_ema``/``latest_z``/``latest_p50``/
+    ``latest_p99``/``latest_samples`` set, sorted by ``sort`` (a :data:`NODE_SORTS` key, ``-`` prefix =
+    descending, unknown keys sort by name; ``attention``: :data:`ATTENTION_ORDER`, then the highest Z).
+    ``signal=None``: each node's Z and EMA on its **deciding** signal (:func:`with_latest_figures`,
+    the API's node views; the heatmap's reading of the same write agrees with it).
 
-    Two queries whatever the group size (nodes, then :func:`latest_figures`); sorted in Python,
+    Two queries whatever the group size (nodes, then :func:`latest_figures`; one annotated query
+    with ``signal=None``); sorted in Python,
     ties by name, nodes without the figure last, except in a descending sort (worst first) where
     the nodes without it that are not healthy or warming come **first**: a quarantined, probing or
     recovering node has no fresh Z because it gets no traffic, and it is the first one to look at."""
-    nodes = list(group.nodes.filter(retired=False).only(*TABLE_COLUMNS))
-    figures = latest_figures([n.pk for n in nodes], signal)
-    empty = (None,) * len(LATEST_FIELDS)
-    # P50/P99 are recorded on the norm rows only (the detector's tail window): read them there.
-    tails = latest_figures([n.pk for n in nodes], "norm") if signal != "norm" else figures
-    for n in nodes:
-        for f, v in zip(LATEST_FIELDS, figures.get(n.pk, empty), strict=True):
-            setattr(n, f"latest_{f}", v)
-        tail = tails.get(n.pk, empty)
-        n.latest_p50, n.latest_p99 = tail[LATEST_FIELDS.index("p50")], tail[LATEST_FIELDS.index("p99")]
+    live = group.nodes.filter(retired=False).only(*TABLE_COLUMNS)
+    if signal is None:
+        nodes = list(with_latest_figures(live))
+    else:
+        nodes = list(live)
+        figures = latest_figures([n.pk for n in nodes], signal)
+        empty = (None,) * len(LATEST_FIELDS)
+        # P50/P99 are recorded on the norm rows only (the detector's tail window): read them there.
+        tails = latest_figures([n.pk for n in nodes], "norm") if signal != "norm" else figures
+        for n in nodes:
+            n.latest_signal = signal
+            for f, v in zip(LATEST_FIELDS, figures.get(n.pk, empty), strict=True):
+                setattr(n, f"latest_{f}", v)
+            tail = tails.get(n.pk, empty)
+            n.latest_p50, n.latest_p99 = tail[LATEST_FIELDS.index("p50")], tail[LATEST_FIELDS.index("p99")]
     key = NODE_SORTS.get(sort.lstrip("-"), "name")
     if key == "attention":
         return by_attention(nodes)

@@ -173,7 +173,7 @@ def node_timeline(
 ) -> list[Point]:
     """Downsampled history of ``node`` for ``signal`` in ``[start, end)``: :func:`downsample` of its
     rows; on PostgreSQL a range with more rows than ``max_points`` is aggregated by the database with
-    the same buckets and rules (``tests/outlier_admin/api/test_timeline_sql.py`` checks they agree)."""
+    the same buckets and rules (``tests/outlier_admin/history/test_timeline_sql.py`` checks they agree)."""
     if max_points < 1:
         raise ValueError(f"max_points must be >= 1, got {max_points}")
     where = {"node": node.pk, "signal": signal}

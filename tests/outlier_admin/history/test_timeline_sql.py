@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from django.utils import timezone
 
-from outlier_admin.api.timeline import FIELDS, downsample, group_baseline, node_timeline
 from outlier_admin.control.actions import do_create_group, do_register_node
 from outlier_admin.control.models import GroupBaseline, NodeHistory
+from outlier_admin.history.timeline import FIELDS, downsample, group_baseline, node_timeline
 
 pytestmark = pytest.mark.django_db
 
