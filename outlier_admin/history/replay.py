@@ -294,13 +294,13 @@ def _decide(f: Frames, t: Thresholds, cols: np.ndarray, signals: Sequence[str],
         d = zscore.decide(view, a, t, now=0.0)
         over = zscore.lines(d, t)
         level = np.where(over.over_q, OVER_QUARANTINE, np.where(over.over_d, OVER_DEGRADE,
-                                                                np.where(d.score > 0, SLOWER, AT_OR_UNDER)))
-        decided = np.isfinite(d.score)
+                                                                np.where(d.cut_z > 0, SLOWER, AT_OR_UNDER)))
+        decided = np.isfinite(d.cut_z)
         # No deciding Z: the group's deciding signal's Z, under every line (see the module docstring).
         group_k = _SIGNAL.get(signals[0], -1)
         fallback = z[group_k] if group_k >= 0 else np.full(c, np.nan)
-        shown = np.where(decided, d.score, fallback)
-        which = np.where(decided, d.which, np.where(np.isfinite(fallback), group_k, -1))
+        shown = np.where(decided, d.cut_z, fallback)
+        which = np.where(decided, d.cut_which, np.where(np.isfinite(fallback), group_k, -1))
         ratio = np.where(which >= 0, view.ema[np.maximum(which, 0), np.arange(c)], np.nan)
         level = np.where(decided, level, np.where(np.isfinite(shown), np.where(shown > 0, SLOWER, AT_OR_UNDER), -1))
     return shown, which, ratio, level
