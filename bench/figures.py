@@ -110,14 +110,24 @@ def scenario_figures(report: dict[str, Any], scenario_dir: Path) -> dict[str, An
     return out
 
 
-def suite_figures(folder: Path, scenario_dir: Path) -> dict[str, Any]:
-    summary = json.loads((folder / "summary.json").read_text())
-    scenarios = {}
-    for name in sorted(k for k in summary if not k.startswith("_")):
-        scenarios[name] = scenario_figures(json.loads((folder / f"{name}.json").read_text()), scenario_dir)
-    dq = summary["_detection_quality"]
-    return {"settings": {k: dq.get(k) for k in ("quick", "seeds", "cadence")}, "scenarios": scenarios,
-            "quality": dq["policies"][POLICY]}
+def suite_figures(folders: list[Path], scenario_dir: Path) -> dict[str, Any]:
+    """Every scenario report in ``folders`` (``sim suite`` output folders; a suite may be run in parts),
+    and the detection per incident over all of them (:func:`sim.runner.detection_quality`)."""
+    from sim.runner import detection_quality
+
+    reports = {}
+    for folder in folders:
+        for path in sorted(folder.glob("*.json")):
+            if path.name != "summary.json":
+                report = json.loads(path.read_text())
+                reports[report["scenario"]] = report
+    scenarios = {name: scenario_figures(reports[name], scenario_dir) for name in sorted(reports)}
+    seeds = sorted({len(r.get("seeds") or [0]) for r in reports.values()})
+    quick = any(r["duration_s"] < load_scenario(scenario_dir / f"{name}.json").duration_s
+                for name, r in reports.items())
+    quality = detection_quality([{"scenario": n, "policies": r["policies"]} for n, r in reports.items()], [POLICY])
+    return {"settings": {"quick": quick, "seeds": "/".join(map(str, seeds)), "cadence": "production"},
+            "scenarios": scenarios, "quality": quality[POLICY]}
 
 
 def collect(args: argparse.Namespace) -> int:
@@ -319,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.figures", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("collect")
-    c.add_argument("--tuned", type=Path, required=True)
-    c.add_argument("--unseen", type=Path, required=True)
+    c.add_argument("--tuned", type=Path, nargs="+", required=True, help="sim suite folder(s) of scenarios/")
+    c.add_argument("--unseen", type=Path, nargs="+", required=True, help="sim suite folder(s) of scenarios/unseen")
     c.add_argument("--fast", type=Path)
     c.add_argument("--sweep", type=Path)
     c.add_argument("--property-log", type=Path, help="a one-line summary of the property test's run")
@@ -331,9 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--detector-doc", type=Path, default=Path("docs/detector.md"),
                    help="the page whose seed-drill paragraph is generated too")
     args = ap.parse_args(argv)
-    for folder in (getattr(args, "tuned", None), getattr(args, "unseen", None)):
-        if folder is not None and not (folder / "summary.json").is_file():
-            print(f"error: {folder} has no summary.json (a `python -m sim suite` folder)", file=sys.stderr)
+    for folder in [*(getattr(args, "tuned", None) or []), *(getattr(args, "unseen", None) or [])]:
+        if not any(p.name != "summary.json" for p in folder.glob("*.json")):
+            print(f"error: {folder} holds no scenario report (a `python -m sim suite` folder)", file=sys.stderr)
             return 2
     return collect(args) if args.cmd == "collect" else render(args)
 

@@ -265,9 +265,9 @@ class RouterGateway:
     def request_headers(self) -> dict[str, str]:
         """What every client request carries (the LiteLLM proxy wants its key)."""
         if self.kind == "litellm":
-            from harness.routers_llm import MASTER_KEY
+            from harness.routers_llm import LITELLM_MASTER_KEY
 
-            return {"Authorization": f"Bearer {MASTER_KEY}"}
+            return {"Authorization": f"Bearer {LITELLM_MASTER_KEY}"}
         return {}
 
     def agent_args(self, group: str) -> list[str]:

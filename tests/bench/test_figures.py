@@ -9,33 +9,24 @@ from pathlib import Path
 from bench.figures import BEGIN, DRILL_BEGIN, END, main
 
 
-def _suite(folder: Path, scenario: str, faults: list[dict], quality: dict) -> Path:
+def _suite(folder: Path, scenario: str, faults: list[dict], duration: float) -> Path:
     folder.mkdir()
-    runs = [{"faults": faults, "incidents": {"faulty": 2, "detected": 2, "false_nodes": 0, "healthy_nodes": 30},
-             "healthy_node_hours": 2.0}]
-    (folder / f"{scenario}.json").write_text(json.dumps({"scenario": scenario,
+    runs = [{"faults": faults, "incidents": {"faulty": len(faults), "detected": len(faults), "false_nodes": 0,
+                                             "healthy_nodes": 30}, "healthy_node_hours": 2.0}]
+    (folder / f"{scenario}.json").write_text(json.dumps({"scenario": scenario, "duration_s": duration,
                                                           "policies": {"default": {"runs": runs}}}))
-    summary = {scenario: {}, "_detection_quality": {"policies": {"default": quality}, "quick": False, "seeds": 1,
-                                                    "cadence": "production"}}
-    (folder / "summary.json").write_text(json.dumps(summary))
     return folder
 
 
 def test_collect_and_render_write_the_section_once(tmp_path):
-    rate = {"events": 0, "node_hours": 2.0, "per_1000h": 0.0, "ci95": [0.0, 1844.5]}
-    quality = {"true_positives": 2, "false_positives": 0, "faults": 2, "false_negatives": 0,
-               "precision": {"value": 1.0, "ci95": [0.342, 1.0]}, "recall": {"value": 1.0, "ci95": [0.342, 1.0]},
-               "f1": 1.0, "healthy_node_hours": 2.0, "false_cut_nodes": rate, "false_cuts": rate,
-               "false_quarantines": rate, "below_base_node_s_per_1000h": 0.0, "weight_s_taken_per_1000h": 0.0,
-               "runs": 1}
     parts = {"group": "llama3-70b/h800", "onset_s": 60.0, "to_work_s": 0.0, "evidence": "row",
              "detector_samples": 3, "cut_to_quarantine_s": None}
     faults = [{**parts, "node": 3, "kind": "pcie_downgrade", "first_degrade_s": 1.2, "quarantine_s": None,
                "to_evidence_s": 0.1, "detector_s": 1.1},
               {**parts, "node": 17, "kind": "thermal_throttle", "onset_s": 90.0, "first_degrade_s": 0.7,
                "quarantine_s": 1.4, "to_evidence_s": 0.2, "detector_s": 0.5, "cut_to_quarantine_s": 0.7}]
-    tuned = _suite(tmp_path / "tuned", "seed-drill-32", faults, quality)
-    unseen = _suite(tmp_path / "unseen", "unseen-00", [{**faults[0], "group": "llama3-70b/h800", "node": 0}], quality)
+    tuned = _suite(tmp_path / "tuned", "seed-drill-32", faults, 240.0)
+    unseen = _suite(tmp_path / "unseen", "unseen-00", [{**faults[0], "node": 0, "kind": "thermal_throttle"}], 223.6)
     figures = tmp_path / "figures.json"
     assert main(["collect", "--tuned", str(tuned), "--unseen", str(unseen), "--out", str(figures)]) == 0
     got = json.loads(figures.read_text())["tuned"]["scenarios"]["seed-drill-32"]["faults"]
@@ -48,7 +39,9 @@ def test_collect_and_render_write_the_section_once(tmp_path):
     page = sweep_doc.read_text()
     assert page.count(BEGIN) == 1 and page.count(END) == 1 and page.startswith("# Sweep\n\nkept\n")
     assert "| seed-drill-32 | n17 (thermal_throttle) | 1/1 | 0.7 | 1.4 (1/1) | 0 | 0.2 (row) | 0.5 / 3 | 0.7 |" in page
-    assert "| precision [95 % Wilson] | 1 [0.342–1] | 1 [0.342–1] |" in page
+    # Wilson 95 %: 2 of 2 -> [0.342, 1]; 1 of 1 -> [0.207, 1]; no false cut in 2 node-hours -> [0, 1844.44]
+    assert "| precision [95 % Wilson] | 1 [0.3424–1] | 1 [0.2065–1] |" in page
+    assert "| false-cut nodes / 1,000 healthy node-h [95 % Garwood] | 0 [0–1844.44] | 0 [0–1844.44] |" in page
     text = detector_doc.read_text()
     assert text.count(DRILL_BEGIN) == 1 and "the PCIe-downgraded node is cut 1.2 s after its onset" in text
     assert text.endswith("after\n")
