@@ -41,6 +41,10 @@ memory. Fail static, then fail open, exactly as the agent: Redis down keeps the 
 good document until it is ``stale_after_s`` old, then every deployment is back; with no document yet
 nothing is filtered.
 
+Metrics (:class:`FilterCollector`, on prometheus-client's default registry, served by LiteLLM's
+``/metrics`` when its ``prometheus`` callback is on): requests judged, deployments dropped (by reason),
+nodes no deployment names, fail-open and the document's age, per group.
+
 Settings (environment, read at the first request, so the YAML's ``environment_variables`` apply):
 ``OUTLIER_LITELLM_REDIS_URL`` (else ``OUTLIER_AGENT_REDIS_URL``, ``REDIS_URL``),
 ``OUTLIER_LITELLM_GROUPS`` (``model=group,...``; unset: each model name is its own group),
@@ -64,6 +68,7 @@ from typing import Any
 from agent.client import (
     CHANNEL,
     KEY_PREFIX,
+    MODE_FAIL_OPEN,
     EffectiveWeights,
     GatewayClient,
     NodeWeight,
@@ -73,7 +78,7 @@ from agent.client import (
 from agent.worker_set import worker_address
 from contract.names import GROUP_NAME_RE
 
-log = logging.getLogger("outlier_admin.agent.litellm")
+log = logging.getLogger("agent.litellm")
 
 DEFAULT_POLL_INTERVAL_S = 1.0
 #: Seconds a Redis connect or read may take (the watcher's; a group's first request waits for one).
@@ -164,13 +169,55 @@ def filter_deployments(deployments: list[Any], weights: EffectiveWeights | None,
     return deployments  # every deployment quarantined: never leave LiteLLM with none
 
 
+class FilterCollector:
+    """Prometheus metrics of a :class:`DeploymentFilter`, read at scrape time (labels ``group``):
+    ``outlier_litellm_requests_total``, ``outlier_litellm_dropped_total{reason}`` (quarantined,
+    degraded), ``outlier_litellm_all_quarantined_total``, ``outlier_litellm_missing_nodes`` (nodes no
+    deployment names), ``outlier_litellm_fail_open`` and ``outlier_litellm_weights_age_seconds``.
+    Registered on prometheus-client's default registry, which LiteLLM's ``/metrics`` serves when its
+    ``prometheus`` callback is on."""
+
+    def __init__(self, deployment_filter: DeploymentFilter) -> None:
+        self.filter = deployment_filter
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        stats = self.filter.stats
+        requests = CounterMetricFamily("outlier_litellm_requests", "Requests the outlier-admin filter judged.",
+                                       labels=["group"])
+        dropped = CounterMetricFamily("outlier_litellm_dropped", "Deployments taken out of a request's choice.",
+                                      labels=["group", "reason"])
+        everything = CounterMetricFamily("outlier_litellm_all_quarantined",
+                                         "Requests whose every deployment was quarantined (none dropped).",
+                                         labels=["group"])
+        missing = GaugeMetricFamily("outlier_litellm_missing_nodes", "Nodes of the group no deployment names.",
+                                    labels=["group"])
+        fail_open = GaugeMetricFamily("outlier_litellm_fail_open", "1 while the group's document is stale.",
+                                      labels=["group"])
+        age = GaugeMetricFamily("outlier_litellm_weights_age_seconds",
+                                "Seconds since the group's last good document was generated.", labels=["group"])
+        for group, client in sorted(self.filter.clients().items()):
+            requests.add_metric([group], stats.requests[group])
+            dropped.add_metric([group, "quarantined"], stats.dropped_quarantined[group])
+            dropped.add_metric([group, "degraded"], stats.dropped_degraded[group])
+            everything.add_metric([group], stats.all_quarantined[group])
+            missing.add_metric([group], len(stats.missing.get(group, [])))
+            eff = client.effective()
+            if eff is not None:
+                fail_open.add_metric([group], 1.0 if eff.mode == MODE_FAIL_OPEN else 0.0)
+                age.add_metric([group], eff.age_s)
+        yield from (requests, dropped, everything, missing, fail_open, age)
+
+
 class DeploymentFilter:
     """One watcher thread per group, started at its first request; :meth:`filter` reads memory only."""
 
     def __init__(self, *, redis_url: str | None = None, groups: dict[str, str] | None = None,
                  poll_interval_s: float | None = None, key_prefix: str | None = None, channel: str | None = None,
                  rng: random.Random | None = None,
-                 client_factory: Callable[[str, str], GatewayClient] | None = None) -> None:
+                 client_factory: Callable[[str, str], GatewayClient] | None = None,
+                 register_metrics: bool = False) -> None:
         self._settings = {"redis_url": redis_url, "groups": groups, "poll_interval_s": poll_interval_s,
                           "key_prefix": key_prefix, "channel": channel}
         self.rng = rng or random.Random()
@@ -180,6 +227,7 @@ class DeploymentFilter:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._configured = False
+        self._register_metrics = register_metrics
 
     def _configure(self) -> None:
         """Read the settings (arguments, else the environment) once, at the first request."""
@@ -211,6 +259,11 @@ class DeploymentFilter:
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
             log.addHandler(handler)
             log.setLevel(level.upper())
+        if self._register_metrics:
+            try:
+                self.register_metrics()
+            except ValueError as exc:  # already registered (a second filter in one process)
+                log.warning("outlier-admin: metrics not registered: %s", exc)
         self._configured = True
 
     def group_of(self, model: str) -> str | None:
@@ -282,6 +335,20 @@ class DeploymentFilter:
             log.exception("outlier-admin filter failed for model %s; not filtering", model)
             return deployments
 
+    def clients(self) -> dict[str, GatewayClient]:
+        """The groups watched so far and their clients."""
+        return {g: c for g, c in list(self._clients.items()) if c is not None}
+
+    def register_metrics(self, registry: Any = None) -> bool:
+        """Export :class:`FilterCollector` on ``registry`` (prometheus-client's default one when None);
+        False without prometheus-client."""
+        try:
+            from prometheus_client import REGISTRY
+        except ImportError:
+            return False
+        (registry or REGISTRY).register(FilterCollector(self))
+        return True
+
     def close(self) -> None:
         """Stop the watcher threads (they are daemons; for tests and a clean shutdown)."""
         self._stop.set()
@@ -299,7 +366,7 @@ class OutlierFilter(_CustomLogger):  # type: ignore[misc,valid-type]
     def __init__(self, deployment_filter: DeploymentFilter | None = None, **kwargs: Any) -> None:
         if _CustomLogger is not object:
             super().__init__(**kwargs)
-        self.deployment_filter = deployment_filter or DeploymentFilter()
+        self.deployment_filter = deployment_filter or DeploymentFilter(register_metrics=True)
 
     async def async_filter_deployments(self, model: str, healthy_deployments: list, messages: Any,
                                        request_kwargs: dict | None = None, parent_otel_span: Any = None) -> list:

@@ -47,7 +47,7 @@ from agent.adminapi import AdminAPI, AdminAPIRefused
 from agent.base import ApplyResult, refuse_no_backend
 from agent.client import EffectiveWeights, NodeWeight
 
-log = logging.getLogger("outlier_admin.agent.worker_set")
+log = logging.getLogger("agent.worker_set")
 
 #: Seconds each call to the router may take; attempts per call; the first backoff (doubled after).
 CALL_TIMEOUT_S = 2.0

@@ -1,7 +1,7 @@
 """The LLM-native routers, started the way their users run them: SGLang Model Gateway (``smg``),
 vLLM router (``vllm-router``) and the LiteLLM proxy, each in front of given backends, with or without
 the slow-backend defence its own documentation recommends. Used by the end-to-end tests of the
-agent's appliers (``tests/outlier_admin/agent/test_e2e_llm_routers.py``) and by the drill.
+agent's appliers (``tests/agent/test_e2e_llm_routers.py``, ``tests/agent/test_e2e_litellm.py``) and by the drill.
 
 >>> router = start_router("smg", {"a": "127.0.0.1:8001", "b": "127.0.0.1:8002"}, make_workdir())
 >>> router.url                      # OpenAI-compatible entry point (/v1/chat/completions, /v1/completions)

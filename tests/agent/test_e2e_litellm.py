@@ -14,7 +14,7 @@ import pytest
 from harness.gateways import FakeInferenceServer, publish, weights_document
 from harness.routers_llm import LITELLM_VENV, litellm_venv, start_router
 
-pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(900)]  # may wait for `make test`'s background venv
 
 
 def test_litellm_callback_follows_the_weights(tmp_path, settings, redis_client, group) -> None:

@@ -144,3 +144,24 @@ def test_the_callback_without_litellm_returns_the_filtered_list() -> None:
     given = deployments()
     assert asyncio.run(callback.async_filter_deployments("llama", given, None)) == given
     assert asyncio.run(callback.async_filter_deployments("llama", {"one": "deployment"}, None)) == {"one": "deployment"}
+
+
+@pytest.mark.services
+def test_metrics(settings, redis_client) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    group = f"litellm-{free_port()}"
+    publish(redis_client, weights_document(group, 1, {**ADDRESSES, "z": "127.0.0.1:9"}, quarantined=("b",)))
+    filt = DeploymentFilter(redis_url=settings.REDIS_URL, groups={"llama": group})
+    registry = CollectorRegistry()
+    try:
+        assert filt.register_metrics(registry)
+        for _ in range(3):
+            filt.filter("llama", deployments())
+        text = generate_latest(registry).decode()
+        assert f'outlier_litellm_requests_total{{group="{group}"}} 3.0' in text
+        assert f'outlier_litellm_dropped_total{{group="{group}",reason="quarantined"}} 3.0' in text
+        assert f'outlier_litellm_missing_nodes{{group="{group}"}} 1.0' in text
+        assert f'outlier_litellm_fail_open{{group="{group}"}} 0.0' in text
+    finally:
+        filt.close()
