@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = sorted([*(ROOT / "docs").glob("*.md"), ROOT / "bench" / "README.md", ROOT / "agent" / "README.md"])
+DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "bench" / "README.md",
+               ROOT / "agent" / "README.md"])
 #: Commands the doc shows as a console entry point, and the module behind each.
 ENTRY_POINTS = {"outlier-agent": "agent", "outlier-shipper": "agent.shipper", "outlier-admin": None}
 STARTS = ("python ", "python3 ", "manage.py ", "./manage.py ", "make ", *ENTRY_POINTS)
@@ -44,7 +45,7 @@ def commands(text: str) -> list[str]:
 def _lines(block: str) -> list[str]:
     out, cur = [], ""
     for line in block.splitlines():
-        line = line.strip().removeprefix("$ ")
+        line = re.sub(r"\s+#\s.*$", "", line.strip().removeprefix("$ "))  # a trailing comment is no argument
         if not line or line.startswith("#"):
             continue
         cur = f"{cur} {line}" if cur else line
