@@ -26,11 +26,13 @@ from agent.envoy import EnvoyApplier
 from agent.haproxy import HAProxyApplier
 from agent.metrics import start_metrics_server
 from agent.nginx import NginxApplier, check_directive, upstream_name_for
+from agent.smg import SmgApplier
 from agent.traefik import TraefikApplier
+from agent.vllm_router import VllmRouterApplier
 from contract.topology import RedisURLError
 
 #: The gateways ``--gateway`` drives (docs/gateways.md has a configuration for each).
-GATEWAYS = ("haproxy", "nginx", "envoy", "traefik", "caddy")
+GATEWAYS = ("haproxy", "nginx", "envoy", "traefik", "caddy", "smg", "vllm-router")
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -94,6 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the '@id' of the group's reverse_proxy handler")
     c.add_argument("--caddy-full-weight", type=int, default=int(_env("caddy_full_weight", str(DEFAULT_FULL_WEIGHT))),
                    help="weighted_round_robin weight of a node at its base weight (1..100, default 10)")
+    r = p.add_argument_group("SGLang Model Gateway (smg) and vLLM router (vllm-router): their worker API")
+    r.add_argument("--router-url", default=_env("router_url"),
+                   help="the router's base URL, e.g. http://127.0.0.1:30000 (its admin routes)")
+    r.add_argument("--router-workers", nargs="*", default=None, metavar="URL",
+                   help="worker URLs the agent may register again after a removal: the router's --worker-urls "
+                        "(env OUTLIER_AGENT_ROUTER_WORKERS, space-separated). A document node outside these "
+                        "and the router's own list is skipped")
+    r.add_argument("--router-api-key", default=_env("router_api_key"),
+                   help="bearer token for the router's admin routes (its --api-key), if it has one")
+    r.add_argument("--router-remove-below", type=float, default=float(_env("router_remove_below", "0")),
+                   help="also remove a node whose weight is below this fraction of its base weight (0..1; "
+                        "default 0: only quarantined nodes are removed; these routers have no weights)")
     return p
 
 
@@ -146,6 +160,19 @@ def build_applier(args: argparse.Namespace) -> Applier:
                                 full_weight=args.caddy_full_weight)
         except ValueError as exc:
             raise SystemExit(f"--gateway caddy: {exc}") from None
+    if args.gateway in ("smg", "vllm-router"):
+        router_url = _checked_url(args.router_url, "--router-url")
+        if not router_url:
+            raise SystemExit(f"--router-url is required for --gateway {args.gateway} (docs/gateways.md)")
+        workers = args.router_workers
+        if workers is None:
+            workers = (_env("router_workers", "") or "").split()
+        cls = SmgApplier if args.gateway == "smg" else VllmRouterApplier
+        try:
+            return cls(router_url, api_key=args.router_api_key, router_workers=workers,
+                       remove_below=args.router_remove_below)
+        except ValueError as exc:
+            raise SystemExit(f"--gateway {args.gateway}: {exc}") from None
     raise SystemExit(f"--gateway is required ({', '.join(GATEWAYS)})")
 
 

@@ -50,3 +50,17 @@ def refuse_no_backend(routable: int, gateway: str, detail: str = "") -> None:
     if routable <= 0:
         raise ApplyError(f"refused: {gateway} would have no backend left to route to{detail}; "
                          "the last good set stays in force")
+
+
+class NoteOnce:
+    """Passes an apply's ``note`` on once per change of it, not at every resync (the agent logs each
+    note it gets as a warning)."""
+
+    def __init__(self) -> None:
+        self.last = ""
+
+    def __call__(self, result: ApplyResult) -> ApplyResult:
+        previous, self.last = self.last, result.note
+        if result.note == previous:
+            result.note = ""
+        return result

@@ -12,7 +12,7 @@ The upstreams it lists are the backends Caddy knows (matched to nodes by their `
 ``host:port``); the agent never adds one. Per apply it reads the handler (``GET /id/<id>``, with its
 ``ETag``), computes the new handler and, when it differs, writes it back in one ``PATCH /id/<id>``
 with ``If-Match`` (a config changed in between answers 412 and the apply is redone on the fresh one).
-Caddy applies it by a graceful config reload (25 ms here).
+Caddy applies it by a graceful config reload, in milliseconds (docs/gateways.md).
 
 * ``weighted_round_robin`` (Caddy >= 2.8; weight 0 skips an upstream in 2.11): the weights are set,
   aligned with ``upstreams``; a quarantined node gets 0. Caddy's implementation serves an upstream
@@ -41,7 +41,7 @@ import urllib.parse
 from typing import Any
 
 from agent.adminapi import AdminAPI, AdminAPIRefused
-from agent.base import ApplyError, ApplyResult, refuse_no_backend
+from agent.base import ApplyError, ApplyResult, NoteOnce, refuse_no_backend
 from agent.client import EffectiveWeights
 from contract.weights_document import split_address
 
@@ -167,7 +167,7 @@ class CaddyApplier:
         self.path = f"/id/{urllib.parse.quote(handler_id, safe='')}"
         self.full_weight = full_weight
         self.parked: dict[str, dict[str, Any]] = {}
-        self._last_note = ""
+        self._note = NoteOnce()
 
     def apply(self, weights: EffectiveWeights) -> ApplyResult:
         for _ in range(3):  # a config changed between our read and our write: read again
@@ -191,10 +191,7 @@ class CaddyApplier:
                         continue
                     raise
             self.parked = parked
-            previous, self._last_note = self._last_note, result.note
-            if result.note == previous:
-                result.note = ""
-            return result
+            return self._note(result)
         raise ApplyError(f"Caddy's config at {self.path} kept changing under the agent (412 three times)")
 
     def set_safeguard(self, active: bool) -> None:

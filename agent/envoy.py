@@ -35,7 +35,7 @@ left as it is (``unknown``). Nodes and endpoints are matched by ``address:port``
 Envoy only notices a file *moved* into the watched directory, so the new text is written to a temp
 file there and renamed over the target (``write_atomically``); nothing is written when it renders the
 same bytes. ``version_info`` is a digest of the assignment (the routing content, not the document
-version), so unchanged weights render identical bytes. Envoy loads it within milliseconds (5 ms here).
+version), so unchanged weights render identical bytes. Envoy loads it within milliseconds (docs/gateways.md).
 
 With ``admin_url`` (Envoy's admin interface) every apply is confirmed: the applier reads
 ``/clusters?format=json`` until each endpoint it set shows the weight and EDS health it wrote
@@ -49,14 +49,13 @@ import copy
 import hashlib
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 from agent.adminapi import AdminAPI
 from agent.base import ApplyError, ApplyResult, refuse_no_backend
 from agent.client import EffectiveWeights
-from agent.nginx import write_atomically
+from agent.configfile import ConfigFileApplier
 from contract.weights_document import split_address
 
 CLA_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
@@ -144,59 +143,33 @@ def plan_assignment(body: dict[str, Any], weights: EffectiveWeights,
     return new, result, targets
 
 
-class EnvoyApplier:
+class EnvoyApplier(ConfigFileApplier):
     """Rewrites the EDS file of one Envoy cluster (module docstring)."""
 
     name = "envoy"
+    router = "Envoy"
+    hint = ("write the EDS file first with the cluster's endpoints (docs/gateways.md, Envoy); the agent only "
+            "sets their weights and health")
+    poll_s = 0.02
 
     def __init__(self, eds_path: str | os.PathLike[str], cluster_name: str, *, admin_url: str | None = None,
                  confirm_timeout_s: float = 5.0) -> None:
-        self.eds_path = Path(eds_path)
+        super().__init__(eds_path, api=AdminAPI(admin_url, what="Envoy admin") if admin_url else None,
+                         confirm_timeout_s=confirm_timeout_s)
         self.cluster_name = cluster_name
-        self.admin = AdminAPI(admin_url, what="Envoy admin") if admin_url else None
-        self.confirm_timeout_s = confirm_timeout_s
-        self._unconfirmed: dict[str, tuple[str, int]] | None = None
 
-    def apply(self, weights: EffectiveWeights) -> ApplyResult:
-        try:
-            old = self.eds_path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ApplyError(f"no EDS file at {self.eds_path}: write it first with the cluster's endpoints "
-                             "(docs/gateways.md, Envoy); the agent only sets their weights and health") from None
-        try:
-            body = json.loads(old)
-        except ValueError as exc:
-            raise ApplyError(f"{self.eds_path} is not JSON ({exc}); the agent reads and writes the JSON form") from None
-        new_body, result, targets = plan_assignment(body, weights, self.cluster_name)
-        new = json.dumps(new_body, indent=2, sort_keys=True) + "\n"
-        if new_body != body:  # the same content in the operator's formatting is not rewritten
-            write_atomically(self.eds_path, new)
-            self._unconfirmed = targets
-            if not result.changes:
-                result.changes.append(f"rewrote {self.eds_path}")
-        if self.admin is not None and self._unconfirmed is not None:
-            self._confirm(self._unconfirmed)
-            self._unconfirmed = None
-        return result
+    @property
+    def eds_path(self) -> Path:
+        return self.path
 
-    def _confirm(self, targets: dict[str, tuple[str, int]]) -> None:
-        """Wait until Envoy runs ``targets`` (its admin ``/clusters``), else ApplyError."""
-        deadline = time.monotonic() + self.confirm_timeout_s
-        seen: dict[str, tuple[str, int]] = {}
-        while True:
-            seen = self._running()
-            if all(seen.get(k) == v for k, v in targets.items()):
-                return
-            if time.monotonic() >= deadline:
-                off = {k: (seen.get(k), v) for k, v in targets.items() if seen.get(k) != v}
-                raise ApplyError(f"Envoy did not load {self.eds_path} within {self.confirm_timeout_s:.0f}s "
-                                 f"(running, wanted: {off}); its log says why (a rejected file keeps the "
-                                 "previous assignment)")
-            time.sleep(0.02)
+    def plan(self, body: Any, weights: EffectiveWeights) -> tuple[Any, ApplyResult, dict[str, tuple[str, int]]]:
+        return plan_assignment(body, weights, self.cluster_name)
 
-    def _running(self) -> dict[str, tuple[str, int]]:
-        assert self.admin is not None
-        data = self.admin.get("/clusters?format=json")
+    def running(self) -> dict[str, tuple[str, int]]:
+        """``host:port -> (EDS health, weight)`` of the endpoints the agent sets, from ``/clusters``."""
+        assert self.api is not None
+        targets = self._unconfirmed or {}
+        data = self.api.get("/clusters?format=json")
         out: dict[str, tuple[str, int]] = {}
         for cluster in (data or {}).get("cluster_statuses", []):
             if cluster.get("name") != self.cluster_name:
@@ -204,12 +177,10 @@ class EnvoyApplier:
             for host in cluster.get("host_statuses", []):
                 try:
                     sa = host["address"]["socket_address"]
+                    key = f"{sa['address']}:{int(sa['port_value'])}"
                     status = host.get("health_status", {}).get("eds_health_status", "UNKNOWN")
-                    out[f"{sa['address']}:{int(sa['port_value'])}"] = (status, int(host.get("weight", 1)))
+                    if key in targets:
+                        out[key] = (status, int(host.get("weight", 1)))
                 except (KeyError, TypeError, ValueError):
                     continue
         return out
-
-    def set_safeguard(self, active: bool) -> None:
-        # EDS has no field for it; exposed through the agent's metrics and status file.
-        return None

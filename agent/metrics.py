@@ -9,6 +9,8 @@ nothing. Metrics (labels ``group``, ``gateway``):
 * ``outlier_agent_fail_open``                  1 while base weights are applied because the document is stale
 * ``outlier_agent_safeguard_active``           1 while the control plane's safeguard is on (admission control)
 * ``outlier_agent_apply_errors_total``         applies the gateway refused or that failed
+* ``outlier_agent_apply_failures_total``       calls to the gateway that failed (refused, unreachable,
+  timed out), each retry counted: a router that is down shows here before an apply gives up
 * ``outlier_agent_applies_total``              applies that changed the gateway
 * ``outlier_agent_redis_errors_total``         failed Redis reads/subscriptions
 * ``outlier_agent_rejected_documents_total``   malformed documents rejected (last good one kept)
@@ -21,6 +23,8 @@ nothing. Metrics (labels ``group``, ``gateway``):
 from __future__ import annotations
 
 import logging
+import threading
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +32,17 @@ from agent.client import MODE_FAIL_OPEN
 from contract.topology import REDIRECTIONS
 
 log = logging.getLogger("agent.metrics")
+
+#: Failed calls to a gateway per gateway kind (``outlier_agent_apply_failures_total{gateway}``),
+#: counted by the appliers where they call it (:func:`count_apply_failure`).
+APPLY_FAILURES: Counter[str] = Counter()
+_failures_lock = threading.Lock()
+
+
+def count_apply_failure(gateway: str) -> None:
+    """One call to ``gateway`` failed (refused, unreachable, timed out); retries count each."""
+    with _failures_lock:
+        APPLY_FAILURES[gateway] += 1
 
 try:
     from prometheus_client import CollectorRegistry, start_http_server
@@ -76,6 +91,9 @@ class AgentCollector:
                     stats.skipped_nodes)
         yield counter("outlier_agent_apply_errors", "Applies that failed.", st.apply_errors)
         yield counter("outlier_agent_applies", "Applies that changed the gateway.", st.applies)
+        yield counter("outlier_agent_apply_failures",
+                      "Calls to the gateway that failed (refused, unreachable, timed out), retries included.",
+                      APPLY_FAILURES[st.gateway])
         yield counter("outlier_agent_redis_errors", "Failed Redis reads or subscriptions.", stats.redis_errors)
         yield counter("outlier_agent_rejected_documents", "Malformed weights documents rejected.",
                       stats.rejected_documents)

@@ -44,17 +44,14 @@ servers and weights it wrote (``confirm_timeout_s``), else the apply fails (coun
 from __future__ import annotations
 
 import copy
-import json
 import os
-import time
 import urllib.parse
-from pathlib import Path
 from typing import Any
 
 from agent.adminapi import AdminAPI, AdminAPIRefused
 from agent.base import ApplyError, ApplyResult, refuse_no_backend
 from agent.client import EffectiveWeights
-from agent.nginx import write_atomically
+from agent.configfile import ConfigFileApplier
 from contract.weights_document import split_address
 
 SEED_WEIGHT = 100
@@ -155,71 +152,34 @@ def plan_service_file(body: dict[str, Any], weights: EffectiveWeights,
     return new, result, routed
 
 
-class TraefikApplier:
+class TraefikApplier(ConfigFileApplier):
     """Rewrites the agent's file of Traefik's file provider (module docstring)."""
 
     name = "traefik"
+    router = "Traefik"
+    hint = ("write the agent's file first with the service's servers, JSON in a .yaml file (docs/gateways.md, "
+            "Traefik); the agent only sets their weights")
 
     def __init__(self, path: str | os.PathLike[str], service: str, *, api_url: str | None = None,
                  confirm_timeout_s: float = 10.0) -> None:
-        self.path = Path(path)
+        super().__init__(path, api=AdminAPI(api_url, what="Traefik API") if api_url else None,
+                         confirm_timeout_s=confirm_timeout_s)
         if self.path.suffix not in (".yaml", ".yml"):
             raise ValueError(f"the agent's Traefik file must end in .yaml or .yml (JSON inside), got {self.path}")
         self.service = service
-        self.api = AdminAPI(api_url, what="Traefik API") if api_url else None
-        self.confirm_timeout_s = confirm_timeout_s
-        self._unconfirmed: dict[str, int] | None = None
-        self._last_note = ""
 
-    def apply(self, weights: EffectiveWeights) -> ApplyResult:
-        try:
-            old = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ApplyError(f"no file at {self.path}: write it first with the service's servers "
-                             "(docs/gateways.md, Traefik); the agent only sets their weights") from None
-        try:
-            body = json.loads(old)
-        except ValueError as exc:
-            raise ApplyError(f"{self.path} is not JSON ({exc}): the agent's Traefik file holds the JSON form "
-                             "of the YAML (docs/gateways.md)") from None
-        new_body, result, routed = plan_service_file(body, weights, self.service)
-        new = json.dumps(new_body, indent=2) + "\n"
-        if new_body != body:  # the same content in the operator's formatting is not rewritten
-            write_atomically(self.path, new)
-            self._unconfirmed = routed
-            if not result.changes:
-                result.changes.append(f"rewrote {self.path}")
-        if self.api is not None and self._unconfirmed is not None:
-            self._confirm(self._unconfirmed)
-            self._unconfirmed = None
-        # The weightless-strategy note once per change of it, not at every resync.
-        previous, self._last_note = self._last_note, result.note
-        if result.note == previous:
-            result.note = ""
-        return result
+    def plan(self, body: Any, weights: EffectiveWeights) -> tuple[Any, ApplyResult, dict[str, int]]:
+        return plan_service_file(body, weights, self.service)
 
-    def _confirm(self, routed: dict[str, int]) -> None:
+    def running(self) -> dict[str, int] | str:
+        """``host:port -> weight`` of the service's servers as Traefik runs them (its API)."""
         assert self.api is not None
-        deadline = time.monotonic() + self.confirm_timeout_s
-        path = f"/api/http/services/{urllib.parse.quote(self.service, safe='')}@file"
-        running: dict[str, int] | str = {}
-        while True:
-            try:
-                svc = self.api.get(path)
-                running = {server_address(s): int(s.get("weight", 1)) for s in svc["loadBalancer"]["servers"]}
-            except AdminAPIRefused as exc:
-                if exc.status != 404:
-                    raise
-                running = "no such service"
-            except (KeyError, TypeError, ValueError):
-                running = "unreadable"
-            if running == routed:
-                return
-            if time.monotonic() >= deadline:
-                raise ApplyError(f"Traefik did not load {self.path} within {self.confirm_timeout_s:.0f}s "
-                                 f"(running {running}, wanted {routed}); its log says why")
-            time.sleep(0.05)
-
-    def set_safeguard(self, active: bool) -> None:
-        # The file provider has no variable for it; the flag is in the agent's metrics and status file.
-        return None
+        try:
+            svc = self.api.get(f"/api/http/services/{urllib.parse.quote(self.service, safe='')}@file")
+            return {server_address(s): int(s.get("weight", 1)) for s in svc["loadBalancer"]["servers"]}
+        except AdminAPIRefused as exc:
+            if exc.status != 404:
+                raise
+            return "no such service"
+        except (KeyError, TypeError, ValueError):
+            return "unreadable"

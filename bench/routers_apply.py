@@ -1,6 +1,7 @@
 """Publish-to-applied latency of the agent driving a real Envoy, Traefik and Caddy.
 
-    python -m bench.routers_apply --out reports/bench-routers-apply.json
+    python -m bench.routers_apply --runs 3 --out reports/bench-routers-apply.json
+    python -m bench.routers_apply --table reports/bench-routers-apply.json   # docs/gateways.md's table
 
 For each router (harness/routers.py, configured as docs/gateways.md says) in front of four fake
 inference servers: an agent on the real Redis (``REDIS_URL``) with the router's applier, confirming
@@ -9,12 +10,15 @@ PATCH once the new config runs). ``--n`` documents alternately quarantine and re
 ``--gap`` seconds apart (Traefik's apart by more than its 2 s provider throttle, or changes would
 merge), each stamped ``generated_at = now`` just before the SET + PUBLISH. Per change the agent
 records ``confirmed - generated_at``: the time from the control plane's publish to the router running
-the change. Median, range and count per router are printed and written as JSON.
+the change. ``--runs`` repeats it (a fresh router and agent each time); the median and range over
+every change of every run, and each run's median, are printed and written as JSON, and ``--table``
+prints the markdown table of docs/gateways.md from that JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -22,6 +26,7 @@ import statistics
 import threading
 import time
 import uuid
+from pathlib import Path
 
 from agent.caddy import CaddyApplier
 from agent.client import GatewayClient, redis_from_url
@@ -68,19 +73,48 @@ def measure(kind: str, redis_client, addresses: dict[str, str], n: int, gap_s: f
         router.stop()
         shutil.rmtree(workdir, ignore_errors=True)
         redis_client.delete(keys.weights(group), keys.legacy_weights(group))
-    ms = [lat * 1000 for _, lat in agent.change_latencies]
-    return {"n": len(ms), "median_ms": round(statistics.median(ms), 1) if ms else None,
-            "min_ms": round(min(ms), 1) if ms else None, "max_ms": round(max(ms), 1) if ms else None,
-            "apply_errors": agent.state.apply_errors, "gap_s": gap_s}
+    return {"changes_ms": [round(lat * 1000, 1) for _, lat in agent.change_latencies],
+            "apply_errors": agent.state.apply_errors}
+
+
+def summarise(runs: list[dict], gap_s: float) -> dict:
+    """Median and range over every change of every run, and each run's median."""
+    ms = [v for r in runs for v in r["changes_ms"]]
+    return {"runs": len(runs), "n": len(ms), "median_ms": round(statistics.median(ms), 1) if ms else None,
+            "min_ms": min(ms) if ms else None, "max_ms": max(ms) if ms else None,
+            "run_medians_ms": [round(statistics.median(r["changes_ms"]), 1) for r in runs if r["changes_ms"]],
+            "apply_errors": sum(r["apply_errors"] for r in runs), "gap_s": gap_s, "changes_ms": ms}
+
+
+BOUNDS = {"envoy": "inotify on the rename, Envoy's EDS update",
+          "caddy": "a graceful config reload",
+          "traefik": "`providersThrottleDuration` (2 s by default)"}
+NAMES = {"envoy": "Envoy 1.40 (filesystem EDS)", "caddy": "Caddy 2.11 (admin API)",
+         "traefik": "Traefik 3.7 (file provider)"}
+
+
+def table(report: dict) -> str:
+    """docs/gateways.md's table from a report."""
+    rows = ["| router | median | range | changes (runs) | what bounds it |", "|---|---|---|---|---|"]
+    for kind, r in report["results"].items():
+        fmt = (lambda v: f"{v / 1000:.1f} s") if r["median_ms"] >= 1000 else (lambda v: f"{v:.0f} ms")
+        rows.append(f"| {NAMES[kind]} | {fmt(r['median_ms'])} | {fmt(r['min_ms'])}-{fmt(r['max_ms'])} | "
+                    f"{r['n']} ({r['runs']}) | {BOUNDS[kind]} |")
+    return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     p.add_argument("--n", type=int, default=7, help="documents per router (each a change)")
+    p.add_argument("--runs", type=int, default=3, help="fresh router and agent each run")
     p.add_argument("--routers", default="envoy,traefik,caddy")
     p.add_argument("--out", default="reports/bench-routers-apply.json")
+    p.add_argument("--table", metavar="JSON", help="print docs/gateways.md's table from a report and exit")
     args = p.parse_args(argv)
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())))
+        return 0
     redis_client = redis_from_url(args.redis_url)
     servers = {f"s{i}": FakeInferenceServer(f"s{i}") for i in range(4)}
     addresses = {k: v.address for k, v in servers.items()}
@@ -91,17 +125,18 @@ def main(argv: list[str] | None = None) -> int:
             if reason:
                 print(f"{kind}: skipped ({reason})")
                 continue
-            results[kind] = measure(kind, redis_client, addresses, args.n, DEFAULT_GAPS[kind])
-            r = results[kind]
-            print(f"{kind:8s} publish -> router runs it: median {r['median_ms']} ms "
-                  f"(range {r['min_ms']}-{r['max_ms']} ms, {r['n']} changes, errors {r['apply_errors']})")
+            runs = [measure(kind, redis_client, addresses, args.n, DEFAULT_GAPS[kind]) for _ in range(args.runs)]
+            r = results[kind] = summarise(runs, DEFAULT_GAPS[kind])
+            print(f"{kind:8s} publish -> router runs it: median {r['median_ms']} ms (range {r['min_ms']}-"
+                  f"{r['max_ms']} ms, {r['n']} changes in {r['runs']} runs, run medians {r['run_medians_ms']}, "
+                  f"errors {r['apply_errors']})")
     finally:
         for srv in servers.values():
             srv.stop()
     write_report({"benchmark": "publish -> router running the change (agent confirmed)",
                   "host": {"python": platform.python_version(), "cpus": os.cpu_count(),
                            "load_avg_1m": os.getloadavg()[0]},
-                  "params": {"n": args.n}, "results": results}, args.out)
+                  "params": {"n": args.n, "runs": args.runs}, "results": results}, args.out)
     return 0
 
 

@@ -127,6 +127,19 @@ def validate_node_id(node: object) -> str:
     return node
 
 
+def validate_new_node_name(node: object) -> str:
+    """The name of a node being registered: a node id (:func:`validate_node_id`) that is not all digits.
+    A URL's ``/nodes/<x>/`` reads a run of ASCII digits as a node's numeric id, always; a node *named*
+    ``3`` would be a second meaning of ``/nodes/3/`` (an override meant for it would land on node id 3,
+    in whatever group). Nodes registered before this rule keep their names and are reached within their
+    group (``/api/v1/groups/<group>/nodes/3/``)."""
+    node = validate_node_id(node)
+    if node.isascii() and node.isdigit():
+        raise NameError_("numeric_node_name", f"node name {_show(node)} is all digits, which the API reads as a "
+                         "node's numeric id: give it a name with a letter or a separator (e.g. node-3)")
+    return node
+
+
 def _show(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

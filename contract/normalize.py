@@ -77,6 +77,13 @@ class RecordError(ParseError):
     """A record was refused; ``reason`` is a short code stored with the rejected input."""
 
 
+#: The first refusals :func:`normalize` makes, ``(reason, detail)``: a value that is not an object, a
+#: required field absent. ``columns.normalize_many`` gives the records it finds so these very errors
+#: without calling normalize (a flood of garbage lines costs less than valid records).
+NOT_AN_OBJECT = ("not_an_object", "a record must be a JSON object")
+MISSING = {key: (f"missing_{key}", f"{key} is required") for key in REQUIRED}
+
+
 def _iso(text: str, value: Any) -> datetime:
     try:
         return datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
@@ -159,10 +166,10 @@ def normalize(
     record is latency-only (``prompt_tokens`` / ``completion_tokens`` None; see the module docstring).
     """
     if not isinstance(rec, dict):
-        raise RecordError("not_an_object", "a record must be a JSON object")
+        raise RecordError(*NOT_AN_OBJECT)
     for key in REQUIRED:
         if rec.get(key) is None:
-            raise RecordError(f"missing_{key}", f"{key} is required")
+            raise RecordError(*MISSING[key])
     ts = parse_ts(rec["ts"])
     if ts > now + max_future_s:
         raise RecordError("ts_in_future", f"ts is {ts - now:.0f} s in the future (limit {max_future_s:.0f} s)")

@@ -732,6 +732,25 @@ def publish(redis_client: Any, doc: dict[str, Any]) -> None:
     pipe.execute()
 
 
+def run_agent(agent: Any, *, resync_interval_s: float = 60.0) -> tuple[threading.Event, threading.Thread]:
+    """``agent.run`` (an :class:`agent.core.Agent`) in a daemon thread; set the event to stop it."""
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,), kwargs={"resync_interval_s": resync_interval_s},
+                              daemon=True)
+    thread.start()
+    return stop, thread
+
+
+def wait_version(agent: Any, version: int, timeout: float = 5.0) -> None:
+    """Block until ``agent`` has applied ``version`` without error (AssertionError after ``timeout``)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if agent.state.version == version and agent.state.last_error == "":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"agent did not apply version {version}: {agent.state}")
+
+
 def make_workdir(prefix: str = "oa-gw-") -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
 

@@ -119,8 +119,16 @@ def _wait(predicate: Any, timeout_s: float, what: str, proc: subprocess.Popen[by
 
 class _Router(_Process):
     kind = ""
+    #: The balancing policies the class configures (the first is its default).
+    policies: tuple[str, ...] = ()
 
     def __init__(self, workdir: Path, servers: dict[str, str], *, policy: str, defence: bool) -> None:
+        if policy not in self.policies:
+            raise ValueError(f"{self.kind} policy is one of {', '.join(self.policies)}, got {policy!r}")
+        binary = router_binary(self.kind)
+        if binary is None:
+            raise RuntimeError(router_unavailable(self.kind))
+        self.binary = binary
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.servers = dict(servers)
@@ -177,15 +185,11 @@ class EnvoyRouter(_Router):
     """Envoy with a filesystem-EDS cluster (module docstring)."""
 
     kind = "envoy"
+    policies = ("ROUND_ROBIN", "LEAST_REQUEST")
 
     def __init__(self, workdir: Path, servers: dict[str, str], *, policy: str = "ROUND_ROBIN",
                  defence: bool = False, timeout_s: float = 15.0) -> None:
-        if policy not in ("ROUND_ROBIN", "LEAST_REQUEST"):
-            raise ValueError(f"Envoy policy is ROUND_ROBIN or LEAST_REQUEST, got {policy!r}")
         super().__init__(workdir, servers, policy=policy, defence=defence)
-        binary = router_binary("envoy")
-        if binary is None:
-            raise RuntimeError(router_unavailable("envoy"))
         self.eds_dir = self.workdir / "eds"
         self.eds_dir.mkdir(exist_ok=True)
         self.eds_path = self.eds_dir / f"{CLUSTER}.json"
@@ -233,7 +237,7 @@ class EnvoyRouter(_Router):
         self.config_path = self.workdir / "envoy.json"
         self.config_path.write_text(json.dumps(self.config, indent=2) + "\n")
         # --base-id: two Envoys on one host must not share the default shared-memory id (0).
-        self._start([binary, "-c", str(self.config_path), "--base-id", str(self.admin_port),
+        self._start([self.binary, "-c", str(self.config_path), "--base-id", str(self.admin_port),
                      "--log-level", "warn", "--concurrency", "1"])
         _wait(lambda: len(self.hosts()) == len(servers), timeout_s, "Envoy did not load its endpoints",
               self.proc, self.log_path)
@@ -268,15 +272,11 @@ class TraefikRouter(_Router):
     """Traefik with the file provider watching ``dynamic/`` (module docstring)."""
 
     kind = "traefik"
+    policies = ("wrr", "p2c", "leasttime")
 
     def __init__(self, workdir: Path, servers: dict[str, str], *, policy: str = "wrr", defence: bool = False,
                  throttle: str | None = None, timeout_s: float = 15.0) -> None:
-        if policy not in ("wrr", "p2c", "leasttime"):
-            raise ValueError(f"Traefik strategy is wrr, p2c or leasttime, got {policy!r}")
         super().__init__(workdir, servers, policy=policy, defence=defence)
-        binary = router_binary("traefik")
-        if binary is None:
-            raise RuntimeError(router_unavailable("traefik"))
         self.dynamic_dir = self.workdir / "dynamic"
         self.dynamic_dir.mkdir(exist_ok=True)
         self.service_path = self.dynamic_dir / f"outlier-{TRAEFIK_SERVICE}.yaml"
@@ -301,7 +301,7 @@ class TraefikRouter(_Router):
         }
         self.config_path = self.workdir / "traefik.yaml"
         self.config_path.write_text(json.dumps(self.config, indent=2) + "\n")
-        self._start([binary, f"--configFile={self.config_path}"])
+        self._start([self.binary, f"--configFile={self.config_path}"])
         _wait(lambda: len(self.weights()) == len(servers), timeout_s, "Traefik did not load its service",
               self.proc, self.log_path)
         wait_for_port(self.port)
@@ -359,15 +359,11 @@ class CaddyRouter(_Router):
     """Caddy with its admin API on ``admin_url`` (module docstring)."""
 
     kind = "caddy"
+    policies = ("weighted_round_robin", "round_robin", "least_conn")
 
     def __init__(self, workdir: Path, servers: dict[str, str], *, policy: str = "weighted_round_robin",
                  defence: bool = False, timeout_s: float = 15.0) -> None:
-        if policy not in ("weighted_round_robin", "round_robin", "least_conn"):
-            raise ValueError(f"Caddy policy is weighted_round_robin, round_robin or least_conn, got {policy!r}")
         super().__init__(workdir, servers, policy=policy, defence=defence)
-        binary = router_binary("caddy")
-        if binary is None:
-            raise RuntimeError(router_unavailable("caddy"))
         self.config = caddy_config(servers, self.port, self.admin_port, self.access_log, policy=policy,
                                    defence=defence)
         self.config_path = self.workdir / "caddy.json"
@@ -376,7 +372,7 @@ class CaddyRouter(_Router):
         env = {**os.environ, "XDG_CONFIG_HOME": str(self.workdir / "config"),
                "XDG_DATA_HOME": str(self.workdir / "data")}
         self._log = self.log_path.open("ab")
-        self.proc = subprocess.Popen([binary, "run", "--config", str(self.config_path)], stdout=self._log,
+        self.proc = subprocess.Popen([self.binary, "run", "--config", str(self.config_path)], stdout=self._log,
                                      stderr=subprocess.STDOUT, cwd=self.workdir, env=env)
         _wait(lambda: _get_json(f"{self.admin_url}/id/{CADDY_HANDLER_ID}")["handler"] == "reverse_proxy",
               timeout_s, "Caddy's admin API did not answer", self.proc, self.log_path)

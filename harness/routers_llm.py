@@ -1,7 +1,7 @@
 """The LLM-native routers, started the way their users run them: SGLang Model Gateway (``smg``),
 vLLM router (``vllm-router``) and the LiteLLM proxy, each in front of given backends, with or without
 the slow-backend defence its own documentation recommends. Used by the end-to-end tests of the
-agent's appliers (``tests/outlier_admin/agent/test_e2e_llm_routers.py``) and by the drill.
+agent's appliers (``tests/agent/test_e2e_llm_routers.py``, ``tests/agent/test_e2e_litellm.py``) and by the drill.
 
 >>> router = start_router("smg", {"a": "127.0.0.1:8001", "b": "127.0.0.1:8002"}, make_workdir())
 >>> router.url                      # OpenAI-compatible entry point (/v1/chat/completions, /v1/completions)
@@ -78,6 +78,9 @@ LITELLM_VENV = ROOT / ".venv-litellm"
 LITELLM_SCRIPT = ROOT / "scripts" / "ensure-litellm-venv.sh"
 
 ROUTERS = ("smg", "vllm-router", "litellm")
+#: The test suite's own settings, which a router must not take for its own (LiteLLM would set up a
+#: database at DATABASE_URL).
+DROPPED_ENV = ("DATABASE_URL", "DIRECT_URL", "DJANGO_SETTINGS_MODULE")
 
 #: The documented slow-backend defence of each router (module docstring), as CLI flags.
 SMG_DEFENCE = ("--policy", "power_of_two", "--cb-failure-threshold", "3", "--cb-success-threshold", "2",
@@ -107,16 +110,23 @@ def litellm_venv(create: bool = True) -> Path | None:
     return binary.parent if stamp.exists() and binary.exists() else None
 
 
-def _http(method: str, url: str, body: Any = None, timeout_s: float = 5.0) -> tuple[int, Any]:
-    """One JSON call (status, decoded body or text)."""
+#: The LiteLLM proxy's master key in the harness's configuration (a test value, loopback only).
+LITELLM_MASTER_KEY = "sk-outlier-test"
+
+
+def _http(method: str, url: str, body: Any = None, timeout_s: float = 5.0,
+          token: str | None = None) -> tuple[int, Any]:
+    """One JSON call (status, decoded body or text), with ``token`` as the bearer credential."""
     hostport = url.removeprefix("http://").split("/", 1)[0]
     path = "/" + url.removeprefix("http://").split("/", 1)[1] if "/" in url.removeprefix("http://") else "/"
     host, _, port = hostport.partition(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
     try:
         data = None if body is None else json.dumps(body)
-        conn.request(method, path, body=data, headers={"Content-Type": "application/json",
-                                                         "Authorization": "Bearer sk-outlier-test"})
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        conn.request(method, path, body=data, headers=headers)
         resp = conn.getresponse()
         raw = resp.read()
     finally:
@@ -131,16 +141,21 @@ class RouterProcess(_Process):
     """A router we started: ``url`` (its OpenAI entry point), ``kind``, ``backends``, ``log_path``."""
 
     def __init__(self, kind: str, argv: list[str], workdir: Path, backends: dict[str, str], *,
-                 env: dict[str, str] | None = None, ready_timeout_s: float = 60.0, port: int) -> None:
+                 env: dict[str, str] | None = None, ready_timeout_s: float = 60.0, port: int,
+                 token: str | None = None) -> None:
         self.kind = kind
+        #: The bearer credential of its API (the router's --api-key, LiteLLM's master key), if any.
+        self.token = token
         self.workdir = Path(workdir)
         self.backends = dict(backends)
         self.port = port
         self.argv = argv
         self.log_path = self.workdir / f"{kind}.log"
         self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=self.workdir,
-                                     env={**os.environ, **(env or {})})
+        run_env = {**os.environ, **(env or {})}
+        for name in DROPPED_ENV:
+            run_env.pop(name, None)
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=self.workdir, env=run_env)
         try:
             self._wait_ready(ready_timeout_s)
         except BaseException:
@@ -168,21 +183,34 @@ class RouterProcess(_Process):
             time.sleep(0.2)
         raise TimeoutError(f"{self.kind} not ready after {timeout_s}s (last: {last!r}): {self.log_tail()}")
 
+    def call(self, method: str, path: str, body: Any = None, timeout_s: float = 10.0) -> tuple[int, Any]:
+        """One JSON call to the router, with its credential."""
+        return _http(method, f"{self.url}{path}", body, timeout_s, self.token)
+
+    def chat(self, content: str = "hello", max_tokens: int = 4) -> tuple[int, Any]:
+        """One chat completion through the router."""
+        return self.call("POST", "/v1/chat/completions",
+                         {"model": FAKE_MODEL, "messages": [{"role": "user", "content": content}],
+                          "max_tokens": max_tokens})
+
     def routable(self) -> set[str] | None:
         """The backends (``host:port``) the router routes to now, or None where it cannot say."""
         if self.kind == "smg":
-            status, body = _http("GET", f"{self.url}/workers")
+            status, body = self.call("GET", "/workers")
             if status != 200:
                 return None
             return {w["url"].removeprefix("http://") for w in body.get("workers", []) if w.get("status") == "ready"}
         if self.kind == "vllm-router":
-            status, body = _http("GET", f"{self.url}/workers")
+            status, body = self.call("GET", "/workers")
             if status != 200:
                 return None
             return {w["url"].removeprefix("http://") for w in body.get("workers", []) if w.get("is_healthy")}
-        status, _ = _http("POST", f"{self.url}/v1/chat/completions",
-                          {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 1},
-                          timeout_s=10)
+        # /health/readiness answers once the proxy has loaded its config (callbacks included): a
+        # completion sent earlier could be routed before the callbacks are in place.
+        status, _ = self.call("GET", "/health/readiness")
+        if status != 200:
+            return None
+        status, _ = self.chat("ready?", 1)
         return set(self.backends.values()) if status == 200 else None
 
     def agent_args(self) -> list[str]:
@@ -243,7 +271,7 @@ def litellm_config(backends: dict[str, str], *, defence: bool = True, model: str
                         "model_info": {"id": name}}
                        for name, addr in backends.items()],
         "router_settings": {**(LITELLM_DEFENCE if defence else LITELLM_PLAIN), **(router_settings or {})},
-        "general_settings": {"master_key": "sk-outlier-test"},
+        "general_settings": {"master_key": LITELLM_MASTER_KEY},
     }
     if outlier:
         config["litellm_settings"] = {"callbacks": ["agent.litellm_callback.outlier_filter"]}
@@ -253,22 +281,25 @@ def litellm_config(backends: dict[str, str], *, defence: bool = True, model: str
 def start_router(kind: str, backends: dict[str, str], workdir: Path | None = None, *, defence: bool = True,
                  extra: tuple[str, ...] = (), model: str = FAKE_MODEL, outlier_group: str | None = None,
                  redis_url: str | None = None, env: dict[str, str] | None = None,
-                 ready_timeout_s: float = 90.0) -> RouterProcess:
+                 api_key: str | None = None, ready_timeout_s: float = 90.0) -> RouterProcess:
     """Start ``kind`` (:data:`ROUTERS`) in front of ``backends``; returns once it routes to all of them.
 
     LiteLLM: ``outlier_group`` (with ``redis_url``) loads the outlier-admin callback for that group
     (``OUTLIER_LITELLM_GROUPS`` maps the model name to it); ``env`` is passed on (e.g. the callback's
-    ``OUTLIER_LITELLM_*`` settings). Raises RuntimeError when the LiteLLM venv cannot be made.
+    ``OUTLIER_LITELLM_*`` settings). smg, vllm-router: ``api_key`` is passed as their ``--api-key``.
+    Raises RuntimeError when the LiteLLM venv cannot be made.
     """
     workdir = Path(workdir) if workdir is not None else make_workdir(f"oa-{kind}-")
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
+    if api_key and kind != "litellm":
+        extra = (*extra, "--api-key", api_key)
     if kind == "smg":
         return RouterProcess(kind, smg_argv(port, backends, defence=defence, extra=extra), workdir, backends,
-                             env=env, ready_timeout_s=ready_timeout_s, port=port)
+                             env=env, ready_timeout_s=ready_timeout_s, port=port, token=api_key)
     if kind == "vllm-router":
         return RouterProcess(kind, vllm_router_argv(port, backends, defence=defence, extra=extra), workdir,
-                             backends, env=env, ready_timeout_s=ready_timeout_s, port=port)
+                             backends, env=env, ready_timeout_s=ready_timeout_s, port=port, token=api_key)
     if kind != "litellm":
         raise ValueError(f"unknown router {kind!r} (one of {', '.join(ROUTERS)})")
     bindir = litellm_venv()
@@ -285,9 +316,10 @@ def start_router(kind: str, backends: dict[str, str], workdir: Path | None = Non
                "PYTHONPATH": ""}
     if outlier_group is not None:
         run_env["OUTLIER_LITELLM_GROUPS"] = f"{model}={outlier_group}"
+        run_env["OUTLIER_LITELLM_LOG_LEVEL"] = "DEBUG"
         if redis_url:
             run_env["OUTLIER_LITELLM_REDIS_URL"] = redis_url
     argv = [str(bindir / "litellm"), "--config", str(config_path), "--host", "127.0.0.1", "--port", str(port),
             "--num_workers", "1", *extra]
     return RouterProcess(kind, argv, workdir, backends, env={**run_env, **(env or {})},
-                         ready_timeout_s=ready_timeout_s, port=port)
+                         ready_timeout_s=ready_timeout_s, port=port, token=LITELLM_MASTER_KEY)

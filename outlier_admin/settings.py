@@ -55,9 +55,8 @@ X_FRAME_OPTIONS = "DENY"
 # Health probes (load balancers, kubelet) speak plain HTTP to the pod: never redirect them.
 SECURE_REDIRECT_EXEMPT = [r"^healthz", r"^readyz", r"^metrics"]
 # Login throttling: django-axes with the rule in outlier_admin.fleet.login_throttle's docstring.
-# LOGIN_MAX_FAILURES failures within LOGIN_LOCKOUT_S lock a client address (any username), and lock a
-# username for the addresses that failed themselves: an address with no failures (the on-call's) still
-# has its password checked, so nobody can lock the on-call out from elsewhere.
+# LOGIN_MAX_FAILURES failures within LOGIN_LOCKOUT_S lock a username at one client address (the pair):
+# nobody locks the on-call out from elsewhere, nor everyone behind a shared address with invented names.
 LOGIN_MAX_FAILURES = envint("LOGIN_MAX_FAILURES", 5, minimum=1)
 LOGIN_LOCKOUT_S = envint("LOGIN_LOCKOUT_S", 900, minimum=1)
 # Peers (addresses or CIDRs) whose X-Forwarded-For names the client; empty: the header is never read.
@@ -76,16 +75,15 @@ AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",  # checks the password
 ]
 AXES_HANDLER = "outlier_admin.fleet.login_throttle.LoginThrottleHandler"
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # two separate keys, not their combination
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]  # one key: the pair
 AXES_FAILURE_LIMIT = "outlier_admin.fleet.login_throttle.failure_limit"  # LOGIN_MAX_FAILURES
 AXES_COOLOFF_TIME = "outlier_admin.fleet.login_throttle.lockout_window"  # LOGIN_LOCKOUT_S
 AXES_CLIENT_IP_CALLABLE = "outlier_admin.fleet.login_throttle.client_ip"  # TRUSTED_PROXIES
 AXES_USERNAME_CALLABLE = "outlier_admin.fleet.login_throttle.username_of"
 AXES_LOCKOUT_CALLABLE = "outlier_admin.fleet.login_throttle.lockout_response"  # 429 + Retry-After
-# A success clears only that address's failures for that username (the handler): axes' own reset would
-# also wipe an attacker's count for the username. Refused attempts are not counted (no lock extension,
-# no database writes from a locked-out flood).
-AXES_RESET_ON_SUCCESS = False
+# A success clears the pair's failures (the owner's typos; the key is the pair, so nothing else). Refused
+# attempts are not counted (no lock extension, no database writes from a locked-out flood).
+AXES_RESET_ON_SUCCESS = True
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 # Content-Security-Policy (django-csp). No inline script or style anywhere; the nonce is added to the
 # header only on a page that uses it (the Swagger UI's init script: templates/drf_spectacular/).
@@ -126,6 +124,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "outlier_admin.api.unstorable.UnstorableInputMiddleware",  # a NUL in a path/query/form: 400, not a 500
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -282,6 +281,13 @@ INGEST_MAX_BODY_BYTES = envint("INGEST_MAX_BODY_BYTES", 10 * 1024 * 1024, minimu
 # Records per pushed body (array elements, NDJSON lines): 413 past it. 100,000 of the smallest useful
 # records (~100 bytes) fill the body limit; 2-byte lines would be 5 M Python objects per request.
 INGEST_MAX_LINES = envint("INGEST_MAX_LINES", 100_000, minimum=1)
+# Per ingest token, across every ingest process and pod (outlier_admin.ingest.throttle): at most this
+# many requests in progress, and this many body bytes a second (a bucket of INGEST_TOKEN_BURST_BYTES,
+# at least one full body); past either, 429 + Retry-After. 0 turns a limit off.
+INGEST_TOKEN_CONCURRENCY = envint("INGEST_TOKEN_CONCURRENCY", 2, minimum=0)
+INGEST_TOKEN_BYTES_PER_S = envint("INGEST_TOKEN_BYTES_PER_S", 16 * 1024 * 1024, minimum=0)
+INGEST_TOKEN_BURST_BYTES = max(envint("INGEST_TOKEN_BURST_BYTES", 2 * INGEST_MAX_BODY_BYTES, minimum=1024),
+                               INGEST_MAX_BODY_BYTES)
 # Refused input kept: a few samples per reason and batch with their counts, at most this many new
 # rows per source (token, log source) and hour (past it, counts only), kept this many days.
 INGEST_REJECTED_ROWS_PER_HOUR = envint("INGEST_REJECTED_ROWS_PER_HOUR", 1000, minimum=1)
@@ -338,6 +344,7 @@ CELERY_BEAT_SCHEDULE = {
                        "options": {"expires": METRICS_SCRAPE_INTERVAL_MS / 1000.0}},
     "tail-logs": {"task": "ingest.tail_all_logs", "schedule": float(LOG_TAIL_INTERVAL_S)},
     "retention": {"task": "control.retention", "schedule": 3600.0},
+    "ingest-retention": {"task": "ingest.retention", "schedule": 3600.0},
 }
 
 REST_FRAMEWORK = {
@@ -371,7 +378,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     # A proposal's source and a silence's cause are one choice set: one enum in the schema.
-    "ENUM_NAME_OVERRIDES": {"ProposalSourceEnum": "outlier_admin.control.models.ProposalSource"},
+    "ENUM_NAME_OVERRIDES": {"ProposalSourceEnum": "outlier_admin.control.models.ProposalSource",
+                            "OutcomeEnum": "outlier_admin.control.models.Outcome",
+                            "IncidentOutcomeEnum": "outlier_admin.control.models.IncidentOutcome"},
     # The enum hook is drf-spectacular's default; ours documents every operation's errors and adds the
     # ingest endpoint (a plain Django view the generator cannot see), its bounds read from the settings.
     "POSTPROCESSING_HOOKS": [
@@ -404,7 +413,7 @@ WORKER_METRICS_BIND = envstr("WORKER_METRICS_BIND") or "127.0.0.1"
 # PostgreSQL unreachable: API and dashboard answer 503 + Retry-After (not 500); /metrics keeps serving.
 # (Only process_exception matters, so any place works: after clickjacking, leaving axes' last.)
 MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.clickjacking.XFrameOptionsMiddleware") + 1,
-                  "outlier_admin.observability.outage.DatabaseOutageMiddleware")
+                  "outlier_admin.outage.DatabaseOutageMiddleware")
 # Threshold preview bounds (history.preview): over one, the preview is a 400 naming it.
 PREVIEW_MAX_WINDOW_S = envint("PREVIEW_MAX_WINDOW_S", 3600, minimum=60)
 PREVIEW_MAX_NODES = envint("PREVIEW_MAX_NODES", 1000, minimum=1)

@@ -25,7 +25,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$LITELLM_SPEC" ]; then
     "$VENV/bin/pip" check
     touch "$AGENT_STAMP"
     echo "$LITELLM_SPEC" > "$STAMP"
-elif [ -n "$(find agent contract deploy/agent pyproject.toml -newer "$AGENT_STAMP" \
+elif [ ! -f "$AGENT_STAMP" ] || [ -n "$(find agent contract deploy/agent pyproject.toml -newer "$AGENT_STAMP" \
             \( -name '*.py' -o -name '*.toml' \) -print -quit)" ]; then
     "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-build-isolation --no-deps \
         --force-reinstall ./deploy/agent

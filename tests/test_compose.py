@@ -170,4 +170,19 @@ def test_only_the_nginx_proxy_is_published_in_front_of_gunicorn() -> None:
     edge = COMPOSE["networks"]["web-edge"]["ipam"]["config"][0]["subnet"]
     assert web["environment"]["TRUSTED_PROXIES"].split(",")[0] == edge
     assert set(web["networks"]) == {"default", "web-edge"} and proxy["networks"] == ["web-edge"]
-    assert [n for n, svc in services.items() if "web-edge" in svc.get("networks", [])] == ["web", "proxy"]
+    assert [n for n, svc in services.items() if "web-edge" in svc.get("networks", [])] == ["web", "ingest", "proxy"]
+
+
+def test_ingest_is_a_gunicorn_process_group_of_its_own_behind_the_proxy() -> None:
+    """Issue 36, finding 3: ingest and the operator surface shared gunicorn's threads. The proxy routes
+    /api/v1/ingest/ to the ingest service (the same image and gunicorn config, its own processes, a
+    quarter of the web's CPU weight), which trusts the proxy as the web does and is not published."""
+    services = COMPOSE["services"]
+    web, ingest, proxy = services["web"], services["ingest"], services["proxy"]
+    conf = (ROOT / "deploy" / "nginx" / "nginx.conf").read_text()
+    assert "server ingest:8000;" in conf and "location /api/v1/ingest/ {" in conf
+    assert ingest["command"] == web["command"][-1].split("exec ", 1)[1].split()
+    assert ingest["environment"]["PORT"] == "8000" and "ports" not in ingest and ingest["expose"] == ["8000"]
+    assert ingest["environment"]["TRUSTED_PROXIES"] == web["environment"]["TRUSTED_PROXIES"]
+    assert ingest["cpu_shares"] < web.get("cpu_shares", 1024)
+    assert proxy["depends_on"]["ingest"] == {"condition": "service_healthy", "restart": True}

@@ -23,6 +23,7 @@ from rest_framework.renderers import BrowsableAPIRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from contract.names import NODE_ID_MAX, NODE_ID_RE
 from detector.signals import SIGNALS
 from detector.thresholds import Thresholds
 from outlier_admin.api import filters
@@ -97,8 +98,9 @@ SIGNAL_PARAMETER = OpenApiParameter(
     "`signal` names the one shown. An unknown value: 400.")
 NODE_LOOKUP = OpenApiParameter(
     "id", OpenApiTypes.STR, OpenApiParameter.PATH,
-    description="The node's numeric id, or its name when no other group has a node of that name (a name "
-    "several groups share: 400 `ambiguous_node`; `/api/v1/groups/<group>/nodes/<name>/` is always exact).")
+    description="The node's numeric id (ASCII digits, no leading zeros: always an id, never a name; a node "
+    "name of digits is refused at registration), or its name when no other group has a node of that name (a "
+    "name several groups share: 400 `ambiguous_node`; `/api/v1/groups/<group>/nodes/<name>/` is always exact).")
 
 
 def requested_signal(request: Request | None) -> str | None:
@@ -117,10 +119,17 @@ def node_of(lookup: str, group: ModelGroup | None = None) -> Node:
     anything else a name: one node of that name in any group, else a 404; a name several groups
     share is a 400 naming them (no node is picked for the caller: an override on the wrong one would
     take a healthy node out)."""
+    if not NODE_ID_RE.fullmatch(lookup):  # no node is named so (a NUL, a space...): never a query
+        raise NotFound(f"no node {lookup[:200]!r}: a node id is a number, a name 1-{NODE_ID_MAX} of letters, "
+                       "digits and . _ : @ - [ ]")
     if group is not None:
         return get_object_or_404(Node, group=group, name=lookup)
     if lookup.isascii() and lookup.isdigit():
-        return get_object_or_404(Node, pk=lookup)
+        # Digits are an id, and only in their one spelling ("0003" is not node 3): names of digits are
+        # refused at registration (fleet.names.validate_new_node_name), so /nodes/3/ has one meaning.
+        if lookup != str(int(lookup)) or int(lookup) > 2**63 - 1:
+            raise NotFound(f"no node id {lookup[:30]!r}: an id is written without leading zeros")
+        return get_object_or_404(Node, pk=int(lookup))
     found = list(Node.objects.filter(name=lookup).select_related("group").order_by("group__name")[:10])
     if not found:
         raise NotFound(f"no node named {lookup[:200]!r} in any group")
@@ -450,8 +459,8 @@ class IncidentViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     @action(detail=False, methods=["get"])
     def export(self, request: Request) -> HttpResponse:
         """The incidents under the same filters as CSV, newest first (the audit log's CSV writer:
-        :func:`outlier_admin.dashboard.export.csv_response`)."""
-        from outlier_admin.dashboard.export import INCIDENT_COLUMNS, csv_response, incident_rows
+        :func:`outlier_admin.api.export.csv_response`)."""
+        from outlier_admin.api.export import INCIDENT_COLUMNS, csv_response, incident_rows
 
         stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
         return csv_response(f"outlier-admin-incidents-{stamp}.csv", INCIDENT_COLUMNS,

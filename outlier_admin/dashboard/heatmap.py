@@ -40,7 +40,15 @@ from detector.thresholds import Thresholds
 from outlier_admin.control.models import NodeHistory
 from outlier_admin.fleet.models import Node
 from outlier_admin.history.queries import attention_rank
-from outlier_admin.history.replay import AT_OR_UNDER, OVER_DEGRADE, OVER_QUARANTINE, SLOWER, load, reading
+from outlier_admin.history.replay import (
+    AT_OR_UNDER,
+    OVER_DEGRADE,
+    OVER_QUARANTINE,
+    SLOWER,
+    judged_in,
+    load,
+    reading,
+)
 
 MAX_ROWS = 50
 #: At most this many time buckets (columns); the plot is :data:`PLOT_W` wide whatever their number.
@@ -109,8 +117,9 @@ def cells(nodes: list[Node], window: Window, thresholds: Thresholds, signal: str
     out = {n.pk: [Cell(None, None)] * buckets for n in nodes}
     if not nodes:
         return out
-    f = load(nodes[0].group_id, window.start, window.end, SIGNALS if signal is None else (signal,),
-             node_ids=list(out))
+    group_id = nodes[0].group_id
+    signals = judged_in(group_id, window.start, window.end) if signal is None else (signal,)
+    f = load(group_id, window.start, window.end, signals, node_ids=list(out), tails=False)
     if not f.columns:
         return out
     r = reading(f, thresholds, signal)

@@ -22,6 +22,7 @@ urlpatterns = [
     path("rejected/", views.rejected_input, name="rejected"),
     # Throttled by django-axes (outlier_admin.fleet.login_throttle): its backend refuses a locked-out
     # attempt and its middleware answers 429 + Retry-After with this page.
+    path("accounts/lockouts/", views.login_lockouts, name="lockouts"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

@@ -452,7 +452,7 @@ def audit_log(request: HttpRequest) -> HttpResponse:
 def _export(request: HttpRequest, filter_cls: Any, model: Any, name: str, columns: list[str],
             rows: Any) -> HttpResponse:
     """A CSV export under the page's filters; a filter the page would refuse is a 400 naming it."""
-    from outlier_admin.dashboard.export import csv_response
+    from outlier_admin.api.export import csv_response
 
     flt = filter_cls(request.GET or None, queryset=model.objects.all())
     if request.GET and not flt.is_valid():
@@ -466,7 +466,7 @@ def _export(request: HttpRequest, filter_cls: Any, model: Any, name: str, column
 @require_http_methods(["GET", "HEAD"])
 def audit_csv(request: HttpRequest) -> HttpResponse:
     """The audit log as CSV, newest first, under the audit page's filters."""
-    from outlier_admin.dashboard.export import AUDIT_COLUMNS, audit_rows
+    from outlier_admin.api.export import AUDIT_COLUMNS, audit_rows
 
     return _export(request, AuditFilter, AuditEvent, "audit", AUDIT_COLUMNS, audit_rows)
 
@@ -476,8 +476,8 @@ def audit_csv(request: HttpRequest) -> HttpResponse:
 def transitions_csv(request: HttpRequest) -> HttpResponse:
     """Every node's state changes as CSV, newest first (``group``, ``node``, ``since``, ``until``,
     ``reason``, ``to_state`` as the API's transitions list): the fleet-wide history for a review."""
+    from outlier_admin.api.export import TRANSITION_COLUMNS, transition_rows
     from outlier_admin.api.filters import TransitionFilter
-    from outlier_admin.dashboard.export import TRANSITION_COLUMNS, transition_rows
 
     return _export(request, TransitionFilter, Transition, "transitions", TRANSITION_COLUMNS, transition_rows)
 
@@ -510,3 +510,40 @@ def rejected_input(request: HttpRequest) -> HttpResponse:
 #: The rejected-input page's count windows, in hours (the API takes any ``since`` up to 30 days).
 REJECTED_WINDOWS = ("1", "24", "168", "720")
 
+
+
+def _admin(request: HttpRequest) -> HttpResponse | None:
+    """None for an active superuser; else the login redirect or the 403 page (login lockouts are an
+    administrator's to clear: a role-holder locked out must not be able to unlock the guesser)."""
+    if not request.user.is_authenticated:
+        return redirect_to_login(request.get_full_path())
+    if not (request.user.is_superuser and request.user.is_active):
+        return render(request, "dashboard/forbidden.html", {"capability": "unlock logins", "roles": ["administrator"]},
+                      status=403)
+    return None
+
+
+@require_http_methods(["GET", "POST"])
+def login_lockouts(request: HttpRequest) -> HttpResponse:
+    """The (username, address) pairs locked out of logging in, with an *Unlock* per pair (an
+    administrator's, audited: :func:`~outlier_admin.control.actions.do_unlock_login`)."""
+    from outlier_admin.fleet.login_throttle import locked_out
+
+    refused = _admin(request)
+    if refused is not None:
+        return refused
+    if request.method == "POST":
+        form = ReasonForm(request.POST)
+        username = request.POST.get("username", "")
+        if not form.is_valid():
+            messages.error(request, "A reason is required to unlock a login.")
+        else:
+            try:
+                cleared = actions.do_unlock_login(username, ip_address=request.POST.get("ip_address") or None,
+                                                  actor=request.user, reason=form.cleaned_data["reason"])
+            except actions.ActionError as exc:
+                messages.error(request, str(exc))
+            else:
+                messages.success(request, f"Unlocked {username!r}: {cleared} failures cleared.")
+        return redirect("dashboard:lockouts")
+    return render(request, "dashboard/lockouts.html", _ctx(request, lockouts=locked_out(), max_failures=settings.LOGIN_MAX_FAILURES))

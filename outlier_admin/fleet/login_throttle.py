@@ -1,19 +1,22 @@
-"""Login throttling on django-axes: failures are counted per **client address** and, separately, per
-**username** (``AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]``), in PostgreSQL (axes' database
-handler), over a window of ``LOGIN_LOCKOUT_S`` seconds; the limit is ``LOGIN_MAX_FAILURES``.
+"""Login throttling on django-axes: failures are counted per **username and client address together**
+(``AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]``), in PostgreSQL (axes' database handler),
+over a window of ``LOGIN_LOCKOUT_S`` seconds; the limit is ``LOGIN_MAX_FAILURES``.
 
-Design — who is refused, without the password being checked:
+Design — who is refused, without the password being checked: **a username from an address where it
+failed ``LOGIN_MAX_FAILURES`` times**, and nothing else.
 
-- **An address with ``LOGIN_MAX_FAILURES`` failures** (any usernames): everything from it, the right
-  password included. This is what stops a spray of 40 usernames from one address after 5 guesses.
-- **A username with ``LOGIN_MAX_FAILURES`` failures** (from any addresses): only attempts from addresses
-  that have at least one failure of their own in the window. An address with none still has its
-  password checked, so the on-call's right password from a clean address logs in however hard
-  someone else hammers their username — nobody can lock the on-call out from another address. The
-  cost: while a username is over the limit, each fresh address gets one guess at it (one failure
-  makes the address a failing one), so a distributed guesser needs a new address per guess.
-- A success clears that address's failures for that username (the owner's own typos), nothing else:
-  the on-call logging in must not reset an attacker's count (axes' ``AXES_RESET_ON_SUCCESS`` would).
+- Nobody can lock the on-call out from another address, nor from the on-call's own address with
+  other usernames: an office NAT, a VPN egress or an ingress that every user shares is one address,
+  and four wrong passwords for invented usernames there locked every user of it out for 15 minutes
+  (issue 36, finding 2). With the pair as the key, each username has its own budget at each address.
+- The price: a spray of many usernames from one address gets ``LOGIN_MAX_FAILURES`` guesses per
+  username. Against that: passwords Django's validators accepted, and a name that is not a user
+  costs the guesser the same as one that is (so a spray learns nothing about who exists).
+- The residual lockout — someone at the on-call's own address failing with the on-call's username —
+  is what an admin clears: ``manage.py unlock_login`` or the dashboard's *Login lockouts* page,
+  both through :func:`outlier_admin.control.actions.do_unlock_login` (audited).
+- A success clears that pair's failures (axes' ``AXES_RESET_ON_SUCCESS``, which with the pair as the
+  key resets only the pair: the owner's own typos).
 - Attempts refused while locked out are not counted (``AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT``
   off): a lock ends ``LOGIN_LOCKOUT_S`` after the failures that caused it, and a locked-out flood
   writes nothing to the database.
@@ -25,15 +28,17 @@ and the login page, on every password login path — the dashboard's and the Dja
 the check sits in the authentication backend and :func:`lockout_response` answers for both.
 
 The client address is ``REMOTE_ADDR``; ``X-Forwarded-For`` is read only when ``REMOTE_ADDR`` is in
-``TRUSTED_PROXIES`` (:func:`client_ip`). Without that, every user behind the TLS proxy would share the
-proxy's address — settings refuse to start in production with ``SECURE_PROXY_SSL_HEADER`` and no
-``TRUSTED_PROXIES``. django-ipware (axes' optional resolver) is not used: it reads the header whoever
-the peer is.
+``TRUSTED_PROXIES`` (:func:`client_ip`): the proxy chain the deployment declares (compose: nginx's
+subnet; the Helm chart: the sidecar and the ingress controller's range, value
+``web.trustedProxies``). Without that, every user behind the proxy would share the proxy's address:
+settings refuse to start in production with ``SECURE_PROXY_SSL_HEADER`` and no ``TRUSTED_PROXIES``,
+and the system check :func:`check_client_addresses` warns when the logins recorded come from one
+address only. django-ipware (axes' optional resolver) is not used: it reads the header whoever the
+peer is.
 
 PostgreSQL down: a login needs the database anyway (users and sessions live there), so the throttle
-adds no dependency: an attempt fails like any page (``observability.outage``'s 503) before anything is
-counted, so retrying through the outage locks nobody out afterwards. Redis plays no part in logging in
-(the previous, hand-written throttle counted in Redis and failed open without it).
+adds no dependency: an attempt fails like any page (``outlier_admin.outage``'s 503) before anything is
+counted, so retrying through the outage locks nobody out afterwards. Redis plays no part in logging in.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from axes.helpers import get_client_username, get_cool_off, get_failure_limit, g
 from axes.models import AccessAttempt
 from django.conf import settings
 from django.contrib.auth.forms import AuthenticationForm
-from django.db.models import QuerySet, Sum
+from django.db.models import Max, QuerySet, Sum
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -137,45 +142,41 @@ class LoginThrottleBackend(AxesStandaloneBackend):
 
 
 class LoginThrottleHandler(AxesDatabaseHandler):
-    """Axes' database handler with the rule of the module docstring: the username key binds only
-    addresses that have failures of their own."""
+    """Axes' database handler, checked to count per (username, address) pair, with the wait until a
+    pair's lock ends."""
 
-    def _failure_sets(self, request: HttpRequest, credentials: dict[str, Any] | None) -> dict[str, QuerySet]:
+    def _pair_attempts(self, request: HttpRequest, credentials: dict[str, Any] | None) -> QuerySet:
         params = get_lockout_parameters(request, credentials)
-        if sorted(map(str, params)) != ["ip_address", "username"]:
-            raise ValueError(f"AXES_LOCKOUT_PARAMETERS must be ['username', 'ip_address'], got {params!r}")
-        return dict(zip(params, self.get_user_attempts(request, credentials), strict=True))
-
-    def _binding(self, request: HttpRequest, credentials: dict[str, Any] | None) -> list[QuerySet]:
-        """The failure sets that apply to this request: the address's, plus the username's once the
-        address has failed at least once."""
-        sets = self._failure_sets(request, credentials)
-        by_ip = sets["ip_address"]
-        return [by_ip, sets["username"]] if by_ip.exists() else [by_ip]
-
-    def get_failures(self, request: HttpRequest, credentials: dict[str, Any] | None = None) -> int:
-        return max(qs.aggregate(n=Sum("failures_since_start"))["n"] or 0 for qs in self._binding(request, credentials))
+        if len(params) != 1 or sorted(map(str, params[0])) != ["ip_address", "username"] or isinstance(params[0], str):
+            raise ValueError(f"AXES_LOCKOUT_PARAMETERS must be [['username', 'ip_address']], got {params!r}")
+        return self.get_user_attempts(request, credentials)[0]
 
     def retry_after(self, request: HttpRequest, credentials: dict[str, Any] | None = None) -> int:
-        """Seconds until no binding failure set holds ``LOGIN_MAX_FAILURES`` failures. Rows expire one
-        by one ``LOGIN_LOCKOUT_S`` after their last failure; a set is locked until its newest rows alone
+        """Seconds until the pair holds fewer than ``LOGIN_MAX_FAILURES`` failures. Rows expire one by
+        one ``LOGIN_LOCKOUT_S`` after their last failure; the pair is locked until its newest rows alone
         fall below the limit, i.e. until the row that brings the newest-first sum to the limit expires."""
         limit = get_failure_limit(request, credentials)
         window = get_cool_off(request) or lockout_window()
-        now = timezone.now()
-        wait = 0.0
-        for qs in self._binding(request, credentials):
-            total = 0
-            for failures, at in qs.order_by("-attempt_time").values_list("failures_since_start", "attempt_time"):
-                total += failures
-                if total >= limit:
-                    wait = max(wait, (at + window - now).total_seconds())
-                    break
-        return max(1, round(wait))
+        total = 0
+        rows = self._pair_attempts(request, credentials).order_by("-attempt_time")
+        for failures, at in rows.values_list("failures_since_start", "attempt_time"):
+            total += failures
+            if total >= limit:
+                return max(1, round((at + window - timezone.now()).total_seconds()))
+        return 1
 
-    def user_logged_in(self, sender: Any, request: HttpRequest, user: Any, **kwargs: Any) -> None:
-        super().user_logged_in(sender, request, user, **kwargs)
-        AccessAttempt.objects.filter(username=user.get_username()[:150], ip_address=request.axes_ip_address).delete()
+
+def locked_out(now: Any = None) -> list[dict[str, Any]]:
+    """The (username, address) pairs locked out now: ``{"username", "ip_address", "failures",
+    "last_at", "until"}``, newest first (the dashboard's *Login lockouts* page, ``unlock_login
+    --list``)."""
+    now = now or timezone.now()
+    window = lockout_window()
+    pairs = (AccessAttempt.objects.filter(attempt_time__gte=now - window)
+             .values("username", "ip_address")
+             .annotate(failures=Sum("failures_since_start"), last_at=Max("attempt_time"))
+             .filter(failures__gte=settings.LOGIN_MAX_FAILURES).order_by("-last_at"))
+    return [{**p, "until": p["last_at"] + window} for p in pairs]
 
 
 def lockout_response(request: HttpRequest, original_response: HttpResponse | None = None,

@@ -77,8 +77,8 @@ from detector.signals import QUEUE_FREE, SIGNALS
 from detector.states import JUDGED_STATES, OPERATOR_STATES, Reason
 from detector.states import NodeState as S
 from detector.thresholds import Thresholds
+from outlier_admin.control import buckets
 from outlier_admin.control.models import GroupBaseline, NodeHistory, Transition
-from outlier_admin.control.redis_conn import get_redis
 from outlier_admin.fleet.models import ModelGroup
 from outlier_admin.history.queries import decision_signal
 from outlier_admin.history.replay import Frames, TooManyRows, load
@@ -120,29 +120,13 @@ def rate_key(user_id: int) -> str:
     return keys.preview_ratelimit(user_id)
 
 
-# Refill by the time elapsed since the last take (Redis' own clock: every web process agrees), take one
-# token if there is one, else answer how long until there is; the key lapses once the bucket is full
-# again. Atomic: concurrent requests of one user cannot both take the last token.
-_TAKE = """
-local cap, per = tonumber(ARGV[1]), tonumber(ARGV[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local v = redis.call('HMGET', KEYS[1], 'tokens', 'at')
-local tokens = math.min(cap, (tonumber(v[1]) or cap) + (now - (tonumber(v[2]) or now)) / per)
-local took = 0
-if tokens >= 1 then tokens = tokens - 1; took = 1 end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
-redis.call('PEXPIRE', KEYS[1], math.ceil((cap - tokens) * per * 1000) + 1000)
-if took == 1 then return 0 end
-return math.ceil((1 - tokens) * per * 1000)
-"""
 _slots_lock = threading.Lock()
 _slots: dict[str, int] = {"running": 0}
 
 
 def take_token(user_id: int) -> int:
     """Take one of the user's preview tokens: 0 if taken, else the milliseconds until one is there."""
-    return int(get_redis().eval(_TAKE, 1, rate_key(user_id), settings.PREVIEW_BURST, settings.PREVIEW_REFILL_S))
+    return buckets.take(rate_key(user_id), cap=settings.PREVIEW_BURST, rate_per_s=1 / settings.PREVIEW_REFILL_S)
 
 
 @contextlib.contextmanager
@@ -292,9 +276,21 @@ class Preview:
 
 
 _PAD = "\x00pad"  # nodes of the group without history rows: they count toward the safeguard's cap
-_JUDGED = np.array(sorted(int(x) for x in JUDGED_STATES))
-_FOLLOWED = np.array(sorted(int(x) for x in FOLLOWED_STATES))
-_QUARANTINE = np.array(sorted(int(S.from_label(x)) for x in QUARANTINE_LABELS))
+
+
+
+def _lut(states: object) -> np.ndarray:
+    """A membership table indexed by state code (the read model's -1, an unknown label: the last
+    entry, never a member): ``_lut(s)[codes]`` is ``np.isin(codes, s)`` without a sort per call."""
+    out = np.zeros(len(S) + 1, dtype=bool)
+    out[[int(x) for x in states]] = True
+    return out
+
+
+_JUDGED = _lut(JUDGED_STATES)
+_JUDGED_OR_WARMING = _lut(JUDGED_STATES | {S.WARMING})
+_FOLLOWED = _lut(FOLLOWED_STATES)
+_QUARANTINE = _lut(S.from_label(x) for x in QUARANTINE_LABELS)
 
 
 def replay(f: Frames, t: Thresholds, node_count: int, *, signal: str = "decode",
@@ -340,15 +336,15 @@ def replay(f: Frames, t: Thresholds, node_count: int, *, signal: str = "decode",
             continue  # a write of other signals only: no step of the deciding signal's history
         i = slot[f.col_node[cols]]
         recorded = f.state[cols]
-        rec_judged = np.isin(recorded, _JUDGED)
-        cur_judged = np.isin(a.state[i], _JUDGED)
+        rec_judged = _JUDGED[recorded]
+        cur_judged = _JUDGED[a.state[i]]
         # Warming, forced by an operator, or in the detector's quarantine path: follow the record,
         # except that a node the replay keeps in service stays there.
-        follow = ~seen[i] | (~rec_judged & (~cur_judged | np.isin(recorded, _FOLLOWED)))
+        follow = ~seen[i] | (~rec_judged & (~cur_judged | _FOLLOWED[recorded]))
         # Taken out by the detector at this write (its row is the evaluation that did it) while the
         # replay still has it in service: judged on that row, its persistence as the detector
         # recorded it (see _as_recorded).
-        entering = np.isin(recorded, _QUARANTINE) & np.isin(last[i], _JUDGED) & cur_judged & seen[i]
+        entering = _QUARANTINE[recorded] & _JUDGED[last[i]] & cur_judged & seen[i]
         a.state[i[follow]] = recorded[follow]
         seen[i] = True
         last[i] = recorded
@@ -466,5 +462,5 @@ def _replay_window(group: ModelGroup, current: Thresholds, proposed: Thresholds,
 def _out_at_start(f: Frames) -> set[str]:
     """The nodes whose first row in the window records them in neither a judged nor a warming state."""
     first = np.unique(f.col_node, return_index=True)[1]  # columns are in time order
-    judged = np.isin(f.state[first], np.r_[_JUDGED, int(S.WARMING)])
+    judged = _JUDGED_OR_WARMING[f.state[first]]
     return {f.names[int(j)] for j in f.col_node[first][~judged].tolist()}

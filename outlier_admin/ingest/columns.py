@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from contract.names import NameError_, validate_group_name, validate_node_id
-from contract.normalize import RecordError, normalize
+from contract.normalize import MISSING, NOT_AN_OBJECT, REQUIRED, RecordError, normalize
 from contract.records import (
     CACHED,
     COMPLETION,
@@ -188,7 +188,8 @@ def normalize_many(
     def column(key: str) -> list[Any]:
         return list(map(dict.get, dicts, repeat(key)))
 
-    nodes, nodes_ok = _names(column("node"), validate_node_id, required=True)
+    node_column = column("node")
+    nodes, nodes_ok = _names(node_column, validate_node_id, required=True)
     groups, groups_ok = _names(column("group"), validate_group_name, required=False)
     ts, ts_given, ts_odd = _floats(column("ts"))
     prompt, p_given, p_odd = _floats(column("prompt_tokens"))
@@ -229,6 +230,29 @@ def normalize_many(
         total.tolist(), status, _ints(cached, with_cached & ok), _opt_floats(queue, with_queue), groups, request_ids,
         strict=True))
     if not ok.all():
+        # What normalize would refuse first, read off the columns: not an object, or a required field
+        # absent (in normalize's order), a ts outside the window. No exception raised per record (one
+        # shared error for the first two): a garbage line costs less than a valid one. The rest go
+        # through normalize for their reason.
+        given = {"ts": ts_given, "total_ms": total_given,
+                 "node": np.fromiter((v is not None for v in node_column), bool, n)}
+        shared = [(np.fromiter((type(rec) is not dict for rec in recs), bool, n), RecordError(*NOT_AN_OBJECT))]
+        shared += [(~given[key], RecordError(*MISSING[key])) for key in REQUIRED]
+        # Then a plain number for ts outside the window: normalize's next refusal, with its detail.
+        with np.errstate(invalid="ignore"):
+            plain_ts = ts_given & ~ts_odd & np.isfinite(ts)
+            future, old = plain_ts & (ts > latest), plain_ts & (ts < earliest)
         for i in np.flatnonzero(~ok).tolist():
-            out[i] = _one(recs[i], now, bounds)
+            for refused, error in shared:
+                if refused[i]:
+                    out[i] = error
+                    break
+            else:
+                if future[i]:
+                    out[i] = RecordError("ts_in_future", f"ts is {ts[i] - now:.0f} s in the future "
+                                         f"(limit {max_future_s:.0f} s)")
+                elif old[i]:
+                    out[i] = RecordError("ts_too_old", f"ts is {now - ts[i]:.0f} s old (retention {retention_s:.0f} s)")
+                else:
+                    out[i] = _one(recs[i], now, bounds)
     return out

@@ -8,6 +8,8 @@ and its error contract is fixed by the issue. Responses are JSON:
   every refusal is counted by reason, and a few samples of each reason are stored with their
   counts, :mod:`outlier_admin.ingest.pipeline`); a record for a group outside a scoped token's
   groups is one such refusal (``group_out_of_scope``), the rest of the batch goes on;
+- 429 + ``Retry-After`` the token is over one of its limits (requests in progress, body bytes a
+  second: :mod:`outlier_admin.ingest.throttle`); nothing of the body was read or applied;
 - 400 body is neither JSON nor NDJSON; 401 no / unknown / revoked token (or its user deactivated)
   or wrong scope; 405 not POST; 413 body over ``INGEST_MAX_BODY_BYTES``, or more records (array
   elements, NDJSON lines) than ``INGEST_MAX_LINES`` (``max_lines`` in the body); 415 content type not JSON/NDJSON;
@@ -33,9 +35,10 @@ from django.views.decorators.csrf import csrf_exempt
 
 from outlier_admin.control.redis_conn import UNAVAILABLE_ERRORS, NotReplicated, require_replicas
 from outlier_admin.fleet.auth import lookup_token, token_from_header
-from outlier_admin.fleet.models import TokenScope
+from outlier_admin.fleet.models import ApiToken, TokenScope
+from outlier_admin.ingest import throttle
 from outlier_admin.ingest.pipeline import submit
-from outlier_admin.observability.outage import DB_OUTAGE_ERRORS
+from outlier_admin.outage import DB_OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,7 @@ def _json(status: int, payload: dict[str, Any], **headers: str) -> HttpResponse:
     if status >= 400:  # the API's one error shape: an RFC 9457 problem (outlier_admin.api.errors)
         from django.urls import reverse
 
-        from outlier_admin.api.errors import problem_response
+        from outlier_admin.problem import problem_response
 
         extra = {k: v for k, v in payload.items() if k != "error"}
         resp = problem_response(status, payload["error"], instance=reverse("ingest-requests"), **extra)
@@ -58,6 +61,12 @@ def _json(status: int, payload: dict[str, Any], **headers: str) -> HttpResponse:
     for key, value in headers.items():
         resp[key.replace("_", "-")] = value
     return resp
+
+
+#: What orjson refuses that the standard library reads (its error message names it): a number past a
+#: double, a lone surrogate escape, the NaN / Infinity literals. Any other line orjson refuses is not
+#: JSON at all.
+_STDLIB_READS = ("infinity", "surrogate", "literal")
 
 
 class BodyError(ValueError):
@@ -72,7 +81,9 @@ def _loads(text: bytes) -> Any:
     included)."""
     try:
         return orjson.loads(text)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as exc:
+        if not any(word in str(exc) for word in _STDLIB_READS):
+            raise  # not JSON to either parser: no second, slower parse of a garbage line
         try:
             return json.loads(text)
         except RecursionError:
@@ -195,6 +206,15 @@ def _ingest_requests(request: HttpRequest) -> HttpResponse:
     if token.scope != TokenScope.INGEST:
         return _json(401, {"error": f"token scope is {token.scope!r}; this endpoint needs 'ingest'"},
                      WWW_Authenticate="Bearer")
+    try:
+        with throttle.request_slot(token.pk, token.name):
+            return _take_body(request, token)
+    except throttle.Throttled as exc:
+        return _json(429, {"error": exc.detail, "limit": exc.limit, "retry_after_s": exc.retry_after_s},
+                     Retry_After=str(exc.retry_after_s))
+
+
+def _take_body(request: HttpRequest, token: ApiToken) -> HttpResponse:
     limit = settings.INGEST_MAX_BODY_BYTES
     try:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
@@ -205,6 +225,7 @@ def _ingest_requests(request: HttpRequest) -> HttpResponse:
     body = _read_body(request, limit)
     if len(body) > limit:
         return _json(413, {"error": f"body is over the limit of {limit} bytes"})
+    throttle.take_bytes(token.pk, token.name, len(body))
     if not body.strip():
         return _json(400, {"error": "empty body: send a JSON array or NDJSON of records"})
     content_type = (request.content_type or "").split(";")[0].strip().lower()

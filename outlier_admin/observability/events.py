@@ -55,12 +55,15 @@ class ScanResult:
 
 
 def _cursor(r: Any, name: str, model: Any) -> int:
+    """The id after which rows are new. A cursor past the table's last id belongs to another database
+    (a fresh demo SQLite on the same Redis: its ids start again at 1, and every row would be skipped
+    until they passed the old cursor): it starts again at the last id, like a first scan."""
     raw = r.get(PREFIX + "cursor:" + name)
-    if raw is not None:
+    last = model.objects.aggregate(m=Max("id"))["m"] or 0
+    if raw is not None and int(raw) <= last:
         return int(raw)
-    start = model.objects.aggregate(m=Max("id"))["m"] or 0
-    r.set(PREFIX + "cursor:" + name, start)
-    return start
+    r.set(PREFIX + "cursor:" + name, last)
+    return last
 
 
 def _fmt(v: float | None) -> str:

@@ -12,6 +12,13 @@ the nginx sidecar may reach it.
 Run bare (the image's default command), it still keeps what it can: bounded request lines and headers,
 a worker timeout, short keep-alive, and no scheme taken from client headers (below).
 
+Ingest runs as a process group of its own (docker-compose.yml's ``ingest`` service, the Helm chart's
+``ingest`` container; nginx routes ``/api/v1/ingest/`` to it), from this same file: a flood of records
+then queues for ingest's threads, never for the dashboard's and the API's (issue 36, finding 3).
+``WEB_NICE`` (0-19) lowers its workers' CPU priority on a shared host, so that the operator surface
+keeps its share of the cores while ingest is saturated (containers: the CPU weight, ``cpu_shares`` /
+the chart's CPU request, does that between services).
+
 ``child_exit`` tells prometheus_client a worker died, so its live gauges are dropped while its
 counters stay summed (multi-process mode, ``PROMETHEUS_MULTIPROC_DIR``).
 """
@@ -43,6 +50,15 @@ secure_scheme_headers: dict[str, str] = {}
 accesslog = "-"
 # No request bodies in access logs; the ingest endpoint sees tens of thousands of records a second.
 access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(L)ss'
+
+
+#: Added to each worker's niceness (0: none): ingest's process group gives way to the web's for CPU.
+WEB_NICE = min(max(int(os.environ.get("WEB_NICE", "0")), 0), 19)
+
+
+def post_fork(server, worker) -> None:  # gunicorn hook signature
+    if WEB_NICE:
+        os.nice(WEB_NICE)
 
 
 def child_exit(server, worker) -> None:  # gunicorn hook signature

@@ -6,7 +6,6 @@ written to Redis the way the control plane writes them.
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
@@ -22,28 +21,14 @@ from harness.gateways import (
     NginxProcess,
     SyslogCollector,
     publish,
+    run_agent,
     send_traffic,
+    wait_version,
     weights_document,
 )
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(60)]
 N = 200  # requests per phase: 50 per server under round-robin
-
-
-def run_agent(agent: Agent):
-    stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(stop,), kwargs={"resync_interval_s": 60}, daemon=True)
-    thread.start()
-    return stop, thread
-
-
-def wait_version(agent: Agent, version: int, timeout: float = 5.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if agent.state.version == version and agent.state.last_error == "":
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"agent did not apply version {version}: {agent.state}")
 
 
 def assert_even(result, servers, tolerance=0.05):

@@ -214,9 +214,9 @@ def test_run_loop_backs_off_while_the_same_weights_keep_failing(redis_client, gr
             publish(redis_client, weights_document(group, version, SERVERS))
             time.sleep(0.02)
         # Without backoff every heartbeat (~100) would be an attempt; with it: 0, 0.2, 0.6, 1.4, 2.2 s.
-        assert 4 <= len(calls) <= 6, [round(t - t0, 2) for t, _ in calls]
+        assert 3 <= len(calls) <= 6, [round(t - t0, 2) for t, _ in calls]
         gaps = [b - a for (a, _), (b, _) in pairwise(calls)]
-        assert gaps[0] >= 0.15 and gaps[1] >= 0.35 and all(g <= 1.2 for g in gaps)
+        assert gaps[0] >= 0.19 and gaps[1] >= 0.39 and all(g <= 2.0 for g in gaps)
         n = len(calls)
         publish(redis_client, weights_document(group, version + 1, SERVERS, quarantined=("b",)))  # new weights
         _wait(lambda: len(calls) > n, timeout=0.5)  # tried at once, not after the backoff

@@ -175,7 +175,7 @@ def test_envoy_edits_only_the_endpoints_the_file_lists(tmp_path):
 
 
 def test_envoy_without_its_file_or_with_another_cluster_refuses(tmp_path):
-    with pytest.raises(ApplyError, match=r"no EDS file .* write it first"):
+    with pytest.raises(ApplyError, match=r"no file at .* write the EDS file first"):
         EnvoyApplier(tmp_path / "none.json", "llama").apply(eff())
     assert not (tmp_path / "none.json").exists()
     path = seeded(tmp_path)

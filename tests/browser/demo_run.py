@@ -93,7 +93,7 @@ def running_demo(tmp: Path, redis_url: str, **schedule: str) -> Iterator[Demo]:
             except httpx.HTTPError:
                 return False
 
-        demo.wait_for("the demo's web server", up, 90)
+        demo.wait_for("the demo's web server", up, 300)  # migrations and 40 nodes on a busy machine
         yield demo
     finally:
         if proc.poll() is None:

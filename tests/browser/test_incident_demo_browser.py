@@ -21,9 +21,9 @@ from detector.signals import SIGNAL_NAMES
 from tests.browser.conftest import SHOTS, chromium_page
 from tests.browser.demo_run import LARGE, THROTTLED, log_in, running_demo, screenshots
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1200)]
 
-HEAL_AT_S = 110
+HEAL_AT_S = 150  # three probe cycles fit before it on a busy machine
 
 
 def _failed_probes(demo) -> int:
@@ -44,18 +44,20 @@ def _quarantines(demo) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def test_one_incident_through_three_probe_cycles_and_a_healed_node_passes(tmp_path, settings):
+def test_one_incident_through_three_probe_cycles_and_a_healed_node_passes(tmp_path, settings, redis_client):
+    # redis_client: an empty Redis database (the event scan's cursors of an earlier run would skip this one's rows)
     shots = Path(os.environ.get("ISSUE35_SHOTS") or SHOTS)
     with running_demo(tmp_path, settings.REDIS_URL, DEMO_FAULT_AT_S="3", DEMO_PCIE_AT_S="3",
                       DEMO_HEAL_AT_S=str(HEAL_AT_S), DEMO_TICK_S="0.5") as demo, chromium_page() as page:
         page.set_viewport_size({"width": 1400, "height": 900})
-        demo.wait_for("h100-05's incident", lambda: _incident(demo), 120)
+        page.set_default_timeout(60_000)  # the demo shares the machine with its 40 simulated nodes
+        demo.wait_for("h100-05's incident", lambda: _incident(demo), 240)
         log_in(page, demo)
         assert page.locator("#injected-faults").is_visible()  # the demo marks its own faults
         assert THROTTLED in page.locator("#injected-faults").inner_text()
         seen: list[tuple[str, str, str]] = []
         for cycle in (1, 2, 3):
-            demo.wait_for(f"failed probe {cycle}", lambda c=cycle: _failed_probes(demo) >= c, 150)
+            demo.wait_for(f"failed probe {cycle}", lambda c=cycle: _failed_probes(demo) >= c, 240)
             page.goto(demo.url + "/")
             row = page.locator("#attention tbody tr", has_text=THROTTLED)
             cells = row.locator("td")
@@ -93,7 +95,7 @@ def test_one_incident_through_three_probe_cycles_and_a_healed_node_passes(tmp_pa
         demo.wait_for("a passed probe after the heal", lambda: demo.query(
             "SELECT count(*) FROM control_canaryprobe p JOIN fleet_node n ON n.id = p.node_id "
             "WHERE n.name = ? AND p.passed = 1 AND p.at > ?", THROTTLED,
-            datetime.fromtimestamp(demo.started + HEAL_AT_S + 3, UTC).strftime("%Y-%m-%d %H:%M:%S"))[0][0] >= 1, 180)
+            datetime.fromtimestamp(demo.started + HEAL_AT_S + 3, UTC).strftime("%Y-%m-%d %H:%M:%S"))[0][0] >= 1, 300)
         page.goto(f"{demo.url}/nodes/{demo.node_pk(THROTTLED)}/")
         page.locator("#incident-probes summary").click()
         first = page.locator("#incident-probes tr.probe").first

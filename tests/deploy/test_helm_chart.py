@@ -349,15 +349,17 @@ def test_every_web_pod_runs_the_shipped_nginx_in_front_of_a_loopback_gunicorn(fu
     assert link.is_symlink() and link.resolve() == stack.NGINX_CONF.resolve()
     dep = by_kind(full, "Deployment")["rel-outlier-admin-web"]
     pod = dep["spec"]["template"]["spec"]
-    web, proxy = pod["containers"]
-    assert (web["name"], proxy["name"]) == ("web", "proxy")
+    web, ingest, proxy = pod["containers"]
+    assert (web["name"], ingest["name"], proxy["name"]) == ("web", "ingest", "proxy")
     assert dep["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == "web"
     env = {e["name"]: e.get("value") for e in web["env"]}
     assert env["WEB_BIND"] == "127.0.0.1" and env["TRUSTED_PROXIES"] == "127.0.0.1"
     assert "ports" not in web  # nothing outside the pod reaches gunicorn
     conf = by_kind(full, "ConfigMap")["rel-outlier-admin-web-proxy"]["data"]["nginx.conf"]
+    ingest_env = {e["name"]: e.get("value") for e in ingest["env"]}
     assert conf.rstrip("\n") == stack.NGINX_CONF.read_text().replace(
-        "server web:8000;", f"server 127.0.0.1:{env['PORT']};").rstrip("\n")
+        "server web:8000;", f"server 127.0.0.1:{env['PORT']};").replace(
+        "server ingest:8000;", f"server 127.0.0.1:{ingest_env['PORT']};").rstrip("\n")
     mount = next(m for m in proxy["volumeMounts"] if m["name"] == "proxy-config")
     assert proxy["command"][proxy["command"].index("-c") + 1] == mount["mountPath"]
     assert {"name": "proxy-tmp", "mountPath": "/tmp"} in proxy["volumeMounts"]  # pid, temp files: -p /tmp/
@@ -373,3 +375,29 @@ def test_every_web_pod_runs_the_shipped_nginx_in_front_of_a_loopback_gunicorn(fu
     assert {e["name"]: e.get("value") for e in web["env"]}["TRUSTED_PROXIES"] == "127.0.0.1,127.0.4.0/24"
     out = helm("template", "rel", values={**BASE, "web": {"port": 8080}}, tmp_path=tmp_path)
     assert out.returncode != 0 and "/web/port" in out.stderr
+
+
+def test_ingest_runs_its_own_gunicorn_in_the_web_pod_and_the_ingress_range_is_trusted(tmp_path: Path) -> None:
+    """Issue 36: ingest's own process group (a container with its own CPU limit; the pod's nginx routes
+    /api/v1/ingest/ to it), and behind an Ingress the client's address, not the ingress pod's: nginx's
+    set_real_ip_from and the app's TRUSTED_PROXIES both from web.trustedProxies."""
+    from tests.reliability import stack
+
+    docs = render(tmp_path, {**BASE, "web": {"trustedProxies": ["192.0.2.0/24", "2001:db8::/64"]}})
+    pod = by_kind(docs, "Deployment")["rel-outlier-admin-web"]["spec"]["template"]["spec"]
+    web, ingest, _ = pod["containers"]
+    env = {c["name"]: {e["name"]: e.get("value") for e in c["env"]} for c in (web, ingest)}
+    assert ingest["args"] == web["args"] and env["ingest"]["WEB_BIND"] == "127.0.0.1"
+    assert env["ingest"]["PORT"] != env["web"]["PORT"] and "ports" not in ingest
+    assert ingest["resources"]["limits"]["cpu"]
+    trusted = "127.0.0.1,192.0.2.0/24,2001:db8::/64"
+    assert env["web"]["TRUSTED_PROXIES"] == env["ingest"]["TRUSTED_PROXIES"] == trusted
+    conf = by_kind(docs, "ConfigMap")["rel-outlier-admin-web-proxy"]["data"]["nginx.conf"]
+    assert "set_real_ip_from 192.0.2.0/24;" in conf and "set_real_ip_from 2001:db8::/64;" in conf
+    assert f"server 127.0.0.1:{env['ingest']['PORT']};" in conf
+    out = stack.nginx_check(conf.replace("listen 8080;", "listen 127.0.0.1:18082;"), tmp_path)
+    assert out.returncode == 0, out.stderr
+    out = helm("template", "rel", values={**BASE, "web": {"port": 8001}}, tmp_path=tmp_path)
+    assert out.returncode != 0 and "web.ingest.port" in out.stderr
+    out = helm("template", "rel", values={**BASE, "web": {"trustedProxies": ["ingress.local"]}}, tmp_path=tmp_path)
+    assert out.returncode != 0 and "trustedProxies" in out.stderr

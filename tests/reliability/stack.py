@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -22,15 +22,19 @@ NGINX_CONF = ROOT / "deploy" / "nginx" / "nginx.conf"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 LISTEN = "listen 8080;"
 UPSTREAM = "server web:8000;"
+INGEST_UPSTREAM = "server ingest:8000;"
 
 
-def local_config(listen_port: int, upstream_port: int) -> str:
-    """The shipped config with its listener and upstream on 127.0.0.1; each must occur exactly once,
-    so a change of the shipped file that this would no longer follow fails here."""
+def local_config(listen_port: int, upstream_port: int, ingest_port: int | None = None) -> str:
+    """The shipped config with its listener and upstreams on 127.0.0.1 (ingest's on ``ingest_port``, by
+    default the web's: one gunicorn serves both); each must occur exactly once, so a change of the
+    shipped file that this would no longer follow fails here."""
     text = NGINX_CONF.read_text()
-    assert text.count(LISTEN) == 1 and text.count(UPSTREAM) == 1, "deploy/nginx/nginx.conf: listener/upstream moved"
+    assert text.count(LISTEN) == 1 and text.count(UPSTREAM) == 1 and text.count(INGEST_UPSTREAM) == 1, \
+        "deploy/nginx/nginx.conf: listener/upstreams moved"
     return (text.replace(LISTEN, f"listen 127.0.0.1:{listen_port};")
-                .replace(UPSTREAM, f"server 127.0.0.1:{upstream_port};"))
+                .replace(UPSTREAM, f"server 127.0.0.1:{upstream_port};")
+                .replace(INGEST_UPSTREAM, f"server 127.0.0.1:{ingest_port or upstream_port};"))
 
 
 def nginx_check(conf_text: str, prefix: Path) -> subprocess.CompletedProcess:
@@ -104,11 +108,14 @@ def gunicorn(log: Path, extra_env: dict[str, str] | None = None) -> Iterator[int
 
 
 @contextlib.contextmanager
-def nginx(upstream_port: int, prefix: Path, wait_path: str = "/healthz") -> Iterator[int]:
-    """The shipped nginx config in front of ``upstream_port``, its files and output (``out.log``) under
-    ``prefix``; yields nginx's port."""
+def nginx(upstream_port: int, prefix: Path, wait_path: str = "/healthz", ingest_port: int | None = None,
+          edit: Callable[[str], str] | None = None) -> Iterator[int]:
+    """The shipped nginx config in front of ``upstream_port`` (and ``ingest_port`` for ingest; default:
+    the same), changed by ``edit`` if given, its files and output (``out.log``) under ``prefix``; yields
+    nginx's port."""
     port = free_port()
-    checked = nginx_check(local_config(port, upstream_port), prefix)
+    conf = local_config(port, upstream_port, ingest_port)
+    checked = nginx_check(edit(conf) if edit else conf, prefix)
     assert checked.returncode == 0, checked.stderr
     out = (prefix / "out.log").open("w")
     proc = subprocess.Popen([NGINX, "-p", f"{prefix}/", "-e", "stderr", "-c", str(prefix / "nginx.conf"),

@@ -1,5 +1,5 @@
-"""Login throttling (django-axes, ``outlier_admin.fleet.login_throttle``): failures counted per client
-address and, separately, per username; the client address read from ``X-Forwarded-For`` only when the
+"""Login throttling (django-axes, ``outlier_admin.fleet.login_throttle``): failures counted per username
+and client address together (issue 36, finding 2); the client address read from ``X-Forwarded-For`` only when the
 connecting peer is in ``TRUSTED_PROXIES``; and CSRF on every form.
 
 Every address is on 127.0.0.0/8: ``127.0.0.10`` plays the TLS proxy, ``127.0.0.2x`` the clients behind
@@ -8,6 +8,7 @@ it. The knobs are the defaults (``LOGIN_MAX_FAILURES`` 5, ``LOGIN_LOCKOUT_S`` 90
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import secrets
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 import time_machine
 from django.contrib.auth.backends import ModelBackend
+from django.core.management import CommandError
 from django.test import Client, RequestFactory
 from django.utils import timezone
 
@@ -64,20 +66,34 @@ def _logged_in(client: Client) -> bool:
 
 
 # (a) -----------------------------------------------------------------------------------------------------
-def test_a_forty_username_spray_from_one_address_is_throttled_after_max_failures(oncall, checks):
-    """One address, 40 usernames, one wrong password each: the address key stops it after 5."""
+def test_a_a_spray_of_invented_usernames_from_a_shared_address_locks_nobody_else_out(oncall, checks):
+    """Issue 36, finding 2: with the app seeing one address (the proxy's, or a shared NAT), failed
+    logins with invented usernames locked that address, and the on-call's and a viewer's right
+    passwords got 429 for 15 minutes. The key is the (username, address) pair: they log in."""
+    from django.contrib.auth.models import User
+
+    User.objects.create_user("viewer", password="viewer pass")
     client = Client()
-    codes = [_post(client, "Winter2026!", username=f"user{i:02d}").status_code for i in range(40)]
-    assert codes[:4] == [200] * 4  # the form again, with an error
-    assert codes[4:] == [429] * 36  # the 5th failure locks the address; 35 more refused unchecked
-    assert len(checks) == 5, "only LOGIN_MAX_FAILURES passwords were checked, not 40"
-    # The address is locked for every username, the right password included ...
-    assert _post(client, "correct horse").status_code == 429
+    codes = [_post(client, "Winter2026!", username=f"user{i:02d}", peer="127.0.0.1").status_code for i in range(40)]
+    assert codes == [200] * 40, "one failure per username: no pair reaches the limit"
+    assert len(checks) == 40
+    oncall_browser, viewer_browser = Client(), Client()
+    assert _post(oncall_browser, "correct horse", peer="127.0.0.1").status_code == 302
+    assert _post(viewer_browser, "viewer pass", username="viewer", peer="127.0.0.1").status_code == 302
+    assert _logged_in(oncall_browser) and _logged_in(viewer_browser)
+
+
+def test_a_guessing_one_username_locks_that_username_at_that_address_only(oncall, checks):
+    client = Client()
+    codes = [_post(client, f"guess{i}", peer="127.0.0.21").status_code for i in range(8)]
+    assert codes == [200] * 4 + [429] * 4  # the 5th failure locks the pair; 3 more refused unchecked
+    assert len(checks) == 5
+    assert _post(client, "correct horse", peer="127.0.0.21").status_code == 429
     assert not _logged_in(client)
-    # ... while the on-call at another address is not affected by it.
+    # Another username at that address is not locked, nor the on-call at another address.
+    assert _post(Client(), "wrong", username="someone-else", peer="127.0.0.21").status_code == 200
     other = Client()
-    assert _post(other, "correct horse", peer="127.0.0.22").status_code == 302
-    assert _logged_in(other)
+    assert _post(other, "correct horse", peer="127.0.0.22").status_code == 302 and _logged_in(other)
 
 
 # (b) -----------------------------------------------------------------------------------------------------
@@ -96,31 +112,13 @@ def test_b_behind_the_proxy_failures_from_x_do_not_lock_the_oncall_out_at_y(onca
     assert resp.status_code == 302 and _logged_in(oncall_browser)
 
 
-def test_username_key_gives_each_fresh_address_one_guess(oncall, settings, checks):
-    """Once ``oncall`` has 5 failures, an address with no failures still gets its password checked
-    (that is what lets the on-call in), but one wrong guess makes it an address with failures, and the
-    username lock then applies to it: a distributed guesser needs a fresh address per guess."""
-    settings.TRUSTED_PROXIES = [PROXY]
-    attacker = Client()
-    for i in range(5):
-        _post(attacker, f"guess{i}", peer=PROXY, xff="127.0.0.21")
-    bot = Client()
-    assert _post(bot, "guess5", peer=PROXY, xff="127.0.0.23").status_code == 429  # checked, wrong, locked
-    assert len(checks) == 6
-    assert _post(bot, "correct horse", peer=PROXY, xff="127.0.0.23").status_code == 429  # not checked
-    assert len(checks) == 6 and not _logged_in(bot)
-    # Another username from that address is not under the username lock (the address has 1 failure).
-    assert _post(bot, "wrong", username="someone-else", peer=PROXY, xff="127.0.0.23").status_code == 200
-
-
 # (c) -----------------------------------------------------------------------------------------------------
 def test_c_x_forwarded_for_from_an_untrusted_peer_is_ignored(oncall, settings):
     """127.0.0.30 is not a trusted proxy: a fresh X-Forwarded-For per attempt does not make it a fresh
     client; all failures count against 127.0.0.30."""
     settings.TRUSTED_PROXIES = [PROXY]
     client = Client()
-    codes = [_post(client, "wrong", username=f"u{i}", peer="127.0.0.30", xff=f"127.0.0.{100 + i}").status_code
-             for i in range(6)]
+    codes = [_post(client, "wrong", peer="127.0.0.30", xff=f"127.0.0.{100 + i}").status_code for i in range(6)]
     assert codes == [200, 200, 200, 200, 429, 429]
     from axes.models import AccessAttempt
 
@@ -191,20 +189,22 @@ def test_e_locked_out_answers_429_with_retry_after_until_the_window_ends(oncall)
         assert resp.status_code == 302 and _logged_in(client)
 
 
-def test_retry_after_of_a_spray_is_when_enough_failures_have_expired(oncall):
-    """Failures at t=0,100,200,300,400 s from one address (5 usernames): the address stays locked until
-    the oldest failure it needs expires, t=900 s; at t=500 s that is 400 s away."""
+def test_retry_after_is_when_enough_failures_have_expired(oncall):
+    """Failures at t=0,100,200,300,400 s of one username at one address (five user agents: five rows):
+    the pair stays locked until the oldest failure it needs expires, t=900 s; at t=500 s that is 400 s
+    away."""
     start = timezone.now()
     with time_machine.travel(start, tick=False) as clock:
         client = Client()
         for i in range(5):
-            resp = _post(client, "wrong", username=f"u{i}")
+            resp = client.post(LOGIN, {"username": "oncall", "password": "wrong"}, REMOTE_ADDR="127.0.0.21",
+                               HTTP_USER_AGENT=f"agent-{i}")
             clock.shift(timedelta(seconds=100))
         assert resp.status_code == 429
         resp = _post(client, "correct horse")
         assert resp.status_code == 429 and resp["Retry-After"] == "400"
         clock.shift(timedelta(seconds=401))
-        # t=901: the failure of t=0 has expired, 4 remain (< 5): the address may try again.
+        # t=901: the failure of t=0 has expired, 4 remain (< 5): the pair may try again.
         assert _post(client, "correct horse").status_code == 302
 
 
@@ -307,3 +307,92 @@ def test_dashboard_posts_without_the_csrf_token_are_refused(fleet, users):
     assert resp.status_code == 403
     node.refresh_from_db()
     assert node.state == "healthy"
+
+
+# Unlock and start-up checks (issue 36) ---------------------------------------------------------------------
+def _lock(username: str = "oncall", peer: str = "127.0.0.21") -> Client:
+    client = Client()
+    for _ in range(5):
+        resp = _post(client, "wrong", username=username, peer=peer)
+    assert resp.status_code == 429
+    return client
+
+
+def test_an_admin_unlocks_a_login_with_manage_py_audited(oncall):
+    from django.core.management import call_command
+
+    from outlier_admin.control.models import AuditEvent
+
+    client = _lock()
+    _lock(peer="127.0.0.22")
+    out = io.StringIO()
+    call_command("unlock_login", "--list", stdout=out)
+    assert sorted(line.split("\t")[1] for line in out.getvalue().splitlines()) == ["127.0.0.21", "127.0.0.22"]
+    call_command("unlock_login", "oncall", "--ip", "127.0.0.21", "--reason", "INC-7: on-call locked out",
+                 stdout=io.StringIO())
+    assert _post(client, "correct horse").status_code == 302
+    assert _post(Client(), "correct horse", peer="127.0.0.22").status_code == 429, "only that address's lock"
+    event = AuditEvent.objects.get(action="login.unlock")
+    assert (event.actor, event.reason) == ("cli:unlock_login", "INC-7: on-call locked out")
+    assert event.detail == {"username": "oncall", "ip_address": "127.0.0.21", "addresses": ["127.0.0.21"],
+                            "failures": 5}
+    with pytest.raises(CommandError, match="reason"):
+        call_command("unlock_login", "oncall")
+
+
+def test_an_admin_unlocks_a_login_from_the_dashboard_and_nobody_else_may(oncall):
+    from django.contrib.auth.models import User
+
+    from outlier_admin.control.models import AuditEvent
+
+    locked = _lock(peer="127.0.0.23")
+    admin = User.objects.create_superuser("admin", password="admin pass")
+    from tests.outlier_admin.api.conftest import make_user
+
+    staff = Client()
+    staff.force_login(make_user("operator-1", "operator", "oncall"))  # roles, not an administrator
+    assert staff.get("/accounts/lockouts/").status_code == 403
+    assert staff.post("/accounts/lockouts/", {"username": "oncall", "ip_address": "127.0.0.23",
+                                              "reason": "me"}).status_code == 403
+    assert _post(locked, "correct horse", peer="127.0.0.23").status_code == 429
+    browser = Client()
+    browser.force_login(admin)
+    page = browser.get("/accounts/lockouts/")
+    assert page.status_code == 200 and b"127.0.0.23" in page.content and b"oncall" in page.content
+    resp = browser.post("/accounts/lockouts/", {"username": "oncall", "ip_address": "127.0.0.23", "reason": ""})
+    assert resp.status_code == 302 and not AuditEvent.objects.filter(action="login.unlock").exists()
+    browser.post("/accounts/lockouts/", {"username": "oncall", "ip_address": "127.0.0.23", "reason": "INC-8"})
+    event = AuditEvent.objects.get(action="login.unlock")
+    assert (event.actor, event.user, event.detail["failures"]) == ("admin", admin, 5)
+    assert _post(locked, "correct horse", peer="127.0.0.23").status_code == 302
+
+
+def test_a_start_up_check_warns_when_every_login_came_from_one_address(oncall, settings):
+    from django.contrib.auth.models import User
+    from django.core import checks
+
+    User.objects.create_user("viewer", password="viewer pass")
+    for username, password in (("oncall", "correct horse"), ("viewer", "viewer pass"), ("ghost", "x")):
+        _post(Client(), password, username=username, peer="127.0.0.10")
+    warnings = [m for m in checks.run_checks(databases=["default"]) if m.id == "fleet.W001"]
+    assert len(warnings) == 1 and "127.0.0.10" in warnings[0].msg and "TRUSTED_PROXIES" in warnings[0].hint
+    # The same logins through a declared proxy: three addresses, no warning.
+    from axes.models import AccessAttempt, AccessLog
+
+    AccessAttempt.objects.all().delete()
+    AccessLog.objects.all().delete()
+    settings.TRUSTED_PROXIES = [PROXY]
+    for i, (username, password) in enumerate((("oncall", "correct horse"), ("viewer", "viewer pass"))):
+        _post(Client(), password, username=username, peer=PROXY, xff=f"127.0.0.{60 + i}")
+    assert not [m for m in checks.run_checks(databases=["default"]) if m.id == "fleet.W001"]
+
+
+def test_a_start_up_check_warns_in_kubernetes_when_only_loopback_is_trusted(settings, monkeypatch):
+    from outlier_admin.fleet.checks import check_trusted_proxies_in_kubernetes
+
+    settings.TRUSTED_PROXIES = ["127.0.0.1"]
+    assert check_trusted_proxies_in_kubernetes() == []
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    assert [m.id for m in check_trusted_proxies_in_kubernetes()] == ["fleet.W002"]
+    settings.TRUSTED_PROXIES = ["127.0.0.1", "192.0.2.0/24"]  # TEST-NET-1: a setting, never sent to
+    assert check_trusted_proxies_in_kubernetes() == []

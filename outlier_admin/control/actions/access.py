@@ -101,3 +101,33 @@ def do_set_roles(user: Any, roles: list[str], *, actor: Actor, reason: str) -> A
         audit("user.roles", actor, reason=reason, detail={"username": user.get_username(), "old": old, "new": wanted})
     user._oa_roles = None  # permissions.roles_of caches on the instance
     return user
+
+
+def do_unlock_login(username: str, *, actor: Actor, reason: str, ip_address: str | None = None) -> int:
+    """Clear the login failures of ``username`` (at ``ip_address`` only, when given): a lockout
+    (:mod:`outlier_admin.fleet.login_throttle`) ends now. Returns how many failures were cleared; 0 is
+    not an error (the lock may have expired meanwhile), and is audited all the same."""
+    from axes.models import AccessAttempt
+    from django.db.models import Sum
+
+    reason = _reason(reason)
+    username = (username or "").strip()
+    if not username or len(username) > 150:
+        raise ActionError("a username is 1-150 characters")
+    if ip_address:
+        import ipaddress
+
+        try:
+            ip_address = str(ipaddress.ip_address(ip_address.strip()))
+        except ValueError:
+            raise ActionError(f"{ip_address[:60]!r} is not an IP address") from None
+    with transaction.atomic():
+        rows = AccessAttempt.objects.select_for_update().filter(username=username)
+        if ip_address:
+            rows = rows.filter(ip_address=ip_address)
+        cleared = rows.aggregate(n=Sum("failures_since_start"))["n"] or 0
+        addresses = sorted(set(rows.values_list("ip_address", flat=True)))
+        rows.delete()
+        audit("login.unlock", actor, reason=reason,
+              detail={"username": username, "ip_address": ip_address, "addresses": addresses, "failures": cleared})
+    return cleared

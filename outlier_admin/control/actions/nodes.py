@@ -13,7 +13,7 @@ from contract.names import (
     NameError_,
     host_allowed,
     parse_address,
-    validate_node_id,
+    validate_new_node_name,
     validate_scrape_url,
 )
 from contract.weights_document import DEFAULT_BASE_WEIGHT, MAX_BASE_WEIGHT
@@ -52,7 +52,7 @@ def do_register_node(
         raise ActionError("address is required")
     address = address.strip()
     _checked(parse_address, address)
-    node_id = _checked(validate_node_id, name or address)
+    node_id = _checked(validate_new_node_name, name or address)
     _checked(validate_scrape_url, dcgm_url)
     _checked(validate_scrape_url, metrics_url)
     _base_weight(base_weight)

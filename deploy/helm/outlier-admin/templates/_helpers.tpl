@@ -133,5 +133,25 @@ upstream (compose's `web` service) made gunicorn on the pod's loopback. */}}
 {{- if not (contains "server web:8000;" $conf) -}}
 {{- fail "files/nginx.conf has no upstream `server web:8000;` to point at the pod's gunicorn" -}}
 {{- end -}}
-{{- $conf | replace "server web:8000;" (printf "server 127.0.0.1:%d;" (int .Values.web.port)) -}}
+{{- if eq (int .Values.web.port) (int .Values.web.ingest.port) -}}
+{{- fail "web.ingest.port must differ from web.port (two gunicorns in one pod)" -}}
+{{- end -}}
+{{- if not (contains "server ingest:8000;" $conf) -}}
+{{- fail "files/nginx.conf has no upstream `server ingest:8000;` to point at the pod's ingest gunicorn" -}}
+{{- end -}}
+{{- $marker := "    # set_real_ip_from: trusted proxies in front of nginx" -}}
+{{- if not (contains $marker $conf) -}}
+{{- fail "files/nginx.conf has no `# set_real_ip_from:` line to write web.trustedProxies on" -}}
+{{- end -}}
+{{- $realIp := list $marker -}}
+{{- range .Values.web.trustedProxies -}}
+{{- $realIp = append $realIp (printf "    set_real_ip_from %s;" .) -}}
+{{- end -}}
+{{- $conf | replace "server web:8000;" (printf "server 127.0.0.1:%d;" (int .Values.web.port)) | replace "server ingest:8000;" (printf "server 127.0.0.1:%d;" (int .Values.web.ingest.port)) | replace $marker (join "\n" $realIp) -}}
+{{- end -}}
+
+{{/* TRUSTED_PROXIES of the web and ingest containers: the pod's nginx, the ingress (web.trustedProxies),
+and any proxy named in config. */}}
+{{- define "outlier-admin.trustedProxies" -}}
+{{- concat (list "127.0.0.1") .Values.web.trustedProxies (list (.Values.config.TRUSTED_PROXIES | default "")) | compact | join "," -}}
 {{- end -}}

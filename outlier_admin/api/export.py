@@ -5,14 +5,25 @@ library's :mod:`csv` (Django's "streaming large CSV files" recipe), at most :dat
 
 **Formula injection.** A cell is text a spreadsheet may run: node names and addresses come from
 gateways' records, reasons from operators, and ``=HYPERLINK(...)`` in a node name would become a live
-formula in the reviewer's spreadsheet. Every cell that starts with ``=``, ``+``, ``-``, ``@``, a tab or a
-carriage return is written with a leading ``'`` (OWASP's CSV-injection rule), so it stays text;
-numbers are written as numbers (a negative Z is not a formula).
-"""
+formula in the reviewer's spreadsheet. OWASP's CSV-injection rule, applied where spreadsheets look:
+
+- a cell whose first visible character is ``=``, ``+``, ``-``, ``@``, a tab or a carriage return is
+  written with a leading ``'``, so it stays text. "First visible": spreadsheets skip a byte-order mark
+  and zero-width characters (``\ufeff=1+1`` runs in LibreOffice), so a run of them (and of spaces) is
+  looked through, and the ``'`` goes before it;
+- a spreadsheet that splits on ``;`` (most of Europe's locales) or on tabs reads ``x;=cmd|...`` as two
+  cells, the second a formula: every part of a cell after a ``,``, ``;``, tab or line break is judged
+  the same way (its ``'`` goes after the separator), and
+- every cell that holds such a separator or a quote is quoted (``csv.QUOTE_ALL`` on text: whatever
+  the reader's separator, the cell is one cell).
+
+Numbers are written as numbers, unquoted (a negative Z is not a formula). :func:`csv_response` is the
+one CSV writer of the project: every export (audit, transitions, incidents) goes through it."""
 
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
@@ -24,18 +35,38 @@ from django.http import StreamingHttpResponse
 EXPORT_MAX_ROWS = 100_000
 #: First characters that make a spreadsheet read a cell as a formula.
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+#: Characters a spreadsheet skips before it looks for a formula: BOM, zero-width and joiners, the
+#: word joiner and invisible operators, bidi marks and isolates, soft hyphen, and spaces.
+INVISIBLE = "\ufeff\u200b\u200c\u200d\u200e\u200f\u2060\u2061\u2062\u2063\u2064\u206a\u206b\u206c\u206d\u206e\u206f" \
+    "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u00ad\u180e\u034f \u00a0"
+#: Cell separators some spreadsheet's import splits on (``,`` ``;`` tab) and line breaks.
+SEPARATORS = re.compile(r"([,;\t\r\n])")
 
 
-def cell(value: Any) -> str:
-    """One value as a CSV cell: ISO-8601 times, JSON for structures, text never read as a formula."""
+def _defuse(part: str) -> str:
+    """``part`` with a ``'`` in front when its first visible character starts a formula."""
+    return "'" + part if part.lstrip(INVISIBLE).startswith(FORMULA_START) else part
+
+
+def cell(value: Any) -> str | int | float:
+    """One value as a CSV cell: ISO-8601 times, JSON for structures, text never read as a formula
+    (module docstring); numbers as they are."""
     if value is None:
         return ""
     if isinstance(value, datetime):
         return value.isoformat()
-    if isinstance(value, int | float):  # a number is no formula: a negative Z stays a number
+    if isinstance(value, bool):
         return str(value)
+    if isinstance(value, int | float):  # a number is no formula: a negative Z stays a number
+        return value
     text = orjson.dumps(value).decode() if isinstance(value, dict | list) else str(value)
-    return "'" + text if text.startswith(FORMULA_START) else text
+    text = _defuse(text)
+    if SEPARATORS.search(text):
+        # The parts after each separator: "x;=cmd" -> "x;'=cmd" (a separator itself is kept; a tab
+        # that starts a part is a formula start only at the cell's start, handled above).
+        parts = SEPARATORS.split(text)
+        text = parts[0] + "".join(sep + _defuse(part) for sep, part in zip(parts[1::2], parts[2::2], strict=True))
+    return text
 
 
 class _Echo:
@@ -47,7 +78,9 @@ class _Echo:
 
 def csv_response(filename: str, header: list[str], rows: Iterable[Iterable[Any]]) -> StreamingHttpResponse:
     """A streamed ``text/csv`` attachment: ``header``, then each row's cells (:func:`cell`)."""
-    writer = csv.writer(_Echo())
+    # QUOTE_NONNUMERIC: every text cell quoted (a separator of any reader stays inside its cell), numbers
+    # (cell() passes them through) bare.
+    writer = csv.writer(_Echo(), quoting=csv.QUOTE_NONNUMERIC)
 
     def lines() -> Iterator[str]:
         yield writer.writerow(header)
