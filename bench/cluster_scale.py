@@ -182,7 +182,7 @@ def group_second(r: Any, group: str, n: int, p: dict[str, Any], checkpoint: byte
         read.get(lock.key)
         read.hmget(hkey, ["rev", "last_id", "version", "checkpoint_at"])
         read.get(keys.inputs(group))
-        read.exists(keys.degraded(group), keys.outbox(group))
+        read.exists(keys.outage_version(group), keys.outbox(group))
         read.xautoclaim(skey, "ticks", "bench", min_idle_time=10_000, start_id="0-0", count=1000)
         read.xreadgroup("ticks", "bench", {skey: "0"}, count=1000)
         read.xreadgroup("ticks", "bench", {skey: ">"}, count=1000)

@@ -233,11 +233,10 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--table"]:  # the docs' table from a written report
-        print(markdown(json.loads(Path(sys.argv[2]).read_text())))
-        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tree", action="append", required=True, metavar="LABEL=PATH",
+    parser.add_argument("--table", type=Path, metavar="REPORT.json",
+                        help="print the docs' table (docs/deploy.md) of a report this script wrote, and exit")
+    parser.add_argument("--tree", action="append", metavar="LABEL=PATH",
                         help="a source tree to measure (repeat: before=/tmp/before after=.)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--probes", type=int, default=100, help="viewer GETs per phase")
@@ -248,6 +247,11 @@ def main() -> None:
                                                                   "postgres://postgres@127.0.0.1:5432/oa_flood_bench"))
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.table:
+        print(markdown(json.loads(args.table.read_text())))
+        return
+    if not args.tree:
+        parser.error("--tree is required (or --table REPORT.json)")
     trees = dict(t.split("=", 1) for t in args.tree)
     session, token = setup(args.database_url)
     os.environ["DATABASE_URL"] = args.database_url

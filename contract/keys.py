@@ -100,18 +100,20 @@ def probe_inflight(group: str, node: str) -> str:
 
 
 def config_snapshot(group: str) -> str:
-    """The group's configuration for ticks while PostgreSQL is down: written by a healthy tick, read by
-    a degraded one (``control.degraded``)."""
+    """The group's configuration for ticks while PostgreSQL is down: written by a tick with SQL, read by
+    an outage tick (``control.outage_store``)."""
     return f"{group_tag(group)}config"
 
 
 def outbox(group: str) -> str:
-    """List of a degraded tick's SQL rows: pushed by the degraded tick, drained when PostgreSQL returns."""
+    """List of an outage tick's SQL rows: pushed by the outage tick, drained when PostgreSQL returns."""
     return f"{group_tag(group)}outbox"
 
 
-def degraded(group: str) -> str:
-    """The version a degraded tick published: set by it, cleared by the outbox drain."""
+def outage_version(group: str) -> str:
+    """The version an outage tick (PostgreSQL down) published: set by it, cleared by the outbox drain.
+    The key keeps its name of the previous release (``...:degraded``), so that a mark an older worker
+    set during an outage is still read and cleared by the drain after the upgrade."""
     return f"{group_tag(group)}degraded"
 
 
@@ -158,11 +160,11 @@ def legacy_weights_prefix() -> str:
 
 def pre_cluster_names(group: str) -> dict[str, str]:
     """``{current name: name before the hash-tagged layout}`` of the group's lasting keys (stream with its
-    consumer group, state, marks, probes, config snapshot, outbox, degraded mark, scrape counters): read
+    consumer group, state, marks, probes, config snapshot, outbox, outage version, scrape counters): read
     only by ``manage.py migrate_redis_keys``, which renames them once at the upgrade."""
     return {new(group): f"{PREFIX}{old}:{group}" for new, old in (
         (stream, "stream"), (state, "state"), (inputs, "inputs"), (probes, "probes"),
-        (config_snapshot, "config"), (outbox, "outbox"), (degraded, "degraded"), (itl, "itl"))}
+        (config_snapshot, "config"), (outbox, "outbox"), (outage_version, "degraded"), (itl, "itl"))}
 
 
 def pre_cluster_dedup_pattern(group: str) -> str:
@@ -185,8 +187,8 @@ TICK_LAST = f"{PREFIX}tick:last"
 TICKERS = f"{PREFIX}tickers"
 #: Hash ticker id -> the groups it owns (for operators and tests), written by each ticker.
 TICKER_GROUPS = f"{PREFIX}tickers:groups"
-#: Set of the group names a degraded tick may tick (``control.degraded``), written while SQL is up; on a
-#: single Redis only (on a cluster ``degraded.known_groups`` scans the snapshots instead).
+#: Set of the group names an outage tick may tick (``control.outage_store``), written while SQL is up; on a
+#: single Redis only (on a cluster ``outage_store.known_groups`` scans the snapshots instead).
 GROUPS = f"{PREFIX}groups"
 #: Written before a ``WAIT`` (``control.redis_conn.replicas_acked``; single Redis or Sentinel); read by nobody.
 REPLICA_ACK = f"{PREFIX}replica-ack"

@@ -145,3 +145,29 @@ def request_id_ok(value: Any) -> bool:
     """A request id the contract accepts: none, or a printable string of at most
     :data:`REQUEST_ID_MAX` characters."""
     return value is None or (isinstance(value, str) and len(value) <= REQUEST_ID_MAX and value.isprintable())
+
+
+def json_schema(limits: Limits) -> dict[str, dict[str, Any]]:
+    """Each numeric field's JSON Schema (OpenAPI 3.0) from :data:`FIELDS`: its type and its bounds,
+    the ingest API's schema of a record (``outlier_admin.api.schema``). A bound that names another
+    field is given as that field's own upper bound, followed to a number (``queue_ms`` <= ``ttft_ms``
+    <= ``total_ms`` <= ``max_latency_ms``): a schema cannot compare two fields, so that rule is said
+    in words beside it (:func:`bound_in_words`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, f in FIELDS.items():
+        high: Any = f.high
+        while isinstance(high, str) and not high.startswith("max_"):
+            high = FIELDS[high].high
+        high = getattr(limits, high) if isinstance(high, str) else high
+        low: Any = int(f.low) if f.kind is int else f.low
+        bounds = {"minimum": low} if high == _INF else {"minimum": low, "maximum": high}
+        kind = "integer" if f.kind is int else "number"
+        out[name] = {"type": kind, "oneOf": [{"enum": [0]}, bounds]} if f.zero_ok and f.low > 0 else {
+            "type": kind, **bounds}
+    return out
+
+
+def bound_in_words(name: str) -> str:
+    """The rule of a field bounded by another (``"at most `total_ms`"``), or ``""``."""
+    f = FIELDS[name]
+    return f"at most `{f.high}`" if isinstance(f.high, str) and not f.high.startswith("max_") else ""

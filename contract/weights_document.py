@@ -16,7 +16,7 @@ gateway agent's distribution ships this module with redis-py only. The JSON::
 - ``weight`` is an integer on the node's ``0..base_weight`` scale: a share of its base weight. An
   operator's pin is on that scale too (:func:`pin_range`: at most the base weight; to send a node
   more traffic than its peers, raise its base weight). Out-of-service states (the traffic table,
-  :data:`detector.states.TRAFFIC`) carry weight 0; gateways that cannot express 0 drain by ``state``.
+  :data:`contract.traffic.TRAFFIC`) carry weight 0; gateways that cannot express 0 drain by ``state``.
 - A gateway ignores a document older than ``stale_after_s`` and serves every node at its
   ``base_weight`` (fail open). The defaults, stated once: :data:`DEFAULT_BASE_WEIGHT` and
   :data:`DEFAULT_STALE_AFTER_S` (the control plane's ``WEIGHTS_STALE_AFTER_S`` default, and what a

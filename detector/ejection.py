@@ -211,7 +211,7 @@ def eject(a: NodeArrays, t: Thresholds, now: float, verdicts: list[Verdict], d: 
     slots = max(cap(t, n) - held, 0)
     cand = np.flatnonzero(want)
     errors_first = ~latency[cause[cand]]
-    rank_key = np.where(errors_first, np.inf, np.nan_to_num(d.score[cand], nan=0.0))
+    rank_key = np.where(errors_first, np.inf, np.nan_to_num(d.cut_z[cand], nan=0.0))
     cand = cand[np.argsort(-rank_key, kind="stable")]
     allowed, blocked = cand[:slots], cand[slots:]
     safeguard_reason = None

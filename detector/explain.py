@@ -138,13 +138,13 @@ def detail(reason: Reason, a: NodeArrays, i: int, t: Thresholds) -> str:
 def transitions(moves: list[Move], a: NodeArrays, t: Thresholds, now: float, view: PeerView, d: Decision,
                 counts: dict[str, np.ndarray], weights: np.ndarray) -> list[Transition]:
     """One record per edge taken, with the evidence of the signal that decided: for a quarantine on Z,
-    the signal the quarantine lines read (:attr:`Decision.q_which`: a node cut on its prefill time is
+    the signal the quarantine lines read (:attr:`Decision.quarantine_which`: a node cut on its prefill time is
     quarantined on its decode), else the deciding signal."""
     thr = {k: getattr(t, k) for k in EXPLAINED}
     out = []
     for m in moves:
         i = m.i
-        w = int(d.q_which[i] if m.reason is Reason.Z_QUARANTINE else d.which[i])
+        w = int(d.quarantine_which[i] if m.reason is Reason.Z_QUARANTINE else d.cut_which[i])
         sig = SIGNALS[w] if w >= 0 else None
         out.append(Transition(
             node=a.ids[i], at=now, from_state=m.src, to_state=m.dst, reason=m.reason.value, signal=sig,

@@ -344,6 +344,7 @@ CELERY_BEAT_SCHEDULE = {
                        "options": {"expires": METRICS_SCRAPE_INTERVAL_MS / 1000.0}},
     "tail-logs": {"task": "ingest.tail_all_logs", "schedule": float(LOG_TAIL_INTERVAL_S)},
     "retention": {"task": "control.retention", "schedule": 3600.0},
+    "ingest-retention": {"task": "ingest.retention", "schedule": 3600.0},
 }
 
 REST_FRAMEWORK = {
@@ -377,7 +378,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     # A proposal's source and a silence's cause are one choice set: one enum in the schema.
-    "ENUM_NAME_OVERRIDES": {"ProposalSourceEnum": "outlier_admin.control.models.ProposalSource"},
+    "ENUM_NAME_OVERRIDES": {"ProposalSourceEnum": "outlier_admin.control.models.ProposalSource",
+                            "OutcomeEnum": "outlier_admin.control.models.Outcome",
+                            "IncidentOutcomeEnum": "outlier_admin.control.models.IncidentOutcome"},
     # The enum hook is drf-spectacular's default; ours documents every operation's errors and adds the
     # ingest endpoint (a plain Django view the generator cannot see), its bounds read from the settings.
     "POSTPROCESSING_HOOKS": [
@@ -410,7 +413,7 @@ WORKER_METRICS_BIND = envstr("WORKER_METRICS_BIND") or "127.0.0.1"
 # PostgreSQL unreachable: API and dashboard answer 503 + Retry-After (not 500); /metrics keeps serving.
 # (Only process_exception matters, so any place works: after clickjacking, leaving axes' last.)
 MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.clickjacking.XFrameOptionsMiddleware") + 1,
-                  "outlier_admin.observability.outage.DatabaseOutageMiddleware")
+                  "outlier_admin.outage.DatabaseOutageMiddleware")
 # Threshold preview bounds (history.preview): over one, the preview is a 400 naming it.
 PREVIEW_MAX_WINDOW_S = envint("PREVIEW_MAX_WINDOW_S", 3600, minimum=60)
 PREVIEW_MAX_NODES = envint("PREVIEW_MAX_NODES", 1000, minimum=1)

@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from detector.engine_metrics import ROW_FIELDS
+from sim import seed
 from sim.default_policy import EPOCH
 from sim.engine import GroupContext, Policy
 from sim.traces import healthy_vm_offsets, vm_noise_spread
@@ -74,10 +75,11 @@ MATCH_TOLERANCE = {"mean": 0.10, "sd": 0.20}
 
 
 class SeedZScoreVec:
-    """Seed 000's evaluation on arrays (same rules as :class:`sim.policies.SeedZScore`)."""
+    """Seed 000's evaluation on arrays (:mod:`sim.seed`; the rules of :class:`sim.policies.SeedZScore`
+    without its safeguard and canary: a quarantined node is put back at once, fresh)."""
 
-    def __init__(self, n: int, alpha: float = 0.15, w: float = 0.25) -> None:
-        self.alpha, self.w = alpha, w
+    def __init__(self, n: int, alpha: float = seed.ALPHA) -> None:
+        self.alpha = alpha
         self.ema = np.zeros(n)
         self.samples = np.zeros(n, dtype=np.int64)
         self.slow = np.zeros(n, dtype=np.int64)
@@ -87,7 +89,7 @@ class SeedZScoreVec:
         self.degrades = 0
 
     def ingest(self, node: np.ndarray, prompt: np.ndarray, completion: np.ndarray, total: np.ndarray) -> None:
-        x = total / (prompt * self.w + completion)
+        x = seed.t_norm(prompt, completion, total)
         order = np.argsort(node, kind="stable")
         node, x = node[order], x[order]
         # rank of each sample within its node, then apply EMA step by step over ranks (vectorised per rank)
@@ -101,24 +103,24 @@ class SeedZScoreVec:
             self.samples[nd] += 1
 
     def evaluate(self) -> None:
-        ok = ~self.quarantined & (self.samples > 5)
-        if ok.sum() < 3:
+        pb = seed.zscores(self.ema, self.samples, self.quarantined)
+        if pb.peers < seed.MIN_NODES:
             return
-        v = self.ema[ok]
-        mean, std = v.mean(), v.std()
-        z = (self.ema - mean) / (std + 1e-6)
+        z = pb.z
         judged = (self.samples > 5) & ~self.quarantined
-        hi = judged & (z >= 3.5)
+        with np.errstate(invalid="ignore"):
+            hi = judged & (z >= seed.QUARANTINE_Z)
+            mid = judged & (z >= seed.DEGRADE_Z) & (z < seed.QUARANTINE_Z)
+            low = judged & (z < seed.DEGRADE_Z)
         self.slow[hi] += 1
-        newq = hi & (self.slow >= 3)
+        newq = hi & (self.slow >= seed.SLOW_EVALUATIONS)
         self.quarantines += int(newq.sum())
         # As an operator would: the quarantined node is checked, found healthy and put back (fresh EMA).
         self.slow[newq] = 0
         self.samples[newq] = 0
-        mid = judged & (z >= 2.0) & (z < 3.5)
         self.degrades += int((mid & ~self.degraded).sum())
-        self.degraded = (self.degraded | mid) & ~(judged & (z < 2.0)) & ~newq
-        self.slow[judged & (z < 2.0)] = 0
+        self.degraded = (self.degraded | mid) & ~low & ~newq
+        self.slow[low] = 0
 
 
 # -- calibration: the step engine, recorded per node and tick ------------------------------------------

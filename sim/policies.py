@@ -56,6 +56,7 @@ import numpy as np
 
 from detector.picking import SmoothWeightedRoundRobin
 from detector.states import safeguard_cap
+from sim import seed
 from sim.engine import STATUS_OK, STATUS_TIMEOUT, GroupContext, Policy
 
 
@@ -190,12 +191,14 @@ SEED_SAFEGUARD_FRACTION = 0.30
 
 
 class SeedZScore(Policy):
+    """Seed 000 (:mod:`sim.seed`: its rules and its Z) as a gateway policy, with the seed text's
+    safeguard and canary recovery (module docstring)."""
+
     name = "seed_zscore"
     wants_records = True
     tick_s = 0.2
-    ALPHA = 0.15
-    W = 0.25
-    BASE = 100
+    ALPHA = seed.ALPHA
+    BASE = seed.BASE
     CANARY_PERIOD_S = 10.0  # seed 000: "every fixed period (e.g. 10 s) one synthetic request"
     CANARY_PASSES = 3  # "3 consecutive probes within mu + 1.0 sigma"
     CANARY_SIGMAS = 1.0
@@ -225,7 +228,7 @@ class SeedZScore(Policy):
         return self.swrr.pick()
 
     def t_norm(self, prompt: int, completion: int, total_ms: float) -> float:
-        return total_ms / (prompt * self.W + completion)
+        return seed.t_norm(prompt, completion, total_ms)
 
     def on_record(self, node: int, now: float, prompt: int, completion: int, ttft_ms: float,
                   total_ms: float, status: int) -> None:
@@ -244,34 +247,32 @@ class SeedZScore(Policy):
         ctx = self.ctx
         members = ctx.members
         self._probe_due(now)
-        active = [self.ema[i] for i in range(ctx.n)
-                  if members[i] and self.state[i] != 2 and self.samples[i] > 5]
-        if len(active) < 3:
+        out = ~np.asarray(members, dtype=bool) | (np.asarray(self.state) == 2)
+        pb = seed.zscores(np.asarray(self.ema), np.asarray(self.samples), out)
+        if pb.peers < seed.MIN_NODES:
             return
-        mean = sum(active) / len(active)
-        std = math.sqrt(sum((v - mean) ** 2 for v in active) / len(active))
-        self.mean, self.std = mean, std
+        self.mean, self.std = pb.baseline, pb.spread
         changed = False
         for i in range(ctx.n):
             if not members[i] or self.samples[i] <= 5:
                 continue
-            z = (self.ema[i] - mean) / (std + 1e-6)
+            z = float(pb.z[i])
             if self.state[i] == 2:  # the canary decides (seed 000: not recomputed here)
                 if i in ctx.tracked:
                     ctx.trace(i, now, z, 0.0)
                 continue
             old_w = self.weight[i]
-            if z >= 3.5:
+            if z >= seed.QUARANTINE_Z:
                 self.slow[i] += 1
-                if self.slow[i] >= 3 and self._quarantine_allowed():
+                if self.slow[i] >= seed.SLOW_EVALUATIONS and self._quarantine_allowed():
                     self.state[i] = 2
                     self.weight[i] = 0
                     self.slow[i] = 0
                     self.passes[i] = []
                     self.next_probe[i] = now + self.CANARY_PERIOD_S
-            elif z >= 2.0:
+            elif z >= seed.DEGRADE_Z:
                 self.state[i] = 1
-                self.weight[i] = max(1, int(self.BASE * 2.0 ** (-(z - 2.0))))
+                self.weight[i] = seed.weight(z)
             else:
                 self.slow[i] = 0
                 if self.state[i] == 1:
@@ -392,14 +393,13 @@ class SeedP99P50Norm(SeedP99P50):
     """Seed 001's rule on the normalised per-token latency ``default`` reads (module docstring)."""
 
     name = "seed_p99p50_norm"
-    W = SeedZScore.W
 
     def on_record(self, node: int, now: float, prompt: int, completion: int, ttft_ms: float,
                   total_ms: float, status: int) -> None:
         decode = math.nan
         if status == STATUS_OK and completion >= 2 and math.isfinite(ttft_ms):
             decode = (total_ms - ttft_ms) / (completion - 1)
-        self.window[node].append((decode, total_ms / (prompt * self.W + completion)))
+        self.window[node].append((decode, seed.t_norm(prompt, completion, total_ms)))
 
     def values(self, live: list[int]) -> dict[int, list]:
         pairs = {i: np.asarray(self.window[i], dtype=np.float64).reshape(-1, 2) for i in live}

@@ -42,25 +42,35 @@ class PeerView:
 
 @dataclass
 class Decision:
-    """The deciding signal per node (:func:`detector.detectors.zscore.decide`): its Z (``score``,
-    which decides and ranks the safeguard's candidates), its ``excess`` over the baseline and its
-    index in :data:`~detector.signals.SIGNALS` (``which``, -1: none yet)."""
+    """Each node's three Z's (:func:`detector.detectors.zscore.decide`), named for what each feeds:
 
-    score: np.ndarray
-    excess: np.ndarray
-    which: np.ndarray
-    weight_score: np.ndarray  # the largest Z of any signal: how far a degraded node's weight is cut
+    - ``weight_z``: the largest Z of any signal — how far a degraded node's weight is cut
+      (:mod:`detector.weights`);
+    - ``cut_z``: the Z of the node's *deciding* signal (the largest among the judged, queue-free
+      signals) — the degrade line (cut or not, and the hysteresis of leaving DEGRADED) and the
+      safeguard's ranking of candidates read it; ``cut_excess`` is that signal's EMA over its
+      baseline, ``cut_which`` its index in :data:`~detector.signals.SIGNALS` (-1: none yet);
+    - ``quarantine_z``: the largest Z among the signals that may take a node out (all but prefill
+      time, see :mod:`detector.detectors.zscore`) — the quarantine lines read it, with
+      ``quarantine_excess`` and ``quarantine_which`` (a quarantine's record names that signal). A node
+      whose prefill time is further out than its decode is cut on the prefill time and quarantined
+      on the decode.
+
+    ``t.degrade_z`` and ``t.quarantine_z`` (:class:`~detector.thresholds.Thresholds`) are the lines
+    these are held against."""
+
+    weight_z: np.ndarray
+    cut_z: np.ndarray
+    cut_excess: np.ndarray
+    cut_which: np.ndarray
+    quarantine_z: np.ndarray
+    quarantine_excess: np.ndarray
+    quarantine_which: np.ndarray
     queue_free: np.ndarray  # judged on a queue-free signal
     queue_laden: np.ndarray  # judged on a signal that includes the queue
     new: np.ndarray  # this tick's samples that count toward persistence
     drained_over: np.ndarray  # cut queue_drain_s ago and still over the degrade line
     name: str | None  # the group's deciding signal, for the explanation
-    # The largest Z among the signals that may take a node out (all but prefill time, see
-    # detector.detectors.zscore) and its excess: what the quarantine lines read. A node whose prefill
-    # time is further out than its decode is cut on the prefill time and quarantined on the decode.
-    q_score: np.ndarray
-    q_excess: np.ndarray
-    q_which: np.ndarray  # which signal that is (index into SIGNALS, -1: none): a quarantine's record names it
 
     def gate(self, v: Verdict, t: Thresholds) -> Verdict:
         """A latency verdict (tail, cross-P50) stands only where the deciding signal agrees: over the
@@ -70,7 +80,7 @@ class Decision:
         a P99 over 100 requests is their top one or two, and in a long-context group one 32k-token
         request put a healthy node's P99/P50 over the line for three windows while its decode Z was
         1.0 (1.15x, within the peers' spread), and the tail quarantined it."""
-        keep = ~self.queue_free | ((self.q_excess >= t.degrade_materiality) & (self.q_score >= t.degrade_z))
+        keep = ~self.queue_free | ((self.quarantine_excess >= t.degrade_materiality) & (self.quarantine_z >= t.degrade_z))
         keep &= ~self.queue_laden | self.drained_over
         return Verdict(v.reason, v.eject & keep)
 

@@ -16,7 +16,7 @@ latency:
   Prefill time cuts a node's weight on its evidence but is never at quarantine strength on its own
   (no quarantine, no cut at once on one strong reading; the quarantine lines read the largest Z of
   the other signals, so a prefill time further out than a decode at quarantine strength does not
-  hide it: ``Decision.q_score``): under chunked prefill a request's prefill
+  hide it: ``Decision.quarantine_z``): under chunked prefill a request's prefill
   shares each step's token budget with the decodes and with other prefills, so it also grows with
   load (in the simulator's vLLM engine, enough to quarantine healthy nodes), so it takes part only
   near its own, higher cut line (``prefill_materiality``, 1.5x; under it decode decides);
@@ -35,7 +35,7 @@ latency:
 turning a 1% difference into a huge Z.
 
 **How much** a node judged slow is cut is the one place where the queue counts: a degraded node's
-weight follows the largest Z of any signal (``weight_score``), so a slow GPU that has also built a
+weight follows the largest Z of any signal (``Decision.weight_z``), so a slow GPU that has also built a
 queue gets little new work until the queue drains, as a join-shortest-queue balancer would do. A queue
 alone never cuts a node (the decision above is queue-free), so this cannot start a cascade. Measured
 in the simulator, weighing by the decode Z alone raised the healthy 64-node hour's false degrades from
@@ -130,13 +130,13 @@ def _excess(view: PeerView, base: np.ndarray, which: np.ndarray) -> np.ndarray:
 
 def decide(view: PeerView, a: NodeArrays, t: Thresholds, now: float) -> Decision:
     n = len(a)
-    score, which = nan_max(view.z)
+    weight_z, top_which = nan_max(view.z)
     base = np.array([view.baseline[s] for s in SIGNALS])
     if t.baseline_mode == "seed":
         # Seed 000 judges its one signal as it is, with no materiality floor.
-        q_score, q_which = score, which
-        q_excess = np.where(which >= 0, np.inf, np.nan)
-        out_score, out_excess, out_which = q_score, q_excess, q_which
+        cut_z, cut_which = weight_z, top_which
+        cut_excess = np.where(top_which >= 0, np.inf, np.nan)
+        quarantine_z, quarantine_excess, quarantine_which = cut_z, cut_excess, cut_which
         queue_free = np.zeros(n, dtype=bool)
     else:
         rows = np.array([SIGNALS.index(s) for s in _queue_free_with_baseline(view.baseline)], dtype=np.int64)
@@ -154,25 +154,27 @@ def decide(view: PeerView, a: NodeArrays, t: Thresholds, now: float) -> Decision
                     near = view.ema[PREFILL_TIME] / base[PREFILL_TIME] >= line
                 z = z.copy()
                 z[rows == PREFILL_TIME] = np.where(near, z[rows == PREFILL_TIME], np.nan)
-            q_score, arg = nan_max(z)
-            q_which = np.where(arg >= 0, rows[np.maximum(arg, 0)], -1)
+            cut_z, arg = nan_max(z)
+            cut_which = np.where(arg >= 0, rows[np.maximum(arg, 0)], -1)
         else:
-            q_score, q_which = score, which
-        q_excess = _excess(view, base, q_which)
+            cut_z, cut_which = weight_z, top_which
+        cut_excess = _excess(view, base, cut_which)
         # What may take a node out: the same signals without prefill time.
         takers = rows if len(rows) else np.arange(len(SIGNALS))
         takers = takers[takers != PREFILL_TIME]
-        out_score, out_which = nan_max(view.z[takers])
+        quarantine_z, quarantine_which = nan_max(view.z[takers])
         if len(takers):
-            out_which = np.where(out_which >= 0, takers[np.maximum(out_which, 0)], -1)
-        out_excess = _excess(view, base, out_which)
+            quarantine_which = np.where(quarantine_which >= 0, takers[np.maximum(quarantine_which, 0)], -1)
+        quarantine_excess = _excess(view, base, quarantine_which)
     queue_laden = ~queue_free & (t.baseline_mode == "robust")
     cut_long = np.isfinite(a.cut_at) & (now - a.cut_at >= t.queue_drain_s)
-    drained_over = cut_long & np.isfinite(q_score) & (q_score >= t.degrade_z) & (q_excess >= materiality(q_which, t))
-    return Decision(score=q_score, excess=q_excess, which=q_which, weight_score=score, queue_free=queue_free,
+    drained_over = (cut_long & np.isfinite(cut_z) & (cut_z >= t.degrade_z)
+                    & (cut_excess >= materiality(cut_which, t)))
+    return Decision(cut_z=cut_z, cut_excess=cut_excess, cut_which=cut_which, weight_z=weight_z, queue_free=queue_free,
                     queue_laden=queue_laden, new=np.where(queue_laden, a.new_drained, a.new_samples),
                     drained_over=drained_over, name=_group_signal(view, t),
-                    q_score=out_score, q_excess=out_excess, q_which=out_which)
+                    quarantine_z=quarantine_z, quarantine_excess=quarantine_excess,
+                    quarantine_which=quarantine_which)
 
 
 def judged_signals(baseline: Mapping[str, float], t: Thresholds) -> tuple[str, ...]:
@@ -210,12 +212,12 @@ def exit_line(m: float | np.ndarray) -> float | np.ndarray:
 
 
 def lines(d: Decision, t: Thresholds) -> Lines:
-    finite = np.isfinite(d.score)
-    m = materiality(d.which, t)
+    finite = np.isfinite(d.cut_z)
+    m = materiality(d.cut_which, t)
     return Lines(
-        over_q=np.isfinite(d.q_score) & (d.q_score >= t.quarantine_z) & (d.q_excess >= t.quarantine_materiality),
-        over_d=finite & (d.score >= t.degrade_z) & (d.excess >= m),
-        still_d=finite & (d.score >= t.degrade_z - t.degrade_hysteresis) & (d.excess >= exit_line(m)),
+        over_q=np.isfinite(d.quarantine_z) & (d.quarantine_z >= t.quarantine_z) & (d.quarantine_excess >= t.quarantine_materiality),
+        over_d=finite & (d.cut_z >= t.degrade_z) & (d.cut_excess >= m),
+        still_d=finite & (d.cut_z >= t.degrade_z - t.degrade_hysteresis) & (d.cut_excess >= exit_line(m)),
     )
 
 

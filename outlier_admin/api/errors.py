@@ -18,14 +18,14 @@ still reports it to Django's ``got_request_exception`` and log); this module onl
 exceptions for it (:class:`ProblemHandler`) and writes its list as a problem (:class:`ProblemFormatter`).
 The views outside DRF build the same body with :func:`~outlier_admin.problem.problem`
 (:mod:`outlier_admin.problem`, which needs neither DRF nor anything of ours): the ingest endpoint
-(:mod:`outlier_admin.ingest.views`), the database outage's 503 (:mod:`outlier_admin.observability.outage`)
+(:mod:`outlier_admin.ingest.views`), the database outage's 503 (:mod:`outlier_admin.outage`)
 and the API's 404 for unknown paths (:func:`outlier_admin.api.views.api_not_found`).
 
 What becomes what: a refused action (:class:`~outlier_admin.control.actions.ActionError`) is a 400
 ``refused``; an invalid threshold (:class:`~detector.thresholds.ThresholdError`) a 400 ``invalid``
 on its field; a preview over a bound (:class:`~outlier_admin.history.preview.PreviewTooLarge`) a 400
 ``too_large`` on the input at fault; a body over Django's upload limits a 413 ``too_large``. A
-database outage is left to :class:`~outlier_admin.observability.outage.DatabaseOutageMiddleware`
+database outage is left to :class:`~outlier_admin.outage.DatabaseOutageMiddleware`
 (503, this shape), not made a 500 here.
 """
 
@@ -92,7 +92,7 @@ class ProblemHandler(ExceptionHandler):
         return super().convert_known_exceptions(exc)
 
     def should_not_handle(self, exc: Exception) -> bool:
-        from outlier_admin.observability.outage import is_database_outage
+        from outlier_admin.outage import is_database_outage
 
         # Re-raised: DatabaseOutageMiddleware answers it 503 + Retry-After (a 500 would say "our bug").
         return is_database_outage(exc) or super().should_not_handle(exc)

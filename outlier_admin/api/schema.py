@@ -7,7 +7,7 @@ cannot drift from the code: the record bounds from :func:`outlier_admin.ingest.c
 ``INGEST_*`` settings), the required fields from :data:`~contract.normalize.REQUIRED`, the
 name patterns and lengths from :mod:`contract.names`, the content types and ``Retry-After``
 from :mod:`outlier_admin.ingest.views`, the database outage's ``Retry-After`` from
-:mod:`outlier_admin.observability.outage`, and the ingest path from the URL configuration.
+:mod:`outlier_admin.outage`, and the ingest path from the URL configuration.
 """
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ def _error_schemas() -> dict[str, Any]:
 def _api_error_responses(operation: dict[str, Any]) -> dict[str, Any]:
     """The errors any DRF operation can answer besides its success: see :mod:`outlier_admin.api.errors`
     (400), the permission classes of :mod:`outlier_admin.api.permissions` (401/403), and
-    :mod:`outlier_admin.observability.outage` (503)."""
-    from outlier_admin.observability.outage import RETRY_AFTER_S
+    :mod:`outlier_admin.outage` (503)."""
+    from outlier_admin.outage import RETRY_AFTER_S
 
     params = operation.get("parameters", [])
     has_body = "requestBody" in operation
@@ -134,6 +134,40 @@ def _api_error_responses(operation: dict[str, Any]) -> dict[str, Any]:
 
 # --- the ingest endpoint (outlier_admin.ingest.views) --------------------------------------------------
 
+#: What the records contract's table does not say about a numeric field: whether it may be null, and
+#: what it means. Its type and bounds come from the table (:func:`contract.records.json_schema`).
+_RECORD_NUMBERS: dict[str, tuple[bool, str]] = {
+    "prompt_tokens": (True, "bounded by `INGEST_MAX_PROMPT_TOKENS`; without both token counts the record is "
+                      "latency-only (judged against its peers by latency alone)"),
+    "completion_tokens": (True, "bounded by `INGEST_MAX_COMPLETION_TOKENS`; see `prompt_tokens`"),
+    "cached_tokens": (True, "prompt tokens served from the prefix cache (OpenAI's "
+                      "`usage.prompt_tokens_details.cached_tokens`), {rule}"),
+    "total_ms": (False, "total latency (ms), bounded by `INGEST_MAX_LATENCY_MS`"),
+    "ttft_ms": (True, "time to first token (ms), {rule}; 0: under the gateway's resolution; null or absent: "
+                "unknown"),
+    "queue_ms": (True, "the model server's wait for a batch slot inside TTFT (ms), {rule}: TTFT minus it is a "
+                 "queue-free prefill time; null or absent: unknown"),
+    "status": (False, "HTTP status, or 0 for a timeout / connection failure"),
+}
+
+
+def _record_numbers(bounds: dict[str, Any]) -> dict[str, Any]:
+    """The record's numeric properties: the contract's table, with :data:`_RECORD_NUMBERS`'s words."""
+    from contract.records import Limits, bound_in_words, json_schema
+
+    generated = json_schema(Limits(**bounds))
+    out = {}
+    for name, (nullable, text) in _RECORD_NUMBERS.items():
+        prop = dict(generated[name])
+        if nullable:
+            prop["nullable"] = True
+        if name == "status":
+            prop["default"] = 200
+        prop["description"] = text.format(rule=bound_in_words(name))
+        out[name] = prop
+    return out
+
+
 def _ingest_schemas() -> dict[str, Any]:
     from contract import names
     from contract.normalize import REQUIRED
@@ -141,14 +175,13 @@ def _ingest_schemas() -> dict[str, Any]:
     from outlier_admin.ingest.pipeline import MAX_ERRORS_REPORTED
 
     bounds = limits()
-    latency = bounds["max_latency_ms"]
     record = {
         "type": "object",
         "description": "One finished request as a gateway saw it. Each record is judged on its own: one that "
         "breaks a rule is rejected with a reason code (counted in `rejected`, stored with its raw text), the "
-        "others are accepted. Besides the bounds below: `ttft_ms` <= `total_ms`, and `prompt_tokens` and "
-        "`completion_tokens` are not both 0. Numbers may also be sent as numeric strings. Unknown fields are "
-        "ignored.",
+        "others are accepted. The bounds below are the records contract's (`contract.records.FIELDS`); a "
+        "bound naming another field is that field's value. Numbers may also be sent as numeric strings. "
+        "Unknown fields are ignored.",
         "properties": {
             "ts": {
                 "description": "When the request finished: epoch seconds, or RFC 3339 with a time zone. At "
@@ -169,27 +202,7 @@ def _ingest_schemas() -> dict[str, Any]:
                 "description": "The model group; it must exist (operators create groups). Optional when the "
                 "node is registered in exactly one group.",
             },
-            "prompt_tokens": {"type": "integer", "minimum": 0, "maximum": bounds["max_prompt_tokens"],
-                              "nullable": True,
-                              "description": "bounded by `INGEST_MAX_PROMPT_TOKENS`; without both token counts "
-                              "the record is latency-only (judged against its peers by latency alone)"},
-            "completion_tokens": {"type": "integer", "minimum": 0, "maximum": bounds["max_completion_tokens"],
-                                  "nullable": True,
-                                  "description": "bounded by `INGEST_MAX_COMPLETION_TOKENS`; see `prompt_tokens`"},
-            "cached_tokens": {"type": "integer", "minimum": 0, "nullable": True,
-                              "description": "prompt tokens served from the prefix cache (OpenAI's "
-                              "`usage.prompt_tokens_details.cached_tokens`), at most `prompt_tokens`"},
-            "ttft_ms": {"type": "number", "minimum": 0, "maximum": latency, "nullable": True,
-                        "description": "time to first token (ms), at most `total_ms`; null or absent: "
-                        "unknown"},
-            "queue_ms": {"type": "number", "minimum": 0, "maximum": latency, "nullable": True,
-                         "description": "the model server's wait for a batch slot inside TTFT (ms), at most "
-                         "`ttft_ms`: TTFT minus it is a queue-free prefill time; null or absent: unknown"},
-            "total_ms": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": latency,
-                         "description": "total latency (ms), bounded by `INGEST_MAX_LATENCY_MS`"},
-            "status": {"type": "integer", "default": 200,
-                       "oneOf": [{"enum": [0]}, {"minimum": 100, "maximum": 599}],
-                       "description": "HTTP status, or 0 for a timeout / connection failure"},
+            **_record_numbers(bounds),
             "request_id": {"type": "string", "maxLength": 200, "nullable": True,
                            "description": "printable; a repeated id (within `INGEST_DEDUP_WINDOW_S`) is "
                            "counted as a duplicate, not streamed twice"},

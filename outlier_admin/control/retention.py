@@ -1,8 +1,7 @@
 """Keep node history bounded: raw rows for ``HISTORY_RAW_DAYS``, then one row per node, signal and
 hour (the hour's last row, marked ``downsampled``) until ``HISTORY_KEEP_DAYS``, then nothing. Group
 baselines (one row per group and signal) are thinned the same way, per group, signal and hour.
-GPU readings are kept ``HISTORY_KEEP_DAYS``, rejected input ``INGEST_REJECTED_KEEP_DAYS`` (30 by
-default, like the history: a month to find when a gateway started sending what).
+Ingest's own rows (GPU readings, rejected input) are kept by :mod:`outlier_admin.ingest.retention`.
 
 Portable ORM only (runs on SQLite for the demo).
 """
@@ -17,7 +16,6 @@ from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from outlier_admin.control.models import GroupBaseline, NodeHistory
-from outlier_admin.ingest.models import GpuReading, RejectedInput
 
 
 def _thin(model: type[NodeHistory] | type[GroupBaseline], owner: str, raw_cut, keep_cut) -> tuple[int, int]:
@@ -42,8 +40,5 @@ def apply_retention(now=None) -> dict[str, int]:
     keep_cut = now - timedelta(days=settings.HISTORY_KEEP_DAYS)
     dropped, thinned = _thin(NodeHistory, "node_id", raw_cut, keep_cut)
     baseline_dropped, baseline_thinned = _thin(GroupBaseline, "group_id", raw_cut, keep_cut)
-    rejected_cut = now - timedelta(days=settings.INGEST_REJECTED_KEEP_DAYS)
-    rejected = RejectedInput.objects.filter(received_at__lt=rejected_cut).delete()[0]
-    gpu = GpuReading.objects.filter(at__lt=keep_cut).delete()[0]
     return {"history_dropped": dropped, "history_thinned": thinned, "baseline_dropped": baseline_dropped,
-            "baseline_thinned": baseline_thinned, "rejected_dropped": rejected, "gpu_dropped": gpu}
+            "baseline_thinned": baseline_thinned}

@@ -1,5 +1,5 @@
 """The SQL rows of one tick, built the same way whether they are written at once (PostgreSQL up) or
-kept in the Redis outbox (:mod:`outlier_admin.control.degraded`): transitions, node history, group
+kept in the Redis outbox (:mod:`outlier_admin.control.outage_store`): transitions, node history, group
 baselines, detector proposals, and the node rows' new state/weight/last-seen.
 
 One owner for these shapes, imported by the tick pipeline and by the outbox (neither imports the
@@ -242,7 +242,7 @@ class TickRows:
 
 def write_rows(group: ModelGroup, version: int, rows: TickRows, **fields: Any) -> list[int]:
     """The one writer of a tick's rows, for the tick (:class:`~outlier_admin.control.sql_store.SqlStore`)
-    and the outage drain (:func:`~outlier_admin.control.degraded.drain`): insert the transitions,
+    and the outage drain (:func:`~outlier_admin.control.outage_store.drain`): insert the transitions,
     history and baselines, open and close the incidents the transitions begin and end
     (:func:`outlier_admin.control.incidents.follow`), update the node rows that moved, and raise the
     group's version with ``fields`` set (:func:`~outlier_admin.control.publish.record_version`: the tick's time and

@@ -305,10 +305,10 @@ def _run_tick(group: str, consumer: str) -> Any:
 
 def all_groups() -> list[str]:
     """Every group's name: from PostgreSQL, else (outage) the groups Redis knows."""
-    from outlier_admin.control import degraded
+    from outlier_admin.control import outage_store
     from outlier_admin.fleet.models import ModelGroup
 
     try:
         return list(ModelGroup.objects.filter(retired=False).values_list("name", flat=True))
-    except degraded.DB_ERRORS:
-        return degraded.known_groups(get_redis())
+    except outage_store.DB_ERRORS:
+        return outage_store.known_groups(get_redis())

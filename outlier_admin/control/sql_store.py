@@ -1,5 +1,5 @@
 """The tick's store with PostgreSQL up (:mod:`outlier_admin.control.tick`; the outage store is
-:class:`outlier_admin.control.degraded.OutageStore`).
+:class:`outlier_admin.control.outage_store.OutageStore`).
 
 What a tick costs in SQL, on PostgreSQL:
 
@@ -35,7 +35,7 @@ from django.utils import timezone
 from contract import keys
 from detector.group import GroupDetector
 from detector.states import NodeState
-from outlier_admin.control import degraded, operator_inputs
+from outlier_admin.control import operator_inputs, outage_store
 from outlier_admin.control.models import CanaryProbe
 from outlier_admin.control.rows import (
     TickRows,
@@ -210,7 +210,7 @@ class SqlStore:
 
     def drain(self, r: redis.Redis, group: ModelGroup) -> None:
         # Rows kept in Redis while PostgreSQL was down are written before this tick's own.
-        degraded.drain(r, group)
+        outage_store.drain(r, group)
 
     def late_nodes(self, group: ModelGroup, names: list[str]) -> dict[str, Node]:
         return {n.name: n for n in Node.objects.filter(group=group, name__in=names).only(*NODE_FIELDS)
@@ -220,9 +220,9 @@ class SqlStore:
         return operator_inputs.apply(gd, group, now)
 
     def queue(self, pipe: Any, out: Any) -> None:
-        # What a tick needs to run while PostgreSQL is down (control.degraded): when it changed, and
+        # What a tick needs to run while PostgreSQL is down (control.outage_store): when it changed, and
         # at every checkpoint.
-        degraded.store_snapshot(pipe, out.group, out.nodes, force=out.checkpoint, key=self.snapshot_key(out.group))
+        outage_store.store_snapshot(pipe, out.group, out.nodes, force=out.checkpoint, key=self.snapshot_key(out.group))
 
     def write(self, r: redis.Redis, out: Any) -> None:
         group, by_name, transitions = out.group, out.by_name, out.transitions
@@ -233,12 +233,12 @@ class SqlStore:
         # proposals to open (policy approval) or to supersede (a node left pending_approval).
         more = bool(overrides or decided or probes) or any(
             (t.to_state == pending and not out.shadow) or t.from_state == pending for t in transitions)
-        # If PostgreSQL fails inside, the rows go to the Redis outbox and the tick goes on (control.degraded).
-        with degraded.sql_or_outbox(
+        # If PostgreSQL fails inside, the rows go to the Redis outbox and the tick goes on (control.outage_store).
+        with outage_store.sql_or_outbox(
             r, group.name,
             lambda: rows_of_tick(out.ev, group, by_name, transitions, shadow=out.shadow, now=out.now,
                                  write_all=out.write_all),
-            lambda: degraded.applied_inputs(overrides, decided, probes),
+            lambda: outage_store.applied_inputs(overrides, decided, probes),
             version=out.version, atomic=more,
         ):
             transition_rows = [transition_row(t, group, by_name[t.node], out.shadow, out.ev) for t in transitions]

@@ -13,6 +13,7 @@ import socket
 from celery import shared_task
 from django.conf import settings
 
+from outlier_admin.control.signals import tick_done
 from outlier_admin.fleet.models import ModelGroup
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 def tick_all_groups() -> int:
     """Enqueue a tick of every group that has none queued or running, most overdue first (beat,
     every ``TICK_INTERVAL_MS``). Returns how many were enqueued."""
-    from outlier_admin.control import degraded, scheduling
+    from outlier_admin.control import outage_store, scheduling
     from outlier_admin.control.redis_conn import get_redis
 
     r = get_redis()
@@ -31,10 +32,10 @@ def tick_all_groups() -> int:
     try:
         names = list(ModelGroup.objects.filter(retired=False).values_list("name", flat=True))
         complete = True
-    except degraded.DB_ERRORS as exc:
+    except outage_store.DB_ERRORS as exc:
         # PostgreSQL down: tick the groups Redis knows, so gateways keep fresh weights.
         log.warning("listing groups from Redis, PostgreSQL unreachable: %s", exc)
-        names, complete = degraded.known_groups(r), False
+        names, complete = outage_store.known_groups(r), False
     due, queued_at = scheduling.claim_due(r, names, prune=complete)
     for name in due:
         # Expiry only bounds the backlog while no worker consumes: by then a newer tick of the group
@@ -63,9 +64,7 @@ def tick_group(group: str, queued_at: float | None = None) -> dict | None:
         scheduling.finish(r, group, started, ticked=result is not None)
     if result is None:
         return None
-    from outlier_admin.observability.hooks import observe_tick
-
-    observe_tick(result)
+    tick_done.send(sender=tick_group, result=result)
     return {"group": result.group, "samples": result.samples, "version": result.version,
             "tick_ms": round(result.tick_ms, 2)}
 

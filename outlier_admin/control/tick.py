@@ -1,7 +1,7 @@
 """One detector tick of one model group: stream -> detector -> weights in Redis -> history in SQL.
 
 One pipeline (:func:`_tick_locked`) over a store: :class:`~outlier_admin.control.sql_store.SqlStore`
-(PostgreSQL up) or :class:`~outlier_admin.control.degraded.OutageStore` (PostgreSQL unreachable: the
+(PostgreSQL up) or :class:`~outlier_admin.control.outage_store.OutageStore` (PostgreSQL unreachable: the
 group from its Redis snapshot, the SQL rows to a Redis outbox). Order of a tick (any worker can run
 any group's tick; the per-group lock makes them sequential):
 
@@ -89,7 +89,7 @@ from detector.samples import ProgressBatch, SampleBatch
 from detector.states import NodeState, Transition
 from detector.thresholds import Thresholds
 from detector.weights import published
-from outlier_admin.control import degraded, publish
+from outlier_admin.control import outage_store, publish
 from outlier_admin.control.redis_conn import (
     Fence,
     GroupLock,
@@ -129,7 +129,7 @@ class TickResult:
     tick_ms: float = 0.0
     safeguard: bool = False
     checkpoint: bool = False  # the detector was serialised to Redis in this tick
-    degraded: bool = False  # ticked without PostgreSQL (OutageStore)
+    sql_outage: bool = False  # ticked without PostgreSQL (OutageStore)
     lag_ms: float = 0.0  # publish time - stream time of the oldest entry applied (0: none)
     weights: dict[str, int] = field(default_factory=dict)
     states: dict[str, str] = field(default_factory=dict)
@@ -385,7 +385,7 @@ def published_view(ev: Any, group: ModelGroup, nodes_by_name: dict[str, Node]) -
 def run_tick(group: ModelGroup | str, *, now: float | None = None, consumer: str = "tick") -> TickResult | None:
     """Run one tick of ``group`` (a model or its name). Returns None when another worker holds the
     group's lock (that tick is skipped, not queued). With PostgreSQL unreachable the same pipeline
-    runs over :class:`~outlier_admin.control.degraded.OutageStore`; the first tick after it returns
+    runs over :class:`~outlier_admin.control.outage_store.OutageStore`; the first tick after it returns
     drains the outbox first."""
     started = time.perf_counter()
     name = group if isinstance(group, str) else group.name
@@ -397,10 +397,10 @@ def run_tick(group: ModelGroup | str, *, now: float | None = None, consumer: str
         try:
             store: TickStore = SqlStore(name, None if isinstance(group, str) else group)
             return _tick_locked(r, store, name, now, consumer, started, lock=lock)
-        except degraded.DB_ERRORS as exc:
-            # PostgreSQL unreachable: keep deciding and publishing from Redis (see control.degraded).
+        except outage_store.DB_ERRORS as exc:
+            # PostgreSQL unreachable: keep deciding and publishing from Redis (see control.outage_store).
             log.warning("tick of %s without PostgreSQL: %s", name, exc)
-            return _tick_locked(r, degraded.OutageStore(name), name, now, consumer, started, lock=lock)
+            return _tick_locked(r, outage_store.OutageStore(name), name, now, consumer, started, lock=lock)
     except LeaseLost as exc:
         # Another worker took the group over while this tick stalled: it applied these entries (or
         # will: they stay pending); writing our older state would un-apply its work.
@@ -450,7 +450,7 @@ def _tick_fenced(r: redis.Redis, store: TickStore, fence: Fence, group: ModelGro
     pipe.get(fence.lock.key if fence.lock is not None else hkey)
     pipe.hmget(hkey, _STATE_FIELDS)
     pipe.get(keys.inputs(name))
-    pipe.exists(keys.degraded(name), keys.outbox(name))
+    pipe.exists(keys.outage_version(name), keys.outbox(name))
     _queue_entry_reads(pipe, skey, consumer)
     lock_value, state, marks_raw, outbox_waits, claimed, own, got = pipe.execute(raise_on_error=False)
     for reply in (lock_value, state, marks_raw, outbox_waits):
@@ -476,7 +476,7 @@ def _tick_fenced(r: redis.Redis, store: TickStore, fence: Fence, group: ModelGro
     else:
         entries, ack_ids = _entries_of(claimed, own, got, applied)
     entries = replay + entries
-    result = TickResult(group=name, at=now, entries=len(entries), degraded=store.outage)
+    result = TickResult(group=name, at=now, entries=len(entries), sql_outage=store.outage)
     rows: list[list[Any]] = []
     for _eid, fields in entries:
         rows.extend(decode_requests(fields))

@@ -119,7 +119,7 @@ def cells(nodes: list[Node], window: Window, thresholds: Thresholds, signal: str
         return out
     group_id = nodes[0].group_id
     signals = judged_in(group_id, window.start, window.end) if signal is None else (signal,)
-    f = load(group_id, window.start, window.end, signals, node_ids=list(out))
+    f = load(group_id, window.start, window.end, signals, node_ids=list(out), tails=False)
     if not f.columns:
         return out
     r = reading(f, thresholds, signal)

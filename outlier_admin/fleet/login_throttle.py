@@ -37,7 +37,7 @@ address only. django-ipware (axes' optional resolver) is not used: it reads the 
 peer is.
 
 PostgreSQL down: a login needs the database anyway (users and sessions live there), so the throttle
-adds no dependency: an attempt fails like any page (``observability.outage``'s 503) before anything is
+adds no dependency: an attempt fails like any page (``outlier_admin.outage``'s 503) before anything is
 counted, so retrying through the outage locks nobody out afterwards. Redis plays no part in logging in.
 """
 

@@ -38,7 +38,7 @@ class ModelGroup(models.Model):
 
     name = models.CharField(max_length=200, unique=True,
                             help_text="Group id used in records, Redis keys and metrics (fleet.names)")
-    # The URL segment (fleet.names.group_slug), set once at creation: pages and API routes name a
+    # The URL segment (contract.names.group_slug), set once at creation: pages and API routes name a
     # group by it, since a name may hold "/" (a Hugging Face model id).
     slug = models.SlugField(max_length=220, unique=True, help_text="URL segment of the group")
     model_name = models.CharField(max_length=200, blank=True, default="")

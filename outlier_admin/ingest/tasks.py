@@ -24,3 +24,10 @@ def tail_all_logs() -> dict[str, int]:
     from outlier_admin.ingest.tailer import tail_all
 
     return tail_all()
+
+
+@shared_task(name="ingest.retention", ignore_result=True)
+def apply_retention() -> dict[str, int]:
+    from outlier_admin.ingest.retention import apply_retention
+
+    return apply_retention()

@@ -38,7 +38,7 @@ from outlier_admin.fleet.auth import lookup_token, token_from_header
 from outlier_admin.fleet.models import ApiToken, TokenScope
 from outlier_admin.ingest import throttle
 from outlier_admin.ingest.pipeline import submit
-from outlier_admin.observability.outage import DB_OUTAGE_ERRORS
+from outlier_admin.outage import DB_OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def _json(status: int, payload: dict[str, Any], **headers: str) -> HttpResponse:
     if status >= 400:  # the API's one error shape: an RFC 9457 problem (outlier_admin.api.errors)
         from django.urls import reverse
 
-        from outlier_admin.api.errors import problem_response
+        from outlier_admin.problem import problem_response
 
         extra = {k: v for k, v in payload.items() if k != "error"}
         resp = problem_response(status, payload["error"], instance=reverse("ingest-requests"), **extra)

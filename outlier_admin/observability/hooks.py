@@ -4,7 +4,8 @@ the control loop).
 Each function marks the object it observed (``_observed_by_metrics``), so a result observed twice
 (e.g. by the pipeline and by the demo runner that called it) is counted once.
 
-* after a tick: ``observe_tick(result)`` with the :class:`outlier_admin.control.tick.TickResult`;
+* after a tick: ``observe_tick(result)`` with the :class:`outlier_admin.control.tick.TickResult`
+  (a worker's tick: through :data:`outlier_admin.control.signals.tick_done`);
 * after an ingest batch: ``observe_ingest(outcome, source=..., rejected_by_reason=...)`` with the
   :class:`outlier_admin.ingest.pipeline.IngestOutcome` (``rejected_by_reason``: exact counts of every
   reject; without it the reasons listed in ``outcome.errors`` are used and the rest counted as
@@ -46,6 +47,11 @@ def observe_tick(result: Any) -> None:
             metrics.TICK_SAMPLES.labels(result.group).inc(result.samples)
     except Exception:
         log.exception("could not record tick metrics")
+
+
+def on_tick_done(sender: Any, result: Any, **kwargs: Any) -> None:
+    """:func:`observe_tick` as the receiver of :data:`outlier_admin.control.signals.tick_done`."""
+    observe_tick(result)
 
 
 def observe_ingest(outcome: Any, *, source: str, rejected_by_reason: Mapping[str, int] | None = None) -> None:

@@ -171,13 +171,13 @@ def _num(v: Any) -> float:
 class FleetCollector(Collector):
     """Fleet state read from the database and Redis at scrape time (see module docstring).
 
-    A database outage (:func:`outlier_admin.observability.outage.is_database_outage`) costs only the
+    A database outage (:func:`outlier_admin.outage.is_database_outage`) costs only the
     SQL-backed families: the weights documents are still read from Redis (groups listed from Redis
     then), ``outlier_metrics_sql_up`` says 0, and the event series rendered next to this collector
     (ingest, ticks) are served as usual — an outage is when they matter most."""
 
     def collect(self) -> Iterator[Metric]:
-        from outlier_admin.observability.outage import is_database_outage
+        from outlier_admin.outage import is_database_outage
 
         sql_up = GaugeMetricFamily("outlier_metrics_sql_up",
                                    "1 if this scrape read the fleet state from the database, 0 if it failed.")
@@ -277,15 +277,16 @@ class FleetCollector(Collector):
         for gname, n in pending.items():
             m_props.add_metric([gname], float(n))
 
-        from django.db.models import Count
+        from django.db.models import Count, Q
 
         verdicts: dict[tuple[str, str], int] = {}
         waiting: dict[str, int] = {g: 0 for g in groups.values()}
-        for gid, passed, n in CanaryProbe.objects.values_list("node__group_id", "passed").annotate(n=Count("id")):
+        for gid, passed, applied, n in (CanaryProbe.objects.annotate(applied=Q(applied_at__isnull=False))
+                                        .values_list("node__group_id", "passed", "applied").annotate(n=Count("id"))):
             gname = groups.get(gid, "?")
-            if passed is None:
+            if passed is None and not applied:  # applied without a verdict: a sample, not a pending probe
                 waiting[gname] = waiting.get(gname, 0) + n
-            else:
+            elif passed is not None:
                 key = (gname, "passed" if passed else "failed")
                 verdicts[key] = verdicts.get(key, 0) + n
         for gname in groups.values():
@@ -321,7 +322,7 @@ class FleetCollector(Collector):
     def _weights_families(self, groups: list[str] | None) -> list[Metric]:
         """Safeguard, version and age of each group's weights document (Redis). ``groups`` None: the
         database is down, list the groups the ticks registered in Redis instead."""
-        from outlier_admin.control.degraded import known_groups
+        from outlier_admin.control.outage_store import known_groups
         from outlier_admin.control.redis_conn import get_redis, mget
 
         m_safeguard = GaugeMetricFamily("outlier_group_safeguard",

@@ -92,7 +92,7 @@ def test_everything_a_tick_or_an_ingest_touches_for_a_group_shares_itsslot_of(gr
     per_group = [keys.stream(group), keys.state(group), keys.inputs(group), keys.tick_lock(group),
                  keys.tick_queued(group), keys.dedup(group, 7), keys.dedup(group, 6), keys.probes(group),
                  keys.probe_inflight(group, "127.0.0.1:8000"), keys.config_snapshot(group), keys.outbox(group),
-                 keys.degraded(group), keys.itl(group), keys.weights(group),
+                 keys.outage_version(group), keys.itl(group), keys.weights(group),
                  keys.weights_channel(group)]
     assert {slot_of(k) for k in per_group} == {slot_of(group)}
     assert all(keys.group_of(k) == group for k in per_group)

@@ -243,7 +243,7 @@ def test_the_agent_distribution_runs_in_a_venv_with_only_redis(agent_wheel: Path
     # bare format has no latency), written by a real nginx
     lines = [(logs / "nginx-1.22-upstream.log").read_text().splitlines()[0],
              (logs / "openai-usage-accesslog.jsonl").read_text().splitlines()[0],  # JSON
-             (logs / "envoy-default-format-example.log").read_text().strip()]  # its RFC 3339 time: ingest.records
+             (logs / "envoy-default-format-example.log").read_text().strip()]  # its RFC 3339 time: contract.normalize
     out = in_venv([py, "-c", _IN_THE_AGENT_VENV, *modules], input="\n".join(lines), timeout=60)
     nginx_rec, json_rec, envoy_rec = json.loads(out.stdout)
     assert (nginx_rec["_format"], nginx_rec["node"], nginx_rec["total_ms"]) == ("nginx", "127.0.0.1:41657", 11.0)

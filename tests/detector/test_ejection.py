@@ -29,10 +29,10 @@ REASONS = [Reason(d) for d in DETECTORS]
 def _decision(score: np.ndarray) -> Decision:
     n = len(score)
     no = np.zeros(n, dtype=bool)
-    return Decision(score=score, excess=np.ones(n), which=np.full(n, 2), weight_score=score, queue_free=~no,
-                    queue_laden=no, new=np.ones(n, dtype=np.int64), drained_over=no,
-                    name="decode", q_score=score, q_excess=np.ones(n),
-                    q_which=np.full(n, 2))
+    return Decision(weight_z=score, cut_z=score, cut_excess=np.ones(n), cut_which=np.full(n, 2),
+                    quarantine_z=score, quarantine_excess=np.ones(n), quarantine_which=np.full(n, 2),
+                    queue_free=~no, queue_laden=no, new=np.ones(n, dtype=np.int64), drained_over=no,
+                    name="decode")
 
 
 @settings(max_examples=200, deadline=None)
@@ -102,7 +102,7 @@ def _soft_step(a: NodeArrays, t: Thresholds, now: float, score: np.ndarray, exce
     from detector.ejection import Ejection, soft_degrade
 
     d = _decision(np.asarray(score, dtype=float))
-    d.excess[:] = excess
+    d.cut_excess[:] = excess
     n = len(a)
     soft_degrade(a, t, now, np.zeros(n, dtype=bool), lines(d, t),
                  Ejection(cause=np.full(n, -1, dtype=np.int8), blocked=np.zeros(n, dtype=bool),

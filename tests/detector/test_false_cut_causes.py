@@ -139,15 +139,15 @@ def test_prefill_time_decides_only_over_its_own_line():
     a = gd.a
     # Healthy: decode over its line (Z 3, 1.3x), prefill time near but under its own (Z 5, 1.3x).
     d = decide(_view(3.0, 5.0, 1.3, 1.3), a, t, 0.0)
-    assert SIGNALS[int(d.which[0])] == "decode" and bool(lines(d, t).over_d[0])
+    assert SIGNALS[int(d.cut_which[0])] == "decode" and bool(lines(d, t).over_d[0])
     # Prefill time over its line decides, and cuts.
     d = decide(_view(3.0, 6.0, 1.3, 1.6), a, t, 0.0)
-    assert SIGNALS[int(d.which[0])] == "prefill_time" and bool(lines(d, t).over_d[0])
+    assert SIGNALS[int(d.cut_which[0])] == "prefill_time" and bool(lines(d, t).over_d[0])
     # A node cut on it keeps it while it is over its exit line (hysteresis), not over the cut line.
     a.state[0] = S.DEGRADED
     d = decide(_view(0.5, 4.0, 1.02, 1.3), a, t, 0.0)
     ln = lines(d, t)
-    assert SIGNALS[int(d.which[0])] == "prefill_time" and bool(ln.still_d[0]) and not bool(ln.over_d[0])
+    assert SIGNALS[int(d.cut_which[0])] == "prefill_time" and bool(ln.still_d[0]) and not bool(ln.over_d[0])
 
 
 def test_a_prefill_time_further_out_than_the_decode_does_not_hide_a_decode_at_quarantine_strength():
@@ -157,7 +157,7 @@ def test_a_prefill_time_further_out_than_the_decode_does_not_hide_a_decode_at_qu
     # time (the larger Z), at quarantine strength on the decode.
     d = decide(_view(8.0, 15.0, 2.0, 5.0), gd.a, t, 0.0)
     ln = lines(d, t)
-    assert SIGNALS[int(d.which[0])] == "prefill_time" and bool(ln.over_d[0]) and bool(ln.over_q[0])
+    assert SIGNALS[int(d.cut_which[0])] == "prefill_time" and bool(ln.over_d[0]) and bool(ln.over_q[0])
     # Its records name the signal of each decision: the cut the prefill time, the quarantine the decode.
     from detector.explain import transitions
     from detector.moves import Move

@@ -14,7 +14,7 @@ from django.db.models import Count
 
 from contract import keys
 from harness.records import make_records
-from outlier_admin.control import degraded
+from outlier_admin.control import outage_store
 from outlier_admin.control.models import GroupBaseline, NodeHistory, QuarantineProposal, Transition
 from outlier_admin.control.publish import read_weights
 from outlier_admin.control.tasks import tick_all_groups
@@ -66,7 +66,7 @@ def test_ticks_publish_from_redis_during_outage_and_outbox_drains_exactly_once(r
             degraded_results.append(res)
         # The beat still lists groups (from Redis) and enqueues their ticks.
         assert tick_all_groups.run() == 1
-        outbox_items = degraded.outbox_length(redis_client, "g1")
+        outbox_items = outage_store.outbox_length(redis_client, "g1")
 
     versions = [r.version for r in degraded_results]
     assert versions == list(range(before_version + 1, before_version + 10)), "published every tick, monotonic"
@@ -87,9 +87,9 @@ def test_ticks_publish_from_redis_during_outage_and_outbox_drains_exactly_once(r
 
     # PostgreSQL is back: the next tick drains the outbox first, then ticks normally.
     res = run_tick("g1", now=t0 + 12.5)
-    assert res.version == versions[-1] + 1, "the version continues from what degraded ticks published"
+    assert res.version == versions[-1] + 1, "the version continues from what outage ticks published"
     assert ModelGroup.objects.get(name="g1").weights_version == res.version
-    assert degraded.outbox_length(redis_client, "g1") == 0
+    assert outage_store.outbox_length(redis_client, "g1") == 0
     assert Transition.objects.count() == rows_before[0] + expected_transitions + res.transitions
     assert Transition.objects.filter(node__name=SLOW, to_state="quarantined").count() == 1
     assert NodeHistory.objects.count() > rows_before[1]
@@ -112,14 +112,14 @@ def test_redrain_after_a_crash_between_commit_and_trim_writes_nothing_twice(redi
     items = redis_client.lrange(keys.outbox("g1"), 0, -1)
     assert len(items) == 1
     group = ModelGroup.objects.get(name="g1")
-    first = degraded.drain(redis_client, group)
+    first = outage_store.drain(redis_client, group)
     assert first == len(orjson.loads(items[0])["rows"]) > 0
     history = NodeHistory.objects.count()
     # The crash: the same item is still in the list after the commit.
     redis_client.rpush(keys.outbox("g1"), items[0])
-    assert degraded.drain(redis_client, group) == 0
+    assert outage_store.drain(redis_client, group) == 0
     assert NodeHistory.objects.count() == history
-    assert degraded.outbox_length(redis_client, "g1") == 0
+    assert outage_store.outbox_length(redis_client, "g1") == 0
 
 
 def test_approval_policy_proposal_opened_during_outage_is_created_once(redis_client):
@@ -164,13 +164,13 @@ def test_postgres_failing_during_the_sql_write_keeps_the_rows_and_applies_inputs
     transitions_before = Transition.objects.count()
 
     outage = postgres_down()
-    real_store = degraded.store_snapshot
+    real_store = outage_store.store_snapshot
 
     def store_then_fail(pipe, group, nodes, **kw):  # the state MULTI is queued: PostgreSQL goes away now
         real_store(pipe, group, nodes, **kw)
         outage.__enter__()
 
-    monkeypatch.setattr(degraded, "store_snapshot", store_then_fail)
+    monkeypatch.setattr(outage_store, "store_snapshot", store_then_fail)
     from detector.group import GroupDetector
 
     forced: list[str] = []
@@ -185,10 +185,10 @@ def test_postgres_failing_during_the_sql_write_keeps_the_rows_and_applies_inputs
         res = run_tick("g1", now=t0 + 20.5)
     finally:
         outage.__exit__(None, None, None)
-    monkeypatch.setattr(degraded, "store_snapshot", real_store)
+    monkeypatch.setattr(outage_store, "store_snapshot", real_store)
     assert res is not None and res.states[SLOW] == "forced_quarantine" and res.transitions >= 1
     assert read_weights("g1")["version"] == res.version
-    assert degraded.outbox_length(redis_client, "g1") == 1
+    assert outage_store.outbox_length(redis_client, "g1") == 1
     assert Override.objects.get().applied_at is None  # the write failed with the rest
 
     res2 = run_tick("g1", now=t0 + 21.5)  # drains, then ticks: the override must not be applied twice

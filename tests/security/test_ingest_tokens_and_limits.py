@@ -17,11 +17,11 @@ from contract import keys
 from contract.stream import decode_requests
 from outlier_admin.control.actions import ActionError, do_create_token, do_set_auto_register
 from outlier_admin.control.models import AuditEvent
-from outlier_admin.control.retention import apply_retention
 from outlier_admin.fleet.models import ApiToken, Node
 from outlier_admin.ingest.models import RejectedInput
 from outlier_admin.ingest.pipeline import SAMPLES_PER_REASON
 from outlier_admin.ingest.rejected import refusal_count
+from outlier_admin.ingest.retention import apply_retention
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services]
 URL = "/api/v1/ingest/requests"

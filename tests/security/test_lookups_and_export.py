@@ -10,8 +10,8 @@ import io
 import pytest
 from django.test import Client
 
+from outlier_admin.api.export import cell, csv_response
 from outlier_admin.control.actions import ActionError, do_create_group, do_register_node
-from outlier_admin.dashboard.export import cell, csv_response
 
 pytestmark = pytest.mark.django_db
 
@@ -44,11 +44,11 @@ def test_digits_in_a_node_route_are_an_id_in_one_spelling_only(fleet, users):
     legacy = Node.objects.create(group=other, name=str(target.pk), address="127.0.0.50:8000")
     client = _client(users["viewer"])
     assert client.get(f"/api/v1/nodes/{target.pk}/").json()["id"] == target.pk
-    assert client.get(f"/api/v1/nodes/{target.pk:04d}/").status_code == 404
+    assert client.get(f"/api/v1/nodes/0{target.pk}/").status_code == 404
     resp = client.get(f"/api/v1/groups/{other.slug}/nodes/{legacy.name}/")
     assert resp.status_code == 200 and resp.json()["id"] == legacy.pk
     oncall = _client(users["oncall"])
-    assert oncall.post(f"/api/v1/nodes/{target.pk:04d}/quarantine/", {"reason": "r"},
+    assert oncall.post(f"/api/v1/nodes/00{target.pk}/quarantine/", {"reason": "r"},
                        content_type="application/json").status_code == 404
 
 

@@ -15,8 +15,8 @@ the resulting transition and publishes the weights. Threshold and policy changes
 the next tick as well.
 
 The actions, by domain: :mod:`.core` (the audit event, the actor, the reason),
-:mod:`.overrides`, :mod:`.proposals`, :mod:`.groups`, :mod:`.nodes`, :mod:`.access`,
-:mod:`.sources`. Import them from here.
+:mod:`.overrides`, :mod:`.proposals`, :mod:`.groups`, :mod:`.nodes`, :mod:`.access`. Import them
+from here. Ingest's one action (log sources) is :mod:`outlier_admin.ingest.actions`.
 """
 
 from __future__ import annotations
@@ -66,7 +66,6 @@ from outlier_admin.control.actions.proposals import (
     do_reject_proposal,
     do_supersede_proposals,
 )
-from outlier_admin.control.actions.sources import do_save_log_source
 
 __all__ = [
     "DEFAULT_SILENCE_S",
@@ -97,7 +96,6 @@ __all__ = [
     "do_retire_group",
     "do_retire_node",
     "do_revoke_token",
-    "do_save_log_source",
     "do_set_auto_register",
     "do_set_group_policy",
     "do_set_roles",

@@ -34,29 +34,35 @@ def url(fleet) -> str:
 def test_a_user_over_the_burst_gets_a_429_problem_with_retry_after(fleet, users, redis_client, settings):
     settings.PREVIEW_BURST, settings.PREVIEW_REFILL_S = 3, 20
     c = as_user(users["operator"])
+    first_taken = time.monotonic()
     assert [c.post(url(fleet), CHANGES, format="json").status_code for _ in range(3)] == [200, 200, 200]
     resp = c.post(url(fleet), CHANGES, format="json")
+    taken_for_s = time.monotonic() - first_taken
     assert resp.status_code == 429
     assert resp["Content-Type"] == "application/problem+json"
     body = resp.json()
     assert (body["type"], body["title"], body["status"]) == ("about:blank", "Too Many Requests", 429)
     assert body["errors"][0]["code"] == "throttled"
     assert "limited to 3 at once and one per 20 s per user (PREVIEW_BURST, PREVIEW_REFILL_S)" in body["detail"]
-    # The third token went a moment ago: the next one is ~20 s away, said in the header and the body.
-    assert 18 <= int(resp["Retry-After"]) <= 20 and body["retry_after_s"] == int(resp["Retry-After"])
+    # The bucket refills from the first take: the next token is 20 s after it, less the time the
+    # three previews took (seconds on a loaded host), said in the header and the body.
+    assert 20 - taken_for_s - 1 <= int(resp["Retry-After"]) <= 20
+    assert body["retry_after_s"] == int(resp["Retry-After"])
     assert body["instance"] == url(fleet)
     # Per user: the on-call's bucket is full.
     assert as_user(users["oncall"]).post(url(fleet), CHANGES, format="json").status_code == 200
 
 
-def test_tokens_come_back_at_the_refill_rate(fleet, users, redis_client, settings):
+def test_tokens_come_back_at_the_refill_rate(users, redis_client, settings):
+    """The bucket itself (a Redis round trip each), not previews: a preview on a loaded host can take
+    longer than the refill period, which would make the refusal this test waits for a race."""
     settings.PREVIEW_BURST, settings.PREVIEW_REFILL_S = 1, 1
-    c = as_user(users["operator"])
-    assert c.post(url(fleet), CHANGES, format="json").status_code == 200
-    assert c.post(url(fleet), CHANGES, format="json").status_code == 429
+    uid = users["operator"].pk
+    assert preview.take_token(uid) == 0
+    assert 0 < preview.take_token(uid) <= 1000  # empty: the wait until the next token, in ms
     time.sleep(1.1)
-    assert c.post(url(fleet), CHANGES, format="json").status_code == 200
-    assert c.post(url(fleet), CHANGES, format="json").status_code == 429
+    assert preview.take_token(uid) == 0
+    assert 0 < preview.take_token(uid) <= 1000
 
 
 def test_a_users_token_and_login_share_one_bucket(client, fleet, users, redis_client, settings):

@@ -18,8 +18,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from contract.logformats import FORMATS, LABELS, LINE_TOO_LONG, parse_node_map
-from outlier_admin.control.actions import ActionError, do_save_log_source
+from outlier_admin.control.actions import ActionError
 from outlier_admin.fleet.models import ModelGroup
+from outlier_admin.ingest.actions import do_save_log_source
 from outlier_admin.ingest.models import Checkpoint, IngestSource
 from outlier_admin.ingest.pipeline import IngestOutcome
 from outlier_admin.ingest.tailer import tail_source

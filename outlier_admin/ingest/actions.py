@@ -1,6 +1,7 @@
-"""Log sources tailed by ``manage.py tail_logs``.
+"""Ingest's action: the log sources tailed by ``manage.py tail_logs``.
 
-Part of :mod:`outlier_admin.control.actions` (its docstring states the rules every action keeps)."""
+An action as those of :mod:`outlier_admin.control.actions` (its docstring states the rules every
+action keeps), kept beside the model it writes so that the control plane imports nothing of ingest."""
 
 from __future__ import annotations
 
@@ -11,14 +12,13 @@ from django.db import transaction
 
 from outlier_admin.control.actions.core import ActionError, Actor, _reason, audit
 from outlier_admin.fleet.models import ModelGroup
+from outlier_admin.ingest.models import IngestSource
 
 
 def do_save_log_source(name: str, *, path: str, log_format: str, group: ModelGroup | None,
                        node_map: dict[str, str], actor: Actor, reason: str) -> Any:
     """Create or update the log source ``name`` (``manage.py tail_logs --add``) and enable it; one audit
     event ``ingest_source.create`` or ``ingest_source.update`` (with the diff) in the same transaction."""
-    from outlier_admin.ingest.models import IngestSource
-
     reason = _reason(reason)
     name = (name or "").strip()
     if not re.fullmatch(r"[-a-zA-Z0-9_]{1,100}", name):

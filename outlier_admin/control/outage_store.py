@@ -50,7 +50,7 @@ from outlier_admin.control.models import GroupBaseline, NodeHistory
 from outlier_admin.control.models import Transition as TransitionRow
 from outlier_admin.control.rows import BASELINE_COLUMNS, HISTORY_COLUMNS, TickRows, rows_of_tick, write_rows
 from outlier_admin.fleet.models import ModelGroup, Node
-from outlier_admin.observability.outage import DB_OUTAGE_ERRORS
+from outlier_admin.outage import DB_OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ _NATURAL_KEYS = {
 
 
 def group_snapshot(group: ModelGroup, nodes: list[Node]) -> bytes:
-    """What a degraded tick needs to know about ``group`` (JSON)."""
+    """What an outage tick needs to know about ``group`` (JSON)."""
     return orjson.dumps({
         "id": group.pk, "name": group.name, "policy": group.policy,
         # No weights_version: it moves at every tick; an outage tick continues from the state's.
@@ -172,10 +172,10 @@ def outbox_length(r: redis.Redis, group: str) -> int:
 def drain(r: redis.Redis, group: ModelGroup, *, max_items: int = 200) -> int:
     """Write outboxed rows of ``group`` to SQL (idempotent); returns the rows inserted.
 
-    Call under the group's tick lock. Also lifts ``weights_version`` to what degraded ticks published.
+    Call under the group's tick lock. Also lifts ``weights_version`` to what outage ticks published.
     """
     pipe = r.pipeline(transaction=False)
-    pipe.get(keys.degraded(group.name))
+    pipe.get(keys.outage_version(group.name))
     pipe.lrange(keys.outbox(group.name), 0, max_items - 1)
     flag, items = pipe.execute()
     if flag is None and not items:
@@ -193,7 +193,7 @@ def drain(r: redis.Redis, group: ModelGroup, *, max_items: int = 200) -> int:
         rows = TickRows(fresh["transition"], _records(fresh["history"], HISTORY_COLUMNS),
                         _records(fresh["baseline"], BASELINE_COLUMNS))
         inserted = len(rows)
-        if rows or flag is not None:  # the version degraded ticks published, raised with the rows
+        if rows or flag is not None:  # the version outage ticks published, raised with the rows
             write_rows(group, int(flag or 0), rows)
         _mark_applied(items)
         if proposals:
@@ -209,7 +209,7 @@ def drain(r: redis.Redis, group: ModelGroup, *, max_items: int = 200) -> int:
     pipe = r.pipeline(transaction=True)
     pipe.ltrim(keys.outbox(group.name), len(items), -1)
     if flag is not None:
-        pipe.delete(keys.degraded(group.name))
+        pipe.delete(keys.outage_version(group.name))
     pipe.execute()
     if items:
         log.info("outbox of %s drained: %d items, %d rows written", group.name, len(items), inserted)
@@ -304,7 +304,7 @@ class sql_or_outbox:  # lower case: used like transaction.atomic
         pipe = self.r.pipeline(transaction=True)
         pipe.rpush(keys.outbox(self.group), outbox_item(rows, proposals, self.applied()))
         if self.version is not None:
-            pipe.set(keys.degraded(self.group), self.version)
+            pipe.set(keys.outage_version(self.group), self.version)
         pipe.execute()
         return True
 
@@ -338,7 +338,7 @@ class OutageStore:
                                        shadow=out.shadow, now=out.now, write_all=out.write_all)
         if rows or proposals:
             pipe.rpush(keys.outbox(self.name), outbox_item(rows, proposals, {}))
-        pipe.set(keys.degraded(self.name), out.version)
+        pipe.set(keys.outage_version(self.name), out.version)
 
     def write(self, r: redis.Redis, out: Any) -> None:
         """Nothing: the rows went to the outbox with the state."""

@@ -33,7 +33,7 @@ MESSAGE = "The database is unavailable: nothing was read or changed. Retry in a 
 
 def _outage_errors() -> tuple[type[BaseException], ...]:
     # Django wraps driver errors in its own classes; psycopg's own are listed too for the few paths
-    # that raise them unwrapped. The tick's fallback (control.degraded) and ingest use this tuple too.
+    # that raise them unwrapped. The tick's fallback (control.outage_store) and ingest use this tuple too.
     from django.db import InterfaceError, OperationalError
 
     errors: list[type[BaseException]] = [OperationalError, InterfaceError]
