@@ -235,7 +235,7 @@ def markdown(report: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--table", type=Path, metavar="REPORT.json",
-                        help="print the docs' table of a report this script wrote, and measure nothing")
+                        help="print the docs' table (docs/deploy.md) of a report this script wrote, and exit")
     parser.add_argument("--tree", action="append", metavar="LABEL=PATH",
                         help="a source tree to measure (repeat: before=/tmp/before after=.)")
     parser.add_argument("--runs", type=int, default=3)
@@ -251,7 +251,7 @@ def main() -> None:
         print(markdown(json.loads(args.table.read_text())))
         return
     if not args.tree:
-        parser.error("--tree LABEL=PATH is required (or --table REPORT.json)")
+        parser.error("--tree is required (or --table REPORT.json)")
     trees = dict(t.split("=", 1) for t in args.tree)
     session, token = setup(args.database_url)
     os.environ["DATABASE_URL"] = args.database_url

@@ -63,7 +63,8 @@ class NodeActions:
 
         A confirmation probe of a ``DEGRADED`` node (:func:`detector.ejection.probes_due`) is not a
         verdict but a sample: its answer enters as a completed request of the node (``None``). A probe
-        that failed is not an error of the node here: the error detectors count the gateway's own."""
+        that failed is not an error of the node here: the error detectors count the gateway's own. A
+        probe answered once the node is in none of these states is no verdict either (``None``)."""
         i, a = self.index_of(node), self.a
         src = NodeState(int(a.state[i]))
         if src == S.DEGRADED:
@@ -73,7 +74,9 @@ class NodeActions:
                     total_ms=[total_ms], ttft_ms=[math.nan if ttft_ms is None else ttft_ms], status=[200]))
             return None
         if src not in (S.PROBING, S.QUARANTINED):
-            return False
+            # Answered after the node left the canary's states (restored, released, proposed): no
+            # verdict on it, so no "probe failed" beneath an incident the probe never judged.
+            return None
         value = self.probe_value(prompt_tokens, completion_tokens, ttft_ms, total_ms) if ok else math.nan
         rule = self.probe_limit()
         passed = bool(ok and math.isfinite(value) and value <= rule.limit)

@@ -382,7 +382,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     # A proposal's source and a silence's cause are one choice set: one enum in the schema.
-    "ENUM_NAME_OVERRIDES": {"ProposalSourceEnum": "outlier_admin.control.models.ProposalSource"},
+    "ENUM_NAME_OVERRIDES": {"ProposalSourceEnum": "outlier_admin.control.models.ProposalSource",
+                            "OutcomeEnum": "outlier_admin.control.models.Outcome",
+                            "IncidentOutcomeEnum": "outlier_admin.control.models.IncidentOutcome"},
     # The enum hook is drf-spectacular's default; ours documents every operation's errors and adds the
     # ingest endpoint (a plain Django view the generator cannot see), its bounds read from the settings.
     "POSTPROCESSING_HOOKS": [

@@ -277,15 +277,16 @@ class FleetCollector(Collector):
         for gname, n in pending.items():
             m_props.add_metric([gname], float(n))
 
-        from django.db.models import Count
+        from django.db.models import Count, Q
 
         verdicts: dict[tuple[str, str], int] = {}
         waiting: dict[str, int] = {g: 0 for g in groups.values()}
-        for gid, passed, n in CanaryProbe.objects.values_list("node__group_id", "passed").annotate(n=Count("id")):
+        for gid, passed, applied, n in (CanaryProbe.objects.annotate(applied=Q(applied_at__isnull=False))
+                                        .values_list("node__group_id", "passed", "applied").annotate(n=Count("id"))):
             gname = groups.get(gid, "?")
-            if passed is None:
+            if passed is None and not applied:  # applied without a verdict: a sample, not a pending probe
                 waiting[gname] = waiting.get(gname, 0) + n
-            else:
+            elif passed is not None:
                 key = (gname, "passed" if passed else "failed")
                 verdicts[key] = verdicts.get(key, 0) + n
         for gname in groups.values():

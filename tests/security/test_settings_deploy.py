@@ -47,7 +47,9 @@ def test_production_refuses_to_start_without_secret_key_or_allowed_hosts(missing
     given.pop(missing)
     proc = _run(["manage.py", "check"], _production_env(**given))
     assert proc.returncode != 0
-    assert "ImproperlyConfigured" in proc.stderr and missing in proc.stderr
+    # One line that says what to set (issue 35), not Django's ImproperlyConfigured traceback.
+    assert missing in proc.stderr and "DJANGO_DEBUG=1" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_debug_mode_runs_without_configuration():

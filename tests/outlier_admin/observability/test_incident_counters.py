@@ -61,3 +61,20 @@ def test_a_cursor_from_another_database_starts_again_at_this_ones_last_row(redis
     write_rows(group, 1, TickRows(transitions=[Transition(group=group, node=node, at=T0, from_state="healthy",
                                                           to_state="degraded", reason="z_degrade")]))
     assert scan_events(deliver=False).transitions == 1
+
+
+def test_a_probe_applied_without_a_verdict_is_not_pending(redis_client):
+    """A confirmation probe of a degraded node, or one answered after the node left the canary's states,
+    is applied without a verdict: not a probe waiting to be judged (it was counted pending for good)."""
+    from django.utils import timezone
+
+    from outlier_admin.control.models import CanaryProbe
+
+    group = do_create_group(GROUP, actor="test")
+    node = do_register_node(group, "127.0.4.3:8000", actor="test")
+    CanaryProbe.objects.create(node=node, ok=True, passed=None, applied_at=timezone.now())
+    CanaryProbe.objects.create(node=node, ok=True, passed=None)
+    CanaryProbe.objects.create(node=node, ok=True, passed=False, limit=1.2, applied_at=timezone.now())
+    assert _value("outlier_canary_probes_pending", group=GROUP) == 1
+    assert _value("outlier_canary_probes_total", group=GROUP, verdict="failed") == 1
+    assert _value("outlier_canary_probes_total", group=GROUP, verdict="passed") == 0
