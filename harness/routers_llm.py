@@ -146,6 +146,8 @@ class RouterProcess(_Process):
         self.kind = kind
         #: The bearer credential of its API (the router's --api-key, LiteLLM's master key), if any.
         self.token = token
+        #: The router's own Prometheus metrics (smg, vllm-router: a loopback port of their own).
+        self.metrics_url: str | None = None
         self.workdir = Path(workdir)
         self.backends = dict(backends)
         self.port = port
@@ -243,21 +245,28 @@ class RouterProcess(_Process):
             self._log.close()
 
 
-def smg_argv(port: int, backends: dict[str, str], *, defence: bool = True, extra: tuple[str, ...] = ()) -> list[str]:
+def _metrics_args(metrics_port: int | None) -> list[str]:
+    """Both routers serve Prometheus metrics on 0.0.0.0:29000 by default: two routers on one host
+    collide there (the second exits), and tests bind loopback only. A free loopback port instead."""
+    return ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port or free_port())]
+
+
+def smg_argv(port: int, backends: dict[str, str], *, defence: bool = True, extra: tuple[str, ...] = (),
+             metrics_port: int | None = None) -> list[str]:
     """``smg launch`` in front of ``backends`` (module docstring for the defence)."""
     policy = SMG_DEFENCE if defence else ("--policy", "round_robin")
     return [_bin("smg"), "launch", "--host", "127.0.0.1", "--port", str(port),
             "--worker-urls", *[f"http://{a}" for a in backends.values()], *policy,
-            "--log-level", "warn", *extra]
+            *_metrics_args(metrics_port), "--log-level", "warn", *extra]
 
 
 def vllm_router_argv(port: int, backends: dict[str, str], *, defence: bool = True,
-                     extra: tuple[str, ...] = ()) -> list[str]:
+                     extra: tuple[str, ...] = (), metrics_port: int | None = None) -> list[str]:
     """``vllm-router`` in front of ``backends`` (module docstring for the defence)."""
     policy = VLLM_ROUTER_DEFENCE if defence else ("--policy", "round_robin")
     return [_bin("vllm-router"), "--host", "127.0.0.1", "--port", str(port),
             "--worker-urls", *[f"http://{a}" for a in backends.values()], *policy,
-            "--log-level", "warning", *extra]
+            *_metrics_args(metrics_port), "--log-level", "warning", *extra]
 
 
 def litellm_config(backends: dict[str, str], *, defence: bool = True, model: str = FAKE_MODEL,
@@ -294,12 +303,13 @@ def start_router(kind: str, backends: dict[str, str], workdir: Path | None = Non
     port = free_port()
     if api_key and kind != "litellm":
         extra = (*extra, "--api-key", api_key)
-    if kind == "smg":
-        return RouterProcess(kind, smg_argv(port, backends, defence=defence, extra=extra), workdir, backends,
-                             env=env, ready_timeout_s=ready_timeout_s, port=port, token=api_key)
-    if kind == "vllm-router":
-        return RouterProcess(kind, vllm_router_argv(port, backends, defence=defence, extra=extra), workdir,
-                             backends, env=env, ready_timeout_s=ready_timeout_s, port=port, token=api_key)
+    if kind in ("smg", "vllm-router"):
+        argv_of = smg_argv if kind == "smg" else vllm_router_argv
+        metrics_port = free_port()
+        router = RouterProcess(kind, argv_of(port, backends, defence=defence, extra=extra, metrics_port=metrics_port),
+                               workdir, backends, env=env, ready_timeout_s=ready_timeout_s, port=port, token=api_key)
+        router.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        return router
     if kind != "litellm":
         raise ValueError(f"unknown router {kind!r} (one of {', '.join(ROUTERS)})")
     bindir = litellm_venv()
