@@ -2,7 +2,7 @@
 
 Every rule of the detector is vectorised over the nodes of a group, so per-node state is a table of
 columns, not a list of objects: ``nodes.state[i]`` is node ``i``'s state code, ``nodes.evidence`` every
-node's evidence. :data:`FIELDS` declares each column once (its dtype and the value a new node, or a
+node's evidence. :class:`NodeArrays` declares each column once (its dtype and the value a new node, or a
 reset one, starts from); adding a node appends a row, removing one deletes it, and a snapshot stores
 the columns by name, so a snapshot written before a column existed restores with that column at its
 initial value.
@@ -38,135 +38,91 @@ Columns, by the part of the detector that owns them:
   rejected a latency proposal and silenced the case: latency causes do not take the node out).
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, get_type_hints
 
 import numpy as np
 
 NAN = float("nan")
 
-#: column -> (dtype, initial value)
-FIELDS: dict[str, tuple[type, float]] = {
-    "base": (np.float64, 0),
-    "state": (np.int8, 0),
-    "joined": (np.float64, 0),
-    "last_seen": (np.float64, NAN),
-    "warm_samples": (np.int64, 0),
-    "new_samples": (np.int64, 0),
-    "new_requests": (np.int64, 0),
-    "new_drained": (np.int64, 0),
-    "cut_at": (np.float64, NAN),
-    "over_q": (np.int64, 0),
-    "evidence": (np.float64, 0),
-    "consec_err": (np.int64, 0),
-    "int_requests": (np.int64, 0),
-    "int_success": (np.int64, 0),
-    "tail": (np.int8, 0),
-    "tail_windows": (np.int64, 0),
-    "cross_slow": (np.int8, 0),
-    "p50": (np.float64, NAN),
-    "p99": (np.float64, NAN),
-    "next_probe": (np.float64, NAN),
-    "passes": (np.int64, 0),
-    "ejections": (np.int64, 0),
-    "step": (np.int64, 0),
-    "step_started": (np.float64, NAN),
-    "pending_since": (np.float64, NAN),
-    "healthy_since": (np.float64, 0),
-    "override_until": (np.float64, NAN),
-    "pin": (np.float64, NAN),
-    "pin_until": (np.float64, NAN),
-    "grace": (np.int64, 0),
-    "over_d": (np.int64, 0),
-    "over_q_evals": (np.int64, 0),
-    "flaps": (np.int64, 0),
-    "evidence_prefill": (np.float64, 0),
-    "running": (np.float64, NAN),
-    "silenced_until": (np.float64, NAN),
-    "rows_at": (np.float64, NAN),
-    "q_hits": (np.int64, 0),
-    "q_count": (np.int64, 0),
-    "q_held": (np.float64, 0),
-    "q_seen_at": (np.float64, NAN),
-    "evidence_q": (np.float64, 0),
-    "pool_sum_decode": (np.float64, 0),
-    "pool_n_decode": (np.int64, 0),
-    "pool_sum_prefill_time": (np.float64, 0),
-    "pool_n_prefill_time": (np.int64, 0),
-    "pool_sum_norm": (np.float64, 0),
-    "pool_n_norm": (np.int64, 0),
-    "pool_at": (np.float64, NAN),
-    "stall_from": (np.float64, NAN),
-    "clear_since": (np.float64, NAN),
-    "heavy_since": (np.float64, NAN),
-    "heavy_last": (np.float64, NAN),
-    "preempted_at": (np.float64, NAN),
-}
+
+@dataclass(frozen=True)
+class Column:
+    """One per-node column's declaration: its dtype and the value a new (or reset) node starts from."""
+
+    dtype: type
+    fill: float
+
+
 #: Signals whose completed-request samples are pooled per node and tick (``pool_sum_<s>``: the sum of
 #: their logs, ``pool_n_<s>``: their count; :meth:`detector.group.GroupDetector.ingest`).
 POOLED: tuple[str, ...] = ("decode", "prefill_time", "norm")
 
 
 class NodeArrays:
-    """Node ids and the per-node columns of :data:`FIELDS` (see the module docstring)."""
+    """Node ids and the per-node columns of :data:`FIELDS` (see the module docstring).
 
-    __slots__ = ("ids", "index", *FIELDS)
+    Each column is declared once, here: its annotation carries its dtype and initial value
+    (:class:`Column`), and :data:`FIELDS` and ``__slots__`` are read from these annotations.
+    """
 
-    base: np.ndarray
-    state: np.ndarray
-    joined: np.ndarray
-    last_seen: np.ndarray
-    warm_samples: np.ndarray
-    new_samples: np.ndarray
-    new_requests: np.ndarray
-    new_drained: np.ndarray
-    cut_at: np.ndarray
-    over_q: np.ndarray
-    evidence: np.ndarray
-    consec_err: np.ndarray
-    int_requests: np.ndarray
-    int_success: np.ndarray
-    tail: np.ndarray
-    tail_windows: np.ndarray
-    cross_slow: np.ndarray
-    p50: np.ndarray
-    p99: np.ndarray
-    next_probe: np.ndarray
-    passes: np.ndarray
-    ejections: np.ndarray
-    step: np.ndarray
-    step_started: np.ndarray
-    pending_since: np.ndarray
-    healthy_since: np.ndarray
-    override_until: np.ndarray
-    pin: np.ndarray
-    pin_until: np.ndarray
-    grace: np.ndarray
-    over_d: np.ndarray
-    over_q_evals: np.ndarray
-    flaps: np.ndarray
-    evidence_prefill: np.ndarray
-    running: np.ndarray
-    silenced_until: np.ndarray
-    rows_at: np.ndarray
-    q_hits: np.ndarray
-    q_count: np.ndarray
-    q_held: np.ndarray
-    q_seen_at: np.ndarray
-    evidence_q: np.ndarray
-    pool_sum_decode: np.ndarray
-    pool_n_decode: np.ndarray
-    pool_sum_prefill_time: np.ndarray
-    pool_n_prefill_time: np.ndarray
-    pool_sum_norm: np.ndarray
-    pool_n_norm: np.ndarray
-    pool_at: np.ndarray
-    stall_from: np.ndarray
-    clear_since: np.ndarray
-    heavy_since: np.ndarray
-    heavy_last: np.ndarray
-    preempted_at: np.ndarray
+    base: Annotated[np.ndarray, Column(np.float64, 0)]
+    state: Annotated[np.ndarray, Column(np.int8, 0)]
+    joined: Annotated[np.ndarray, Column(np.float64, 0)]
+    last_seen: Annotated[np.ndarray, Column(np.float64, NAN)]
+    warm_samples: Annotated[np.ndarray, Column(np.int64, 0)]
+    new_samples: Annotated[np.ndarray, Column(np.int64, 0)]
+    new_requests: Annotated[np.ndarray, Column(np.int64, 0)]
+    new_drained: Annotated[np.ndarray, Column(np.int64, 0)]
+    cut_at: Annotated[np.ndarray, Column(np.float64, NAN)]
+    over_q: Annotated[np.ndarray, Column(np.int64, 0)]
+    evidence: Annotated[np.ndarray, Column(np.float64, 0)]
+    consec_err: Annotated[np.ndarray, Column(np.int64, 0)]
+    int_requests: Annotated[np.ndarray, Column(np.int64, 0)]
+    int_success: Annotated[np.ndarray, Column(np.int64, 0)]
+    tail: Annotated[np.ndarray, Column(np.int8, 0)]
+    tail_windows: Annotated[np.ndarray, Column(np.int64, 0)]
+    cross_slow: Annotated[np.ndarray, Column(np.int8, 0)]
+    p50: Annotated[np.ndarray, Column(np.float64, NAN)]
+    p99: Annotated[np.ndarray, Column(np.float64, NAN)]
+    next_probe: Annotated[np.ndarray, Column(np.float64, NAN)]
+    passes: Annotated[np.ndarray, Column(np.int64, 0)]
+    ejections: Annotated[np.ndarray, Column(np.int64, 0)]
+    step: Annotated[np.ndarray, Column(np.int64, 0)]
+    step_started: Annotated[np.ndarray, Column(np.float64, NAN)]
+    pending_since: Annotated[np.ndarray, Column(np.float64, NAN)]
+    healthy_since: Annotated[np.ndarray, Column(np.float64, 0)]
+    override_until: Annotated[np.ndarray, Column(np.float64, NAN)]
+    pin: Annotated[np.ndarray, Column(np.float64, NAN)]
+    pin_until: Annotated[np.ndarray, Column(np.float64, NAN)]
+    grace: Annotated[np.ndarray, Column(np.int64, 0)]
+    over_d: Annotated[np.ndarray, Column(np.int64, 0)]
+    over_q_evals: Annotated[np.ndarray, Column(np.int64, 0)]
+    flaps: Annotated[np.ndarray, Column(np.int64, 0)]
+    evidence_prefill: Annotated[np.ndarray, Column(np.float64, 0)]
+    running: Annotated[np.ndarray, Column(np.float64, NAN)]
+    silenced_until: Annotated[np.ndarray, Column(np.float64, NAN)]
+    rows_at: Annotated[np.ndarray, Column(np.float64, NAN)]
+    q_hits: Annotated[np.ndarray, Column(np.int64, 0)]
+    q_count: Annotated[np.ndarray, Column(np.int64, 0)]
+    q_held: Annotated[np.ndarray, Column(np.float64, 0)]
+    q_seen_at: Annotated[np.ndarray, Column(np.float64, NAN)]
+    evidence_q: Annotated[np.ndarray, Column(np.float64, 0)]
+    pool_sum_decode: Annotated[np.ndarray, Column(np.float64, 0)]
+    pool_n_decode: Annotated[np.ndarray, Column(np.int64, 0)]
+    pool_sum_prefill_time: Annotated[np.ndarray, Column(np.float64, 0)]
+    pool_n_prefill_time: Annotated[np.ndarray, Column(np.int64, 0)]
+    pool_sum_norm: Annotated[np.ndarray, Column(np.float64, 0)]
+    pool_n_norm: Annotated[np.ndarray, Column(np.int64, 0)]
+    pool_at: Annotated[np.ndarray, Column(np.float64, NAN)]
+    stall_from: Annotated[np.ndarray, Column(np.float64, NAN)]
+    clear_since: Annotated[np.ndarray, Column(np.float64, NAN)]
+    heavy_since: Annotated[np.ndarray, Column(np.float64, NAN)]
+    heavy_last: Annotated[np.ndarray, Column(np.float64, NAN)]
+    preempted_at: Annotated[np.ndarray, Column(np.float64, NAN)]
+
+    __slots__ = ("ids", "index", *__annotations__)
 
     def __init__(self, ids: Iterable[str] = ()) -> None:
         self.ids: list[str] = list(ids)
@@ -219,7 +175,7 @@ class NodeArrays:
         return {name: getattr(self, name) for name in FIELDS}
 
     @classmethod
-    def restore(cls, ids: Iterable[str], columns: Mapping[str, np.ndarray]) -> NodeArrays:
+    def restore(cls, ids: Iterable[str], columns: Mapping[str, np.ndarray]) -> "NodeArrays":
         """Rebuild from :meth:`columns`; a column missing from an older snapshot starts at its initial
         value, a column this version no longer has is ignored."""
         out = cls(ids)
@@ -227,3 +183,10 @@ class NodeArrays:
             if name in columns:
                 setattr(out, name, np.asarray(columns[name], dtype=dtype).copy())
         return out
+
+
+#: column -> (dtype, initial value), read from :class:`NodeArrays`' annotations, in their order.
+FIELDS: dict[str, tuple[type, float]] = {
+    name: (hint.__metadata__[0].dtype, hint.__metadata__[0].fill)
+    for name, hint in get_type_hints(NodeArrays, include_extras=True).items()
+}

@@ -451,96 +451,125 @@ def submit(
     nothing) when Redis or PostgreSQL fails before acceptance.
     """
     now = time.time() if now is None else now
-    bounds = limits()
-    out = IngestOutcome()
-    refusals = _Refusals()
-    accepted_recs: dict[str, list[tuple[Any, ...]]] = {}
-    group_ids: dict[str, tuple[int | None, str | None]] = {}  # per batch: one lookup per group
-    nodes_of: dict[str, dict[str, tuple[str | None, str | None]]] = {}  # per batch: one resolution per node
-    group_of_node: dict[str, str | None] = {}
-
-    def refuse(item: tuple[int, Any, Any], reason: str, detail: str) -> None:
-        line, obj, raw = item
-        refusals.add(line, reason, detail, obj, raw, _looks_like(obj))
-
-    def take(chunk: list[tuple[int, Any, Any]]) -> None:
-        # Canonical tuples (columns.CANONICAL_FIELDS: the stream row, then group and request id) or
-        # the refusal, for the chunk at once (normalize_many: columns, each name checked once).
-        checked = normalize_many([obj for _, obj, _ in chunk], now=now, **bounds)
-        groups = [rec[_GROUP] if type(rec) is tuple else _REFUSED for rec in checked]
-        distinct = set(groups)
-        per_group: dict[str, list[int]] = {}
-        if len(distinct) == 1 and next(iter(distinct)) not in (None, _REFUSED):
-            per_group[next(iter(distinct))] = list(range(len(chunk)))  # most chunks: one group throughout
-        else:
-            for i, (rec, group) in enumerate(zip(checked, groups, strict=True)):
-                if group is _REFUSED:
-                    refuse(chunk[i], rec.reason, rec.detail)  # type: ignore[union-attr]
-                    continue
-                if group is None:
-                    group = default_group
-                if group is None:
-                    node = rec[0]  # type: ignore[index]
-                    if node not in group_of_node:
-                        group_of_node[node] = directory.group_of_node(node)
-                    group = group_of_node[node]
-                if group is None:
-                    refuse(chunk[i], "no_group", "no group given and the node is not registered")
-                    continue
-                per_group.setdefault(group, []).append(i)
-        for group, indices in per_group.items():
-            if group_scope is not None and group not in group_scope:
-                detail = (f"group {group!r} is outside this token's scope (it may push for "
-                          f"{', '.join(sorted(group_scope))})")
-                for i in indices:
-                    refuse(chunk[i], "group_out_of_scope", detail)
-                continue
-            if group not in group_ids:
-                group_ids[group] = _group_id(group)
-            group_id, why = group_ids[group]
-            if group_id is None:
-                detail = f"group {group!r} does not exist (operators create groups)"
-                for i in indices:
-                    refuse(chunk[i], why or "unknown_group", detail)
-                continue
-            recs: list[tuple[Any, ...]] = [checked[i] for i in indices]  # type: ignore[misc]
-            resolved = nodes_of.setdefault(group, {})
-            keys = set(map(itemgetter(0), recs))
-            new = keys.difference(resolved)
-            if new:
-                resolved.update(_resolve_nodes(group, group_id, new))
-            kept = accepted_recs.setdefault(group, [])
-            if all(resolved[key][0] == key for key in keys):
-                kept.extend(recs)  # every node known by its own name: the rows as they are
-                continue
-            for i, rec in zip(indices, recs, strict=True):
-                name, why = resolved[rec[0]]
-                if name is None:
-                    refuse(chunk[i], why or "unknown_node", _unknown_node_detail(rec[0], group))
-                else:
-                    kept.append(rec if name == rec[0] else (name, *rec[1:]))
-
+    admission = _Admission(now=now, bounds=limits(), default_group=default_group, group_scope=group_scope)
     chunk: list[tuple[int, Any, Any]] = []
     for item in items:
         obj = item[1]
         if type(obj) is not dict and isinstance(obj, ParseError):  # refused by its parser: counted here
             line, _, raw = item
-            refusals.add(line, obj.reason, obj.detail, None, raw, _looks_like(obj))
+            admission.refusals.add(line, obj.reason, obj.detail, None, raw, _looks_like(obj))
             continue
         chunk.append(item)
         if len(chunk) >= CHUNK_RECORDS:
-            take(chunk)
+            admission.take(chunk)
             chunk = []
     if chunk:
-        take(chunk)
+        admission.take(chunk)
         chunk = []
+    out = _accept(admission, source=source, source_ref=source_ref)
+    _observe(out, admission.refusals, source=source)
+    return out
 
+
+class _Admission:
+    """One batch's records on their way to acceptance, a chunk at a time: the rows kept per group, the
+    refusals, and the per-batch look-ups (one per group, one resolution per node)."""
+
+    def __init__(self, *, now: float, bounds: dict[str, Any], default_group: str | None,
+                 group_scope: frozenset[str] | None) -> None:
+        self.now = now
+        self.bounds = bounds
+        self.default_group = default_group
+        self.group_scope = group_scope
+        self.refusals = _Refusals()
+        self.accepted_recs: dict[str, list[tuple[Any, ...]]] = {}
+        self.group_ids: dict[str, tuple[int | None, str | None]] = {}
+        self.nodes_of: dict[str, dict[str, tuple[str | None, str | None]]] = {}
+        self.group_of_node: dict[str, str | None] = {}
+
+    def refuse(self, item: tuple[int, Any, Any], reason: str, detail: str) -> None:
+        line, obj, raw = item
+        self.refusals.add(line, reason, detail, obj, raw, _looks_like(obj))
+
+    def take(self, chunk: list[tuple[int, Any, Any]]) -> None:
+        """Check a chunk and keep its records by group (or refuse them)."""
+        # Canonical tuples (columns.CANONICAL_FIELDS: the stream row, then group and request id) or
+        # the refusal, for the chunk at once (normalize_many: columns, each name checked once).
+        checked = normalize_many([obj for _, obj, _ in chunk], now=self.now, **self.bounds)
+        for group, indices in self._by_group(chunk, checked).items():
+            self._admit(group, indices, chunk, checked)
+
+    def _by_group(self, chunk: list[tuple[int, Any, Any]], checked: list[Any]) -> dict[str, list[int]]:
+        """The chunk's valid records' indices by group (given, the default, or the node's registered
+        group); a refused record, or one with no group to be found, is refused here."""
+        groups = [rec[_GROUP] if type(rec) is tuple else _REFUSED for rec in checked]
+        distinct = set(groups)
+        per_group: dict[str, list[int]] = {}
+        if len(distinct) == 1 and next(iter(distinct)) not in (None, _REFUSED):
+            per_group[next(iter(distinct))] = list(range(len(chunk)))  # most chunks: one group throughout
+            return per_group
+        for i, (rec, group) in enumerate(zip(checked, groups, strict=True)):
+            if group is _REFUSED:
+                self.refuse(chunk[i], rec.reason, rec.detail)
+                continue
+            if group is None:
+                group = self.default_group
+            if group is None:
+                node = rec[0]
+                if node not in self.group_of_node:
+                    self.group_of_node[node] = directory.group_of_node(node)
+                group = self.group_of_node[node]
+            if group is None:
+                self.refuse(chunk[i], "no_group", "no group given and the node is not registered")
+                continue
+            per_group.setdefault(group, []).append(i)
+        return per_group
+
+    def _admit(self, group: str, indices: list[int], chunk: list[tuple[int, Any, Any]], checked: list[Any]) -> None:
+        """Keep one group's records of the chunk: the group within the token's scope and existing,
+        each node resolved to its registered name (or refused)."""
+        if self.group_scope is not None and group not in self.group_scope:
+            detail = (f"group {group!r} is outside this token's scope (it may push for "
+                      f"{', '.join(sorted(self.group_scope))})")
+            for i in indices:
+                self.refuse(chunk[i], "group_out_of_scope", detail)
+            return
+        if group not in self.group_ids:
+            self.group_ids[group] = _group_id(group)
+        group_id, why = self.group_ids[group]
+        if group_id is None:
+            detail = f"group {group!r} does not exist (operators create groups)"
+            for i in indices:
+                self.refuse(chunk[i], why or "unknown_group", detail)
+            return
+        recs: list[tuple[Any, ...]] = [checked[i] for i in indices]
+        resolved = self.nodes_of.setdefault(group, {})
+        keys = set(map(itemgetter(0), recs))
+        new = keys.difference(resolved)
+        if new:
+            resolved.update(_resolve_nodes(group, group_id, new))
+        kept = self.accepted_recs.setdefault(group, [])
+        if all(resolved[key][0] == key for key in keys):
+            kept.extend(recs)  # every node known by its own name: the rows as they are
+            return
+        for i, rec in zip(indices, recs, strict=True):
+            name, why = resolved[rec[0]]
+            if name is None:
+                self.refuse(chunk[i], why or "unknown_node", _unknown_node_detail(rec[0], group))
+            else:
+                kept.append(rec if name == rec[0] else (name, *rec[1:]))
+
+
+def _accept(admission: _Admission, *, source: str, source_ref: IngestSource | None) -> IngestOutcome:
+    """Store the refusals and append the kept rows: the point of acceptance; the batch's counts."""
+    out = IngestOutcome()
+    refusals = admission.refusals
     r = get_redis()
     with transaction.atomic():
         _store(r, refusals, source=source, source_ref=source_ref)
         # The point of acceptance: every group's rows in one MULTI/EXEC, inside the transaction that
         # stores the rejections (a Redis failure rolls them back: the client retries the whole batch).
-        for group, (accepted, duplicates, latency_only) in _append(r, accepted_recs).items():
+        for group, (accepted, duplicates, latency_only) in _append(r, admission.accepted_recs).items():
             out.duplicates += duplicates
             out.latency_only += latency_only
             if accepted:
@@ -549,6 +578,11 @@ def submit(
     out.rejected = refusals.total
     out.rejected_by_reason = refusals.counts
     out.errors = refusals.errors()
+    return out
+
+
+def _observe(out: IngestOutcome, refusals: _Refusals, *, source: str) -> None:
+    """The batch's metrics (a no-op if disabled); a fault here never fails the accepted batch."""
     try:
         from outlier_admin.observability.hooks import observe_ingest  # a no-op if disabled
 
@@ -558,4 +592,3 @@ def submit(
         observe_ingest(out, source=source, rejected_by_reason=by_reason)
     except Exception:  # the batch is accepted: a metrics fault must not turn it into a 5xx
         log.exception("ingest metrics hook failed")
-    return out

@@ -197,126 +197,12 @@ class FleetCollector(Collector):
     def _sql_families(self) -> tuple[list[Metric], list[str]]:
         """The SQL-backed families, all built before any is returned (a failure midway yields none),
         and the group names."""
-        from detector.states import NodeState
-        from outlier_admin.control.models import (
-            CanaryProbe,
-            GroupBaseline,
-            Incident,
-            IncidentOutcome,
-            NodeHistory,
-            ProposalStatus,
-            QuarantineProposal,
-        )
-        from outlier_admin.fleet.models import ModelGroup, Node
-
-        states = [s.label for s in NodeState]
-        m_state = GaugeMetricFamily("outlier_node_state", "1 for the node's current state, 0 otherwise.",
-                                    labels=["group", "node", "state"])
-        m_weight = GaugeMetricFamily("outlier_node_weight", "Published weight of the node.", labels=["group", "node"])
-        m_base = GaugeMetricFamily("outlier_node_base_weight", "Configured base weight of the node.",
-                                   labels=["group", "node"])
-        m_z = GaugeMetricFamily("outlier_node_z", "Latest Z-score of the node against its peers.",
-                                labels=["group", "node", "signal"])
-        m_ema = GaugeMetricFamily("outlier_node_ema", "Latest EMA of the node's normalised latency.",
-                                  labels=["group", "node", "signal"])
-        m_baseline = GaugeMetricFamily("outlier_group_baseline",
-                                       "The detector's peer baseline of the group, per signal (stored by the tick).",
-                                       labels=["group", "signal"])
-        baselines: dict[tuple[str, str], float] = {}
-        m_nodes = GaugeMetricFamily("outlier_group_nodes", "Nodes of the group per state.", labels=["group", "state"])
-        m_props = GaugeMetricFamily("outlier_proposals_pending", "Quarantine proposals waiting for a human.",
-                                    labels=["group"])
-        m_canary = CounterMetricFamily("outlier_canary_probes", "Judged canary probes by verdict.",
-                                       labels=["group", "verdict"])
-        m_canary_pending = GaugeMetricFamily("outlier_canary_probes_pending", "Canary probes not judged yet.",
-                                             labels=["group"])
+        from outlier_admin.fleet.models import ModelGroup
 
         groups = {g.pk: g.name for g in ModelGroup.objects.only("id", "name")}
-        nodes = list(Node.objects.filter(retired=False).values_list("id", "group_id", "name", "state", "weight",
-                                                                    "base_weight"))
-        by_group_state: dict[tuple[str, str], int] = {}
-        node_meta: dict[int, tuple[str, str, str]] = {}
-        for pk, gid, name, state, weight, base in nodes:
-            group = groups.get(gid, "?")
-            node_meta[pk] = (group, name, state)
-            for s in states:
-                m_state.add_metric([group, name, s], 1.0 if s == state else 0.0)
-            m_weight.add_metric([group, name], float(weight))
-            m_base.add_metric([group, name], float(base))
-            by_group_state[(group, state)] = by_group_state.get((group, state), 0) + 1
-        for gname in groups.values():
-            for s in states:
-                m_nodes.add_metric([gname, s], float(by_group_state.get((gname, s), 0)))
-
-        # Latest history row per node and signal: rows are written at least every HISTORY_EVERY_S,
-        # so a short look-back window finds them without scanning the table.
-        from django.conf import settings
-        from django.utils import timezone
-
-        since = timezone.now() - timedelta(seconds=max(60, 6 * settings.HISTORY_EVERY_S))
-        latest: dict[tuple[int, str], tuple[Any, Any]] = {}
-        rows = NodeHistory.objects.filter(at__gte=since, node_id__in=list(node_meta)).order_by("at")
-        for node_id, signal, z, ema in rows.values_list("node_id", "signal", "z", "ema").iterator():
-            latest[(node_id, signal)] = (z, ema)
-        for (node_id, signal), (z, ema) in latest.items():
-            group, name, _state = node_meta[node_id]
-            m_z.add_metric([group, name, signal], _num(z))
-            m_ema.add_metric([group, name, signal], _num(ema))
-        # The detector's own baseline, as stored by the tick with the history rows: what every Z was
-        # measured against (a median recomputed here would differ: other nodes, another moment).
-        stored = GroupBaseline.objects.filter(at__gte=since, baseline__isnull=False).order_by("at")
-        for gid, signal, value in stored.values_list("group_id", "signal", "baseline").iterator():
-            if gid in groups:
-                baselines[(groups[gid], signal)] = value
-        for (group, signal), value in baselines.items():
-            m_baseline.add_metric([group, signal], float(value))
-
-        pending: dict[str, int] = {g: 0 for g in groups.values()}
-        for gid in QuarantineProposal.objects.filter(status=ProposalStatus.PENDING).values_list("group_id", flat=True):
-            pending[groups.get(gid, "?")] = pending.get(groups.get(gid, "?"), 0) + 1
-        for gname, n in pending.items():
-            m_props.add_metric([gname], float(n))
-
-        from django.db.models import Count, Q
-
-        verdicts: dict[tuple[str, str], int] = {}
-        waiting: dict[str, int] = {g: 0 for g in groups.values()}
-        for gid, passed, applied, n in (CanaryProbe.objects.annotate(applied=Q(applied_at__isnull=False))
-                                        .values_list("node__group_id", "passed", "applied").annotate(n=Count("id"))):
-            gname = groups.get(gid, "?")
-            if passed is None and not applied:  # applied without a verdict: a sample, not a pending probe
-                waiting[gname] = waiting.get(gname, 0) + n
-            elif passed is not None:
-                key = (gname, "passed" if passed else "failed")
-                verdicts[key] = verdicts.get(key, 0) + n
-        for gname in groups.values():
-            for verdict in ("passed", "failed"):
-                m_canary.add_metric([gname, verdict], float(verdicts.get((gname, verdict), 0)))
-            m_canary_pending.add_metric([gname], float(waiting.get(gname, 0)))
-
-        m_incidents = CounterMetricFamily("outlier_incidents", "Incidents started (a node's episode out of full "
-                                          "service).", labels=["group"])
-        m_ended = CounterMetricFamily("outlier_incidents_ended", "Incidents ended, by outcome.",
-                                      labels=["group", "outcome"])
-        m_open = GaugeMetricFamily("outlier_incidents_open", "Incidents open now.", labels=["group"])
-        started: dict[str, int] = {g: 0 for g in groups.values()}
-        ended: dict[tuple[str, str], int] = {}
-        still: dict[str, int] = {g: 0 for g in groups.values()}
-        for gid, outcome, n in Incident.objects.values_list("group_id", "outcome").annotate(n=Count("id")):
-            gname = groups.get(gid, "?")
-            started[gname] = started.get(gname, 0) + n
-            if outcome:
-                ended[(gname, outcome)] = ended.get((gname, outcome), 0) + n
-            else:
-                still[gname] = still.get(gname, 0) + n
-        for gname, n in started.items():
-            m_incidents.add_metric([gname], float(n))
-            m_open.add_metric([gname], float(still.get(gname, 0)))
-            for outcome in IncidentOutcome.values:
-                m_ended.add_metric([gname, outcome], float(ended.get((gname, outcome), 0)))
-
-        families: list[Metric] = [m_state, m_weight, m_base, m_z, m_ema, m_baseline, m_nodes, m_props, m_canary,
-                                  m_canary_pending, m_incidents, m_ended, m_open]
+        (m_state, m_weight, m_base, m_nodes), node_meta = _node_families(groups)
+        families: list[Metric] = [m_state, m_weight, m_base, *_signal_families(groups, node_meta), m_nodes,
+                                  _proposal_family(groups), *_canary_families(groups), *_incident_families(groups)]
         return families, list(groups.values())
 
     def _weights_families(self, groups: list[str] | None) -> list[Metric]:
@@ -376,3 +262,141 @@ class _Events(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from EVENTS.collect()
+
+
+def _node_families(groups: dict[int, str]) -> tuple[list[Metric], dict[int, tuple[str, str, str]]]:
+    """Each node's state, weight and base weight, each group's nodes per state; and each node's
+    ``(group, name, state)`` by id."""
+    from detector.states import NodeState
+    from outlier_admin.fleet.models import Node
+
+    states = [s.label for s in NodeState]
+    m_state = GaugeMetricFamily("outlier_node_state", "1 for the node's current state, 0 otherwise.",
+                                labels=["group", "node", "state"])
+    m_weight = GaugeMetricFamily("outlier_node_weight", "Published weight of the node.", labels=["group", "node"])
+    m_base = GaugeMetricFamily("outlier_node_base_weight", "Configured base weight of the node.",
+                               labels=["group", "node"])
+    m_nodes = GaugeMetricFamily("outlier_group_nodes", "Nodes of the group per state.", labels=["group", "state"])
+    nodes = list(Node.objects.filter(retired=False).values_list("id", "group_id", "name", "state", "weight",
+                                                                "base_weight"))
+    by_group_state: dict[tuple[str, str], int] = {}
+    node_meta: dict[int, tuple[str, str, str]] = {}
+    for pk, gid, name, state, weight, base in nodes:
+        group = groups.get(gid, "?")
+        node_meta[pk] = (group, name, state)
+        for s in states:
+            m_state.add_metric([group, name, s], 1.0 if s == state else 0.0)
+        m_weight.add_metric([group, name], float(weight))
+        m_base.add_metric([group, name], float(base))
+        by_group_state[(group, state)] = by_group_state.get((group, state), 0) + 1
+    for gname in groups.values():
+        for s in states:
+            m_nodes.add_metric([gname, s], float(by_group_state.get((gname, s), 0)))
+    return [m_state, m_weight, m_base, m_nodes], node_meta
+
+
+def _signal_families(groups: dict[int, str], node_meta: dict[int, tuple[str, str, str]]) -> list[Metric]:
+    """Each node's latest Z and EMA per signal, and each group's stored peer baseline per signal."""
+    from django.conf import settings
+    from django.utils import timezone
+
+    from outlier_admin.control.models import GroupBaseline, NodeHistory
+
+    m_z = GaugeMetricFamily("outlier_node_z", "Latest Z-score of the node against its peers.",
+                            labels=["group", "node", "signal"])
+    m_ema = GaugeMetricFamily("outlier_node_ema", "Latest EMA of the node's normalised latency.",
+                              labels=["group", "node", "signal"])
+    m_baseline = GaugeMetricFamily("outlier_group_baseline",
+                                   "The detector's peer baseline of the group, per signal (stored by the tick).",
+                                   labels=["group", "signal"])
+    baselines: dict[tuple[str, str], float] = {}
+    # Latest history row per node and signal: rows are written at least every HISTORY_EVERY_S,
+    # so a short look-back window finds them without scanning the table.
+    since = timezone.now() - timedelta(seconds=max(60, 6 * settings.HISTORY_EVERY_S))
+    latest: dict[tuple[int, str], tuple[Any, Any]] = {}
+    rows = NodeHistory.objects.filter(at__gte=since, node_id__in=list(node_meta)).order_by("at")
+    for node_id, signal, z, ema in rows.values_list("node_id", "signal", "z", "ema").iterator():
+        latest[(node_id, signal)] = (z, ema)
+    for (node_id, signal), (z, ema) in latest.items():
+        group, name, _state = node_meta[node_id]
+        m_z.add_metric([group, name, signal], _num(z))
+        m_ema.add_metric([group, name, signal], _num(ema))
+    # The detector's own baseline, as stored by the tick with the history rows: what every Z was
+    # measured against (a median recomputed here would differ: other nodes, another moment).
+    stored = GroupBaseline.objects.filter(at__gte=since, baseline__isnull=False).order_by("at")
+    for gid, signal, value in stored.values_list("group_id", "signal", "baseline").iterator():
+        if gid in groups:
+            baselines[(groups[gid], signal)] = value
+    for (group, signal), value in baselines.items():
+        m_baseline.add_metric([group, signal], float(value))
+    return [m_z, m_ema, m_baseline]
+
+
+def _proposal_family(groups: dict[int, str]) -> Metric:
+    """Each group's quarantine proposals waiting for a human."""
+    from outlier_admin.control.models import ProposalStatus, QuarantineProposal
+
+    m_props = GaugeMetricFamily("outlier_proposals_pending", "Quarantine proposals waiting for a human.",
+                                labels=["group"])
+    pending: dict[str, int] = {g: 0 for g in groups.values()}
+    for gid in QuarantineProposal.objects.filter(status=ProposalStatus.PENDING).values_list("group_id", flat=True):
+        pending[groups.get(gid, "?")] = pending.get(groups.get(gid, "?"), 0) + 1
+    for gname, n in pending.items():
+        m_props.add_metric([gname], float(n))
+    return m_props
+
+
+def _canary_families(groups: dict[int, str]) -> list[Metric]:
+    """Each group's judged canary probes by verdict, and those not judged yet."""
+    from django.db.models import Count, Q
+
+    from outlier_admin.control.models import CanaryProbe
+
+    m_canary = CounterMetricFamily("outlier_canary_probes", "Judged canary probes by verdict.",
+                                   labels=["group", "verdict"])
+    m_canary_pending = GaugeMetricFamily("outlier_canary_probes_pending", "Canary probes not judged yet.",
+                                         labels=["group"])
+    verdicts: dict[tuple[str, str], int] = {}
+    waiting: dict[str, int] = {g: 0 for g in groups.values()}
+    for gid, passed, applied, n in (CanaryProbe.objects.annotate(applied=Q(applied_at__isnull=False))
+                                    .values_list("node__group_id", "passed", "applied").annotate(n=Count("id"))):
+        gname = groups.get(gid, "?")
+        if passed is None and not applied:  # applied without a verdict: a sample, not a pending probe
+            waiting[gname] = waiting.get(gname, 0) + n
+        elif passed is not None:
+            key = (gname, "passed" if passed else "failed")
+            verdicts[key] = verdicts.get(key, 0) + n
+    for gname in groups.values():
+        for verdict in ("passed", "failed"):
+            m_canary.add_metric([gname, verdict], float(verdicts.get((gname, verdict), 0)))
+        m_canary_pending.add_metric([gname], float(waiting.get(gname, 0)))
+    return [m_canary, m_canary_pending]
+
+
+def _incident_families(groups: dict[int, str]) -> list[Metric]:
+    """Each group's incidents started, ended by outcome, and open now."""
+    from django.db.models import Count
+
+    from outlier_admin.control.models import Incident, IncidentOutcome
+
+    m_incidents = CounterMetricFamily("outlier_incidents", "Incidents started (a node's episode out of full "
+                                      "service).", labels=["group"])
+    m_ended = CounterMetricFamily("outlier_incidents_ended", "Incidents ended, by outcome.",
+                                  labels=["group", "outcome"])
+    m_open = GaugeMetricFamily("outlier_incidents_open", "Incidents open now.", labels=["group"])
+    started: dict[str, int] = {g: 0 for g in groups.values()}
+    ended: dict[tuple[str, str], int] = {}
+    still: dict[str, int] = {g: 0 for g in groups.values()}
+    for gid, outcome, n in Incident.objects.values_list("group_id", "outcome").annotate(n=Count("id")):
+        gname = groups.get(gid, "?")
+        started[gname] = started.get(gname, 0) + n
+        if outcome:
+            ended[(gname, outcome)] = ended.get((gname, outcome), 0) + n
+        else:
+            still[gname] = still.get(gname, 0) + n
+    for gname, n in started.items():
+        m_incidents.add_metric([gname], float(n))
+        m_open.add_metric([gname], float(still.get(gname, 0)))
+        for outcome in IncidentOutcome.values:
+            m_ended.add_metric([gname, outcome], float(ended.get((gname, outcome), 0)))
+    return [m_incidents, m_ended, m_open]
