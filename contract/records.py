@@ -34,6 +34,7 @@ column.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,6 +130,27 @@ PROMPT, COMPLETION, CACHED = FIELDS["prompt_tokens"], FIELDS["completion_tokens"
 TOTAL, TTFT, QUEUE, STATUS = FIELDS["total_ms"], FIELDS["ttft_ms"], FIELDS["queue_ms"], FIELDS["status"]
 #: Every field a record must carry.
 REQUIRED = ("ts", "node", "total_ms")
+
+
+def fields_ok(values: Mapping[str, Any], given: Mapping[str, Any], limits: Limits,
+              odd: Mapping[str, Any] | None = None) -> Any:
+    """Where every numeric field of :data:`FIELDS` but ``status`` (its own reason) is within its
+    bounds: a required field given and good, an optional one absent or good. ``values`` and ``given``
+    (and ``odd``: a value that was no plain number) are numpy columns by field name; a field is read
+    only with the fields it :attr:`~Field.needs`. The one spelling of the table's rules, cross-field
+    bounds included, for a batch (``outlier_admin.ingest.columns``, :func:`detector.samples.validate`)."""
+    read = dict(given)
+    read["tokens"] = read["prompt_tokens"] & read["completion_tokens"]
+    ok: Any = True
+    for name, f in FIELDS.items():
+        if f is STATUS:
+            continue
+        where = read[name] & read[f.needs] if f.needs else read[name]
+        good = f.within(values[name], f.high_of(limits, values))
+        if odd is not None:
+            good = ~odd[name] & good
+        ok = ok & ((where & good) if f.required else (~where | good))
+    return ok
 
 
 def ts_window(now: float, limits: Limits) -> tuple[float, float]:

@@ -46,7 +46,7 @@ from typing import Any, Self
 
 import numpy as np
 
-from contract.records import FIELDS, STATUS, UNLIMITED, Limits
+from contract.records import FIELDS, STATUS, UNLIMITED, Limits, fields_ok
 from detector.engine_metrics import ROW_FIELDS
 
 
@@ -250,14 +250,7 @@ def _out_of_bounds(batch: SampleBatch, limits: Limits) -> np.ndarray:
     is not read; ``needs``: cached tokens only with both counts, queue time only with TTFT)."""
     values = {name: getattr(batch, name) for name in FIELDS}
     given = {name: ~np.isnan(x) if x.dtype.kind == "f" else np.ones(len(x), bool) for name, x in values.items()}
-    given["tokens"] = given["prompt_tokens"] & given["completion_tokens"]
-    out = np.zeros(len(batch), bool)
-    for name, f in FIELDS.items():
-        if f is STATUS:
-            continue  # its own reason, above
-        where = given[name] & given[f.needs] if f.needs else given[name]
-        out |= where & ~f.within(values[name], f.high_of(limits, values))
-    return out
+    return ~fields_ok(values, given, limits)
 
 
 def _first_failing(n: int, rules: list[tuple[np.ndarray, RejectReason]]

@@ -18,15 +18,10 @@ import numpy as np
 from contract.names import NameError_, validate_group_name, validate_node_id
 from contract.normalize import MISSING, NOT_AN_OBJECT, REQUIRED, RecordError, normalize
 from contract.records import (
-    CACHED,
-    COMPLETION,
     DEFAULT_STATUS,
-    PROMPT,
-    QUEUE,
     STATUS,
-    TOTAL,
-    TTFT,
     Limits,
+    fields_ok,
     request_id_ok,
     status_ok,
     ts_window,
@@ -205,19 +200,18 @@ def normalize_many(
     tokens = p_given & c_given
     with_cached = tokens & k_given
     with_queue = t_given & q_given
-    # Each number where the record gives it (where the contract reads it): the values, and where they
-    # are odd (left to normalize).
-    numbers = {PROMPT: (prompt, p_given, p_odd), COMPLETION: (completion, c_given, c_odd),
-               CACHED: (cached, with_cached, k_odd), TOTAL: (total, total_given, total_odd),
-               TTFT: (ttft, t_given, t_odd), QUEUE: (queue, with_queue, q_odd)}
-    values = {f.name: x for f, (x, _, _) in numbers.items()}
+    # Each number, where the record gives it, and where it is odd (left to normalize).
+    values = {"prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": cached,
+              "total_ms": total, "ttft_ms": ttft, "queue_ms": queue}
+    given_at = {"prompt_tokens": p_given, "completion_tokens": c_given, "cached_tokens": k_given,
+                "total_ms": total_given, "ttft_ms": t_given, "queue_ms": q_given}
+    odd_at = {"prompt_tokens": p_odd, "completion_tokens": c_odd, "cached_tokens": k_odd,
+              "total_ms": total_odd, "ttft_ms": t_odd, "queue_ms": q_odd}
     with np.errstate(invalid="ignore"):  # NaN compares False: an absent or non-finite value fails its rule
         earliest, latest = ts_window(now, limits)
         ok = ts_given & ~ts_odd & (ts <= latest) & (ts >= earliest)
-        for f, (x, given, odd) in numbers.items():
-            # A count that is given is checked even when its partner is missing (normalize's rule).
-            good = ~odd & f.within(x, f.high_of(limits, values))
-            ok &= (given & good) if f.required else (~given | good)
+        # A count that is given is checked even when its partner is missing (normalize's rule).
+        ok &= fields_ok(values, given_at, limits, odd_at)
         ok &= ~(tokens & (prompt == 0) & (completion == 0))
     ok &= _statuses_ok(status)
     if set(map(type, request_ids)) != {type(None)}:
