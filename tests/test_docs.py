@@ -130,7 +130,10 @@ def check(command: str) -> str | None:
         if spec is None:
             return f"no module {argv[1]}"
     if flags:
+        rest = words[2:] if argv[0] == "-m" else words[1:]
         text = _help(argv)
+        if rest and re.fullmatch(r"[a-z][a-z_-]*", rest[0]) and re.search(rf"{{[\w,-]*\b{rest[0]}\b", text):
+            text = _help((*argv, rest[0]))  # a subcommand (`sim suite ...`): its own --help
         unknown = {f for f in flags if f not in text}
         return f"{' '.join(argv)} takes no {sorted(unknown)}" if unknown else None
     return None

@@ -459,8 +459,8 @@ class IncidentViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
     @action(detail=False, methods=["get"])
     def export(self, request: Request) -> HttpResponse:
         """The incidents under the same filters as CSV, newest first (the audit log's CSV writer:
-        :func:`outlier_admin.api.export.csv_response`)."""
-        from outlier_admin.api.export import INCIDENT_COLUMNS, csv_response, incident_rows
+        :func:`outlier_admin.history.export.csv_response`)."""
+        from outlier_admin.history.export import INCIDENT_COLUMNS, csv_response, incident_rows
 
         stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
         return csv_response(f"outlier-admin-incidents-{stamp}.csv", INCIDENT_COLUMNS,

@@ -452,7 +452,7 @@ def audit_log(request: HttpRequest) -> HttpResponse:
 def _export(request: HttpRequest, filter_cls: Any, model: Any, name: str, columns: list[str],
             rows: Any) -> HttpResponse:
     """A CSV export under the page's filters; a filter the page would refuse is a 400 naming it."""
-    from outlier_admin.api.export import csv_response
+    from outlier_admin.history.export import csv_response
 
     flt = filter_cls(request.GET or None, queryset=model.objects.all())
     if request.GET and not flt.is_valid():
@@ -466,7 +466,7 @@ def _export(request: HttpRequest, filter_cls: Any, model: Any, name: str, column
 @require_http_methods(["GET", "HEAD"])
 def audit_csv(request: HttpRequest) -> HttpResponse:
     """The audit log as CSV, newest first, under the audit page's filters."""
-    from outlier_admin.api.export import AUDIT_COLUMNS, audit_rows
+    from outlier_admin.history.export import AUDIT_COLUMNS, audit_rows
 
     return _export(request, AuditFilter, AuditEvent, "audit", AUDIT_COLUMNS, audit_rows)
 
@@ -476,8 +476,8 @@ def audit_csv(request: HttpRequest) -> HttpResponse:
 def transitions_csv(request: HttpRequest) -> HttpResponse:
     """Every node's state changes as CSV, newest first (``group``, ``node``, ``since``, ``until``,
     ``reason``, ``to_state`` as the API's transitions list): the fleet-wide history for a review."""
-    from outlier_admin.api.export import TRANSITION_COLUMNS, transition_rows
     from outlier_admin.api.filters import TransitionFilter
+    from outlier_admin.history.export import TRANSITION_COLUMNS, transition_rows
 
     return _export(request, TransitionFilter, Transition, "transitions", TRANSITION_COLUMNS, transition_rows)
 

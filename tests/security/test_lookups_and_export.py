@@ -10,8 +10,8 @@ import io
 import pytest
 from django.test import Client
 
-from outlier_admin.api.export import cell, csv_response
 from outlier_admin.control.actions import ActionError, do_create_group, do_register_node
+from outlier_admin.history.export import cell, csv_response
 
 pytestmark = pytest.mark.django_db
 

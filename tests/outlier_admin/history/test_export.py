@@ -10,9 +10,9 @@ from datetime import timedelta
 import pytest
 from django.test import Client
 
-from outlier_admin.api.export import cell
 from outlier_admin.control.actions import do_pin_weight
 from outlier_admin.control.models import Transition
+from outlier_admin.history.export import cell
 
 pytestmark = pytest.mark.django_db
 
