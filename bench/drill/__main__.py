@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Any
@@ -57,32 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def ensure_database(url: str) -> None:
-    """Create the PostgreSQL database ``url`` names when it does not exist (the drill's own)."""
-    import dj_database_url
-    import psycopg
-
-    db = dj_database_url.parse(url)
-    conninfo = {"host": db["HOST"] or "127.0.0.1", "port": db["PORT"] or 5432, "user": db["USER"],
-                "password": db.get("PASSWORD") or None, "dbname": "postgres"}
-    with psycopg.connect(**{k: v for k, v in conninfo.items() if v is not None}, autocommit=True) as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db["NAME"],)).fetchone() is None:
-            conn.execute(f'CREATE DATABASE "{db["NAME"]}"')
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from bench.drill.control_plane import django_env
+    from bench.drill.control_plane import prepare_database
 
-    django_env()
-    if "DATABASE_URL" not in os.environ or "REDIS_URL" not in os.environ:
-        print("set DATABASE_URL and REDIS_URL (the drill's own database and Redis db number)", file=sys.stderr)
+    problem = prepare_database()
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
-    ensure_database(os.environ["DATABASE_URL"])
-    import django
-
-    django.setup()
-    from django.core.management import call_command
 
     from bench.drill.run import (
         DrillConfig,
@@ -96,7 +77,6 @@ def main(argv: list[str] | None = None) -> int:
         write_report,
     )
 
-    call_command("migrate", verbosity=0)
     cfg = DrillConfig(gateway=args.gateway, weights=args.weights == "on", fault=args.fault, servers=args.servers,
                       rate=args.rate, onset_s=args.onset, after_s=args.after, seed=args.seed, timeout_s=args.timeout,
                       faulty=args.faulty, thresholds=dict(args.threshold), tick_ms=args.tick_ms,

@@ -287,3 +287,32 @@ class ControlPlane:
             with contextlib.suppress(ActionError):
                 do_retire_group(self.group, actor=ACTOR, reason="drill finished")
             IngestSource.objects.filter(name=self.source).update(enabled=False)
+
+
+def ensure_database(url: str) -> None:
+    """Create the PostgreSQL database ``url`` names when it does not exist (the drill's own)."""
+    import dj_database_url
+    import psycopg
+
+    db = dj_database_url.parse(url)
+    conninfo = {"host": db["HOST"] or "127.0.0.1", "port": db["PORT"] or 5432, "user": db["USER"],
+                "password": db.get("PASSWORD") or None, "dbname": "postgres"}
+    with psycopg.connect(**{k: v for k, v in conninfo.items() if v is not None}, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db["NAME"],)).fetchone() is None:
+            conn.execute(f'CREATE DATABASE "{db["NAME"]}"')
+
+
+def prepare_database() -> str | None:
+    """The drill's own PostgreSQL database, created when missing and migrated, with Django set up for
+    this process; or what to set when ``DATABASE_URL`` / ``REDIS_URL`` are missing."""
+    django_env()
+    if "DATABASE_URL" not in os.environ or "REDIS_URL" not in os.environ:
+        return "set DATABASE_URL and REDIS_URL (the drill's own database and Redis db number)"
+    ensure_database(os.environ["DATABASE_URL"])
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return None

@@ -167,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 1 <= args.runs <= MAX_RUNS:
         ap.error(f"--runs is 1 to {MAX_RUNS}")
-    from bench.drill.__main__ import ensure_database
-    from bench.drill.control_plane import django_env
+    from bench.drill.control_plane import prepare_database
     from bench.drill.gateways import GATEWAYS, has_applier
 
     gateways = tuple(g for g in args.gateways.split(",") if g)
@@ -183,19 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     cells = [c for c in cells if not (c[1] and not has_applier(c[0]))]
     if not cells:
         ap.error("nothing to run: give --cell or --plan")
-    django_env()
-    if "DATABASE_URL" not in os.environ or "REDIS_URL" not in os.environ:
-        print("set DATABASE_URL and REDIS_URL (the drill's own database and Redis db number)", file=sys.stderr)
+    problem = prepare_database()
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
-    ensure_database(os.environ["DATABASE_URL"])
-    import django
-
-    django.setup()
-    from django.core.management import call_command
 
     from bench.drill.run import DrillConfig, DrillFailed, DrillUnavailable, format_table, row, run_drill
 
-    call_command("migrate", verbosity=0)
     autogroup = set_autogroup_nice(args.autogroup_nice)
     out, raw_dir = Path(args.out), Path(args.raw_dir)
     raw_dir.mkdir(parents=True, exist_ok=True)
