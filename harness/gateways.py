@@ -26,6 +26,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -51,6 +52,22 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_low_port() -> int:
+    """A free port *below* the kernel's ephemeral range (20000-29999): the demo's simulated nodes each
+    bind an ephemeral port for their canary endpoint, and one of them could take a port picked from
+    that range before the demo's dashboard binds it."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 30000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-29999")
 
 
 def wait_for_port(port: int, timeout_s: float = 5.0) -> None:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -21,22 +19,10 @@ from pathlib import Path
 
 import httpx
 
+from harness.gateways import free_low_port
+
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "test-only"
-
-
-def free_low_port() -> int:
-    """A free port in 20000-29999 (below the kernel's ephemeral range the demo's nodes bind in)."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 30000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-29999")
 
 
 @dataclass

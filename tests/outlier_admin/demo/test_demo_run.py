@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import random
 import re
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -18,30 +16,15 @@ import httpx
 import pytest
 
 from contract import keys
+from harness.gateways import free_low_port
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def _free_port() -> int:
-    """A free port *below* the kernel's ephemeral range: the demo's 40 simulated nodes each bind an
-    ephemeral port for their canary endpoint, and one of them could take a port picked from that
-    range before the dashboard binds it."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 30000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-29999")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_demo_degrades_and_quarantines_the_throttled_node(tmp_path, settings, redis_client):
-    port = _free_port()
+    port = free_low_port()
     db = tmp_path / "demo.sqlite3"
     env = {**os.environ, "DATABASE_URL": f"sqlite:///{db}", "REDIS_URL": settings.REDIS_URL, "PORT": str(port),
            "DEMO_SECONDS": "18", "DEMO_FAULT_AT_S": "3", "DEMO_PCIE_AT_S": "3", "DEMO_HEAL_AT_S": "12",
