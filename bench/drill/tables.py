@@ -292,9 +292,6 @@ def render_between(current: str, table: str, begin: str = BEGIN, end: str = END)
     return f"{current.rstrip()}\n\n{begin}\n{table}{end}\n"
 
 
-def render_peers(current: str, table: str) -> str:
-    return render_between(current, table)
-
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.drill.tables", description=__doc__,
@@ -307,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     matrix = json.loads(Path(args.matrix).read_text())
     peers_path, table_path = Path(args.peers), Path(args.drill_table)
-    peers = render_peers(peers_path.read_text() if peers_path.exists() else "", peers_table(matrix))
+    peers = render_between(peers_path.read_text() if peers_path.exists() else "", peers_table(matrix))
     table = drill_table(matrix)
     readme_path = Path(args.readme)
     readme = render_between(readme_path.read_text() if readme_path.exists() else "", readme_summary(matrix),

@@ -3,7 +3,7 @@ in sync with it; two cells whose ranges overlap are "no difference", never a rat
 
 from __future__ import annotations
 
-from bench.drill.tables import DRILL_TABLE, MATRIX, PEERS, compare, fmt, main, render_peers, stats
+from bench.drill.tables import DRILL_TABLE, MATRIX, PEERS, compare, fmt, main, render_between, stats
 
 
 def test_the_committed_tables_are_what_the_committed_json_gives():
@@ -30,6 +30,6 @@ def test_only_the_text_between_the_markers_is_replaced():
     from bench.drill.tables import BEGIN, END
 
     page = f"# Peers\nprose\n{BEGIN}\nold table\n{END}\nmore prose\n"
-    out = render_peers(page, "new table\n")
+    out = render_between(page, "new table\n")
     assert out == f"# Peers\nprose\n{BEGIN}\nnew table\n{END}\nmore prose\n"
-    assert render_peers("# Peers\n", "t\n").endswith(f"{BEGIN}\nt\n{END}\n")
+    assert render_between("# Peers\n", "t\n").endswith(f"{BEGIN}\nt\n{END}\n")
