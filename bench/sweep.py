@@ -16,8 +16,11 @@ cut, :mod:`sim.evidence`); ``healthy-64-long`` at full fleet for ``--healthy-nod
 1,000 node-hours) and the faulty scenarios' healthy nodes give the false cuts (nodes cut at least once,
 and entries) per 1,000 healthy node-hours with their 95 % intervals, the healthy node-seconds under
 base weight per 1,000 node-hours, and the false quarantines. Rows are written to ``sweep.json`` as
-they finish (a sweep stopped early keeps what it measured). A benchmark: it prints figures and
-writes files; it asserts nothing.
+they finish (a sweep stopped early keeps what it measured), and a sweep started again on the same
+``--out`` with the same settings resumes: the rows already there are kept and not run again (other
+settings are refused: ``--fresh`` starts over). ``meta`` names the constants asked for and the runs
+planned, so a partial sweep says what it lacks. A benchmark: it prints figures and writes files; it
+asserts nothing.
 
 CPU: about 90 s per run at the defaults on an idle core (the healthy hour ~60 s), ``1 + 2 x
 constants`` runs (~70 CPU minutes for all 23 constants).
@@ -60,6 +63,10 @@ MODULE = ("TAIL_PEER_FACTOR", "BATCH_EXTRAPOLATION", "LATENCY_ONLY_CLIP", "ROWS_
 ORDER = ("quarantine_materiality", "degrade_z", "quarantine_z", "ema_alpha", "ema_clip", "spread_floor",
          "degrade_persistence", *MODULE[:4], *(c for c in FIELDS[7:]), *MODULE[4:])
 FACTORS = (0.5, 2.0)
+#: The run of every constant at its value, before the others.
+BASELINE = "(all at their values)"
+#: What a row's figures depend on besides the constant: a sweep resumes only where these are the same.
+SETTINGS = ("scenarios", "healthy", "healthy_node_hours", "healthy_s_per_seed", "seeds", "cadence", "quick")
 #: Ratios whose excess over 1 is what is scaled.
 RATIOS = ("degrade_materiality", "prefill_materiality", "quarantine_materiality")
 
@@ -187,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"node-hours of {HEALTHY} per run, over all seeds (0: none)")
     ap.add_argument("--constants", default=",".join(ORDER))
     ap.add_argument("--dir", default="scenarios")
+    ap.add_argument("--fresh", action="store_true", help="start over: drop the rows of an earlier sweep.json in --out")
     args = ap.parse_args(argv)
     from sim.__main__ import PRODUCTION_CADENCE, _quick
     from sim.scenario import load_scenario
@@ -200,18 +208,30 @@ def main(argv: list[str] | None = None) -> int:
     base = load_scenario(Path(args.dir) / f"{HEALTHY}.json").with_cadence(*PRODUCTION_CADENCE)
     nodes = sum(g.nodes for g in base.groups)
     healthy = base.with_duration(max(1.0, 3600.0 * args.healthy_node_hours / nodes / args.seeds))
-    meta = {"scenarios": names, "healthy": HEALTHY, "healthy_node_hours": args.healthy_node_hours,
-            "healthy_s_per_seed": healthy.duration_s, "seeds": args.seeds, "cadence": "production", "quick": True,
-            "cpu_s": 0.0}
+    meta: dict[str, Any] = {
+        "scenarios": names, "healthy": HEALTHY, "healthy_node_hours": args.healthy_node_hours,
+        "healthy_s_per_seed": healthy.duration_s, "seeds": args.seeds, "cadence": "production", "quick": True,
+        "constants": constants, "runs_planned": 1 + len(FACTORS) * len(constants), "cpu_s": 0.0}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    c0 = time.process_time()
+    path = out / "sweep.json"
     rows: list[dict[str, Any]] = []
+    cpu_before = 0.0
+    if path.exists() and not args.fresh:
+        earlier = json.loads(path.read_text())
+        differ = [k for k in SETTINGS if earlier["meta"].get(k) != meta[k]]
+        if differ:
+            ap.error(f"{path} was measured with other {', '.join(differ)}: --fresh to start over, or another --out")
+        rows, cpu_before = earlier["rows"], float(earlier["meta"].get("cpu_s") or 0.0)
+        meta["cpu_s"] = cpu_before
+        print(f"resuming {path}: {len(rows)} rows kept", flush=True)
+    done = {(r["constant"], r["factor"]) for r in rows}
+    c0 = time.process_time()
 
     def record(constant: str, factor: float, value: float | int, res: dict[str, Any]) -> None:
         rows.append({"constant": constant, "factor": factor, "value": value, **res})
-        meta["cpu_s"] = round(time.process_time() - c0, 1)
-        (out / "sweep.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        meta["cpu_s"] = round(cpu_before + time.process_time() - c0, 1)
+        path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         r = rows[-1]
         if r.get("refused"):
             print(f"{constant:26s} x{factor:<4g} = {value:<8g} refused: {r['refused']}", flush=True)
@@ -225,10 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     def run(thresholds: dict[str, Any] | None) -> dict[str, Any]:
         return run_suite(scenarios, fleet, args.seeds, thresholds)
 
-    record("(all at their values)", 1.0, 1, run(None))
+    if (BASELINE, 1.0) not in done:
+        record(BASELINE, 1.0, 1, run(None))
     for name in constants:
         default = default_of(name)
         for factor in FACTORS:
+            if (name, factor) in done:
+                continue
             value = scaled(name, default, factor)
             why = refusal(name, value)
             if why:
@@ -238,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 with module_constant(name, value):
                     record(name, factor, value, run(None))
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out / "sweep.md").write_text(markdown(rows, meta))
     print(markdown(rows, meta))
     return 0
