@@ -45,3 +45,42 @@ def test_collect_and_render_write_the_section_once(tmp_path):
     text = detector_doc.read_text()
     assert text.count(DRILL_BEGIN) == 1 and "the PCIe-downgraded node is cut 1.2 s after its onset" in text
     assert text.endswith("after\n")
+
+
+def test_a_partial_sweep_is_collected_alone_and_says_what_it_lacks(tmp_path):
+    """``collect --sweep`` into an existing figures file keeps its suites; a sweep stopped early states
+    how many of its planned runs are in and names the constants (or factors) it has not measured."""
+    parts = {"group": "g", "onset_s": 60.0, "to_work_s": 0.0, "evidence": "row", "detector_samples": 3,
+             "cut_to_quarantine_s": None, "quarantine_s": None, "to_evidence_s": 0.1, "detector_s": 1.1}
+    faults = [{**parts, "node": 3, "kind": "pcie_downgrade", "first_degrade_s": 1.2}]
+    tuned = _suite(tmp_path / "tuned", "surge-16", faults, 240.0)
+    unseen = _suite(tmp_path / "unseen", "unseen-00", faults, 223.6)
+    figures = tmp_path / "figures.json"
+    assert main(["collect", "--tuned", str(tuned), "--unseen", str(unseen), "--out", str(figures)]) == 0
+    row = {"detected": "1/1", "median_cut_s": 1.2, "median_quarantine_s": None, "quarantined": "0/1",
+           "median_detector_s": 1.1, "false_cut_nodes": {"per_1000h": 0.0, "ci95": [0.0, 99.7], "events": 0},
+           "below_base_node_s_per_1000h": 0.0, "false_quarantines": 0, "scenarios": {}}
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({
+        "meta": {"scenarios": ["surge-16"], "healthy": "healthy-64-long", "healthy_node_hours": 37.0, "seeds": 2,
+                 "constants": ["degrade_z", "ema_alpha", "ROWS_FRESH_S"], "runs_planned": 7, "cpu_s": 100.0},
+        "rows": [{"constant": "(all at their values)", "factor": 1.0, "value": 1, **row},
+                 {"constant": "degrade_z", "factor": 0.5, "value": 1.0, **row},
+                 {"constant": "degrade_z", "factor": 2.0, "value": 4.0, "refused": "over quarantine_z"},
+                 {"constant": "ema_alpha", "factor": 0.5, "value": 0.1, **row}]}))
+    assert main(["collect", "--sweep", str(sweep), "--out", str(figures)]) == 0
+    doc = json.loads(figures.read_text())
+    assert "surge-16" in doc["tuned"]["scenarios"] and len(doc["sweep"]["rows"]) == 4
+    assert "scenarios" not in doc["sweep"]["rows"][0]
+    page = tmp_path / "sweep.md"
+    page.write_text("# Sweep\n")
+    assert main(["render", str(figures), "--doc", str(page), "--detector-doc", str(tmp_path / "none.md")]) == 0
+    text = page.read_text()
+    assert "**Not finished: 4 of the 7 planned runs are in" in text
+    assert "Not yet measured: `ema_alpha` (2x), `ROWS_FRESH_S`." in text
+    assert "| degrade_z | 2 | 4 | refused by the product: over quarantine_z |" in text
+
+
+def test_collect_without_a_suite_and_no_earlier_file_is_refused(tmp_path, capsys):
+    assert main(["collect", "--sweep", str(tmp_path / "sweep.json"), "--out", str(tmp_path / "f.json")]) == 2
+    assert "no tuned and no unseen suite" in capsys.readouterr().err
