@@ -165,10 +165,10 @@ def test_smg_answers_a_refusal_without_retrying(tmp_path, servers) -> None:
     router = start_router("smg", addresses, tmp_path, defence=False, api_key="sk-router-admin")
     try:
         failures = APPLY_FAILURES["smg"]
-        started = time.monotonic()
         with pytest.raises(ApplyError, match="HTTP 401"):
             SmgApplier(router.url).list_workers()
-        assert time.monotonic() - started < 1.0 and APPLY_FAILURES["smg"] == failures + 1
+        # Every failed try is counted: one, so it was not retried (three tries if it had been).
+        assert APPLY_FAILURES["smg"] == failures + 1
         assert len(SmgApplier(router.url, api_key="sk-router-admin").list_workers()) == 3
     finally:
         router.stop()

@@ -13,6 +13,7 @@ import pytest
 
 from agent.client import effective_weights, parse_document
 from agent.litellm_callback import (
+    REDIS_TIMEOUT_S,
     DeploymentFilter,
     FilterStats,
     OutlierFilter,
@@ -118,11 +119,13 @@ def test_filter_follows_redis_without_a_round_trip_per_request(settings, redis_c
         while ids(filt.filter("llama", deployments())) != ["a", "b", "c"]:
             assert time.monotonic() < deadline, "the watcher did not bring b back"
             time.sleep(0.01)
-        # A request reads memory only: 1,000 filters take well under a Redis round trip each.
-        started = time.perf_counter()
+        # A request reads memory only: 1,000 filters make no read of their own (the watcher's polls,
+        # one a second, are all the reads there are; how fast a filter is, is a figure, not asserted).
+        stats = filt.clients()[group].stats
+        fetches = stats.fetches
         for _ in range(1000):
             filt.filter("llama", deployments())
-        assert time.perf_counter() - started < 1.0
+        assert stats.fetches - fetches < 100, stats.fetches - fetches
     finally:
         filt.close()
 
@@ -132,7 +135,11 @@ def test_redis_unreachable_filters_nothing_and_does_not_hang() -> None:
     try:
         started = time.monotonic()
         assert ids(filt.filter("llama", deployments())) == ["a", "b", "c"]
-        assert time.monotonic() - started < 1.0
+        # The first request's one read failed (refused, or cut at REDIS_TIMEOUT_S) and was counted; the
+        # time is a hang guard only.
+        assert time.monotonic() - started < 10 * REDIS_TIMEOUT_S
+        stats = filt.clients()["llama"].stats
+        assert stats.redis_errors >= 1 and stats.last_error.startswith(("ConnectionError", "TimeoutError"))
         assert ids(filt.filter("llama", deployments())) == ["a", "b", "c"]
     finally:
         filt.close()

@@ -121,9 +121,10 @@ def test_streaming_exporters_are_cut_at_the_cap_and_the_timeout_while_another_gr
     assert failures(flood, "too_large") == 1 and _rejected(flood).detail.startswith("too_large:")
     assert failures(slow, "timeout") == 1 and _rejected(slow).detail.startswith("timeout:")
     # Cut: the fast stream sent at most the cap plus what the sockets buffer, not seconds of a
-    # loopback flood (GBs); the round ended with the timeout, not with the 30 s streams.
+    # loopback flood (GBs); the drip was cut by the timeout (its reason above). The round's time is
+    # only a hang guard, under the 30 s the streams would run uncut.
     assert fast.sent < 64 * 1024 * 1024
-    assert took < 3 * settings.DCGM_TIMEOUT_S
+    assert took < 10 * settings.DCGM_TIMEOUT_S, took
 
 
 @pytest.mark.parametrize(("page", "what"), [
