@@ -1,8 +1,11 @@
 """Issue 29 finding 1, the probe's scripts: adversarial log lines of every format through the real
 tailer, and a real nginx on 127.0.0.1 logging a 6 KB Basic-auth user name raw into ``$remote_user``
-while ``tail_logs`` keeps up. Before the fix 100 KB lines cost 52-202 s each and 200 such requests
-(sent in 1.9 s) kept the worker busy about 45 s. Figures are printed; the assertions are ratios to
-the time the traffic itself took, never a fixed wall-clock limit."""
+while ``tail_logs`` reads them. Before the fix 100 KB lines cost 52-202 s each and 200 such requests
+(sent in 1.9 s) kept the worker busy about 45 s. What is asserted is behaviour: every line is taken or
+refused with its reason, and no client-written field becomes a node. How fast is a figure, printed and
+not asserted: that parsing is linear in the line is ``tests/security/test_parser_linear_time.py``'s rule
+(a ratio of sizes, no wall clock), and a parser back at tens of seconds a line runs into the test's
+timeout."""
 
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ def _send(url: str, n: int) -> None:
             resp.read()
 
 
-def test_a_6_kb_remote_user_through_a_real_nginx_and_tail_logs_keeps_up(tmp_path, redis_client, make_group):
+def test_a_6_kb_remote_user_through_a_real_nginx_is_read_by_tail_logs(tmp_path, redis_client, make_group):
     make_group("llm")
     servers = {f"s{i}": FakeInferenceServer(f"s{i}", base_delay_s=0.001) for i in range(2)}
     try:
@@ -70,7 +73,6 @@ def test_a_6_kb_remote_user_through_a_real_nginx_and_tail_logs_keeps_up(tmp_path
     assert out.getvalue().splitlines()[0] == f"probe: accepted {REQUESTS} ({REQUESTS} latency-only) rejected 0"
     rows = [f for _, f in redis_client.xrange(keys.stream("llm"))]
     assert rows and b"127.0.4.3" not in b"".join(v for f in rows for v in f.values())
-    assert tail_s < sent_s  # before: 45 s of parsing for 1.9 s of traffic
 
 
 def test_adversarial_lines_of_every_format_through_the_tailer(tmp_path, redis_client, make_group):
@@ -91,5 +93,4 @@ def test_adversarial_lines_of_every_format_through_the_tailer(tmp_path, redis_cl
         figures[fmt] = {"lines": len(lines), "mb": round(path.stat().st_size / 1e6, 1), "s": round(seconds, 3),
                         "reasons": dict(sorted({r: n for (r, _), n in out.rejected_by_reason.items()}.items()))}
         assert out.accepted + out.rejected + out.duplicates == sum(1 for line in lines if line.strip())
-        assert seconds < 0.5 * len(lines)  # before: 52-202 s for one 100 KB line
     print(json.dumps(figures, indent=1))
