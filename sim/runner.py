@@ -33,11 +33,14 @@ def stderr_progress(msg: str) -> None:
 
 def run_scenario(scn: Scenario, policies: Sequence[str] = ALL_POLICIES, *,
                  progress: Progress | None = None, options: dict[str, Any] | None = None,
-                 keep_sims: bool = False) -> dict[str, Any]:
+                 keep_sims: bool = False, baseline: bool = True) -> dict[str, Any]:
     """Simulate ``policies`` (plus the fault-free ``round_robin`` baseline) and build the report.
 
     The requests, node speeds and per-request noise are drawn once and shared by every policy.
     With ``keep_sims`` the :class:`Simulation` objects are returned under ``"_sims"`` (for plots).
+    ``baseline=False`` leaves out the baseline run and what is read from it (``baseline``,
+    ``signal_quality``): each policy's simulation draws from its own seeded generators, so its block
+    is the same without it, and a caller that reads only the policies (``bench.sweep``) saves a run.
     """
     for p in policies:
         if p not in KNOWN_POLICIES:
@@ -60,14 +63,15 @@ def run_scenario(scn: Scenario, policies: Sequence[str] = ALL_POLICIES, *,
         timing[name] = time.perf_counter() - start
         return sim
 
-    base = one("round_robin", scn.without_faults())
-    sims["baseline"] = base
-    b = policy_report(scn.without_faults(), base)
-    report["baseline"] = {"p50_ms": b["p50_ms"], "p99_ms": b["p99_ms"], "p999_ms": b["p999_ms"],
-                          "timeout_rate": b["timeout_rate"], "timeouts": b["timeouts"],
-                          "timeline": b["timeline"]}
-    report["signal_quality"] = signal_quality(scn, base)
-    timing["baseline"] = timing.pop("round_robin")
+    if baseline:
+        base = one("round_robin", scn.without_faults())
+        sims["baseline"] = base
+        b = policy_report(scn.without_faults(), base)
+        report["baseline"] = {"p50_ms": b["p50_ms"], "p99_ms": b["p99_ms"], "p999_ms": b["p999_ms"],
+                              "timeout_rate": b["timeout_rate"], "timeouts": b["timeouts"],
+                              "timeline": b["timeline"]}
+        report["signal_quality"] = signal_quality(scn, base)
+        timing["baseline"] = timing.pop("round_robin")
     for name in policies:
         sim = one(name, scn)
         sims[name] = sim
@@ -109,10 +113,10 @@ def _merge(blocks: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run_seeds(scn: Scenario, policies: Sequence[str] = ALL_POLICIES, seeds: int = 5, *,
               progress: Progress | None = None, options: dict[str, Any] | None = None,
-              keep_sims: bool = False) -> dict[str, Any]:
+              keep_sims: bool = False, baseline: bool = True) -> dict[str, Any]:
     """:func:`run_scenario` over ``seeds`` seeds, merged (module docstring). ``seeds == 1`` is one run."""
     reports = [run_scenario(scn.with_seed(scn.seed + i), policies, progress=progress, options=options,
-                            keep_sims=keep_sims and i == 0) for i in range(seeds)]
+                            keep_sims=keep_sims and i == 0, baseline=baseline) for i in range(seeds)]
     if seeds == 1:
         return reports[0]
     out = dict(reports[0])
@@ -123,7 +127,8 @@ def run_seeds(scn: Scenario, policies: Sequence[str] = ALL_POLICIES, seeds: int 
         merged["faults"] = [_merge([b["faults"][i] for b in blocks]) for i in range(len(blocks[0]["faults"]))]
         merged["runs"] = [{k: v for k, v in b.items() if k != "timeline"} for b in blocks]
         out["policies"][name] = merged
-    out["baseline"] = _merge([r["baseline"] for r in reports])
+    if baseline:
+        out["baseline"] = _merge([r["baseline"] for r in reports])
     out["speed"] = {"total_wall_s": round(sum(r["speed"]["total_wall_s"] for r in reports), 2),
                     "runs": [r["speed"] for r in reports]}
     return out

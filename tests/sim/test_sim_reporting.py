@@ -77,3 +77,11 @@ def test_scrape_period_and_apply_delay_are_scenario_fields():
     slow = run_scenario(scn, ["default"])["policies"]["default"]["faults"][0]
     assert slow["first_degrade_s"] is not None and fast["first_degrade_s"] is not None
     assert slow["first_degrade_s"] >= fast["first_degrade_s"]
+
+
+def test_a_policy_block_is_the_same_without_the_baseline_run(seeded):
+    """``baseline=False`` (bench.sweep, which reads only the policies) leaves out the round-robin baseline
+    and its signal quality; every policy draws from its own seeded generators, so its block is the same."""
+    lean = run_seeds(parse_scenario(faulty_doc()), ["default"], seeds=3, baseline=False)
+    assert "baseline" not in lean and "signal_quality" not in lean
+    assert lean["policies"]["default"] == seeded["policies"]["default"]
