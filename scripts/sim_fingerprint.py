@@ -19,6 +19,7 @@ real-time factors, which differ from run to run. Everything else is hashed as th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -85,8 +86,10 @@ def run_reference(out: Path) -> None:
     _sim("fast", "--nodes", "16", "--hours", "0.1", "--seed", "1", "--quiet", "--out", str(out / "fast.json"))
     hair = run_fast(nodes=8, hours=0.05, seed=2, thresholds=HAIR_TRIGGER)
     (out / "fast-hair-trigger.json").write_text(json.dumps(hair, indent=1))
-    parsed = {str(p.relative_to(ROOT)): repr(load_scenario(p))
-              for p in sorted((ROOT / "scenarios").rglob("*.json"))}
+    parsed = {}
+    for p in sorted((ROOT / "scenarios").rglob("*.json")):
+        where = str(p.relative_to(ROOT))  # not the checkout's path: two checkouts give the same hash
+        parsed[where] = repr(dataclasses.replace(load_scenario(p), source=where))
     (out / "parsed-scenarios.json").write_text(json.dumps(parsed, indent=1))
     shutil.rmtree(scn_dir)
 
