@@ -271,7 +271,8 @@ def render_section(doc: dict[str, Any]) -> str:
     if doc.get("sweep"):
         m, rows = doc["sweep"]["meta"], doc["sweep"]["rows"]
         out += ["", "### 5. The sweep of every tuned constant", "",
-                f"Before: {OLD['sweep']}. Now: `python -m bench.sweep --out RUNS/sweep --seeds {m['seeds']}`: "
+                f"Before: {OLD['sweep']}. Now: `python -m bench.sweep --out RUNS/sweep --seeds {m['seeds']}` (the same "
+                f"command again resumes it): "
                 f"{', '.join(m['scenarios'])} (60 s after the last onset) and {m['healthy']} for "
                 f"{m['healthy_node_hours']:g} healthy node-hours per run (a count of 0 then bounds the rate under 100 "
                 f"per 1,000 node-hours); {len(rows)} runs in {m['cpu_s']:g} CPU s.", ""]
