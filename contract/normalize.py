@@ -172,10 +172,11 @@ def _numbers(rec: dict[str, Any], out: dict[str, Any], max_latency_ms: float, ma
                            "max_completion_tokens": max_completion_tokens}
     for field, name, kind, high, needs, over, ceiling in _PLAN:
         value = rec.get(name)
-        for need in needs:
-            if got[need] is None:  # not read without it
-                value = None
-                break
+        if needs and value is not None:
+            for need in needs:
+                if got[need] is None:  # not read without it
+                    value = None
+                    break
         if value is None:
             got[name] = out[name] = None
             continue
