@@ -15,19 +15,78 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _wait_up(client: Any, url: str) -> None:
+    """Up to 10 s for gunicorn to answer at all (a GET of the ingest URL is refused, but answered)."""
+    import httpx
+
+    for _ in range(100):
+        try:
+            client.get(url)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+
+
+def _batched(url: str, headers: dict[str, str], group: str, bodies: list[bytes]
+             ) -> tuple[int, float, int, list[float], list[float]]:
+    """Gateways post while the control loop ticks (as gunicorn + a Celery worker would): two posting
+    threads, ticks in this thread until every accepted record went through a tick. Returns the
+    records accepted, the seconds it took, the records through the ticks, and each working tick's
+    duration and decision-to-publish latency (ms)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from outlier_admin.control.tick import run_tick
+
+    tick_ms, publish_ms, accepted, ticked = [], [], [0], 0
+    lock = threading.Lock()
+
+    def post(body: bytes) -> None:
+        with httpx.Client(timeout=60) as c:
+            n = c.post(url, content=body, headers=headers).json()["accepted"]
+        with lock:
+            accepted[0] += n
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [pool.submit(post, body) for body in bodies]
+        while not all(f.done() for f in futures):
+            res = run_tick(group)
+            ticked += res.samples
+            if res.samples:
+                tick_ms.append(res.tick_ms)
+                publish_ms.append(res.publish_latency_ms)
+            else:
+                time.sleep(0.05)
+    while (res := run_tick(group)).samples:
+        ticked += res.samples
+        tick_ms.append(res.tick_ms)
+        publish_ms.append(res.publish_latency_ms)
+    return accepted[0], time.perf_counter() - started, ticked, tick_ms, publish_ms
+
+
+def _single_rate(client: Any, url: str, headers: dict[str, str], group: str, records: list[dict]) -> float:
+    """Records per second posted one per request, then one tick (the baseline of the batched rate)."""
+    import orjson
+
+    from outlier_admin.control.tick import run_tick
+
+    started = time.perf_counter()
+    for rec in records:
+        client.post(url, content=orjson.dumps([rec]), headers=headers)
+    run_tick(group)
+    return len(records) / (time.perf_counter() - started)
 
 
 def main() -> None:
@@ -45,12 +104,13 @@ def main() -> None:
     import httpx
     import orjson
 
+    from harness.gateways import free_port
     from harness.records import make_records
     from outlier_admin.control.actions import do_create_group, do_create_token
     from outlier_admin.control.tick import run_tick
 
     _, token = do_create_token(name=f"bench-{int(time.time())}", scope="ingest", actor="bench")
-    port = _free_port()
+    port = free_port()
     root = Path(__file__).resolve().parent.parent
     server = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "outlier_admin.wsgi", "-w", "2", "-b", f"127.0.0.1:{port}",
@@ -60,12 +120,7 @@ def main() -> None:
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     try:
         client = httpx.Client(timeout=60)
-        for _ in range(100):
-            try:
-                client.get(url)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        _wait_up(client, url)
         rng = np.random.default_rng(0)
         group = f"bench-{int(time.time())}"
         do_create_group(group, actor="bench", reason="pipeline benchmark")
@@ -76,46 +131,10 @@ def main() -> None:
         client.post(url, content=bodies[0], headers=headers)
         run_tick(group)
 
-        # Gateways post while the control loop ticks (as gunicorn + a Celery worker would): two
-        # posting threads, ticks in this thread until every accepted record went through a tick.
-        import threading
-        from concurrent.futures import ThreadPoolExecutor
-
-        tick_ms, publish_ms, accepted, ticked = [], [], [0], 0
-        lock = threading.Lock()
-
-        def post(body: bytes) -> None:
-            with httpx.Client(timeout=60) as c:
-                n = c.post(url, content=body, headers=headers).json()["accepted"]
-            with lock:
-                accepted[0] += n
-
-        started = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            futures = [pool.submit(post, body) for body in bodies[1:]]
-            while not all(f.done() for f in futures):
-                res = run_tick(group)
-                ticked += res.samples
-                if res.samples:
-                    tick_ms.append(res.tick_ms)
-                    publish_ms.append(res.publish_latency_ms)
-                else:
-                    time.sleep(0.05)
-        while (res := run_tick(group)).samples:
-            ticked += res.samples
-            tick_ms.append(res.tick_ms)
-            publish_ms.append(res.publish_latency_ms)
-        total_records = accepted[0]
-        elapsed = time.perf_counter() - started
+        total_records, elapsed, ticked, tick_ms, publish_ms = _batched(url, headers, group, bodies[1:])
         batched_rate = total_records / elapsed
-
         singles = make_records(time.time(), group=group, per_node=max(args.single // 8, 1), rng=rng)
-        started = time.perf_counter()
-        for rec in singles:
-            client.post(url, content=orjson.dumps([rec]), headers=headers)
-        run_tick(group)
-        single_rate = len(singles) / (time.perf_counter() - started)
-
+        single_rate = _single_rate(client, url, headers, group, singles)
         empty_ticks = [run_tick(group).publish_latency_ms for _ in range(200)]
         figures = {
             "records_per_s_batched_http_stream_tick": round(batched_rate),

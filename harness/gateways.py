@@ -157,6 +157,107 @@ def _chat_prompt(payload: dict[str, Any]) -> str:
     return " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
 
 
+def _completion_request(raw: bytes, default_tokens: int) -> tuple[Any, str, int]:
+    """``(payload, prompt, max_tokens)`` of a completion request's body; a body that is not one (not
+    JSON, not an object, a bad ``max_tokens``) has no prompt and the server's default tokens, the
+    payload kept as far as it was decoded (a chat request reads its messages from it)."""
+    payload: Any = None
+    try:
+        payload = json.loads(raw)
+        return payload, str(payload.get("prompt", "")), int(payload.get("max_tokens") or default_tokens)
+    except (ValueError, TypeError, AttributeError):
+        return payload, "", default_tokens
+
+
+def _completion_body(route: str, name: str, n: int, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """The OpenAI answer to the server's ``n``-th completion: a chat completion on
+    ``/v1/chat/completions``, a text completion otherwise, each " ok" per token, with ``usage``."""
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+             "total_tokens": prompt_tokens + completion_tokens}
+    if route == "/v1/chat/completions":
+        return {"id": f"chatcmpl-{name}-{n}", "object": "chat.completion",
+                "created": int(time.time()), "model": FAKE_MODEL,
+                "choices": [{"index": 0, "finish_reason": "length",
+                             "message": {"role": "assistant", "content": " ok" * completion_tokens}}],
+                "usage": usage}
+    return {"id": f"cmpl-{name}-{n}", "object": "text_completion",
+            "created": int(time.time()), "model": FAKE_MODEL,
+            "choices": [{"index": 0, "text": " ok" * completion_tokens, "finish_reason": "length"}],
+            "usage": usage}
+
+
+class _FakeHandler(BaseHTTPRequestHandler):
+    """The HTTP side of a :class:`FakeInferenceServer` (``self.server.fake``): routes a request to the
+    admin endpoints, the routes routers probe, or a completion."""
+
+    protocol_version = "HTTP/1.1"
+    server: _FakeHTTPServer
+
+    def do_POST(self) -> None:
+        fake = self.server.fake
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b"{}"
+        if self.path.startswith("/admin/"):
+            self._admin(raw)
+            return
+        payload, prompt, max_tokens = _completion_request(raw, fake.completion_tokens)
+        fake.count_hit(self.path, self.headers.get("User-Agent"))
+        route = self.path.split("?", 1)[0]
+        if route in _INFO_ROUTES:
+            self._send_json(_info_body(route, fake.name))
+            return
+        if route == "/v1/chat/completions":
+            prompt = _chat_prompt(payload if isinstance(payload, dict) else {})
+        elif route != "/v1/completions":
+            self.send_error(404)
+            return
+        prompt_tokens = max(1, len(prompt.split()))
+        completion_tokens, extra = fake.generate(prompt_tokens, max_tokens)
+        n = fake.count_completion()
+        self._send_json(_completion_body(route, fake.name, n, prompt_tokens, completion_tokens), {
+            "X-Served-By": fake.name,
+            # What a tokens-aware sidecar would add; HAProxy captures them into its log line.
+            "X-Prompt-Tokens": str(prompt_tokens), "X-Completion-Tokens": str(completion_tokens), **extra})
+
+    do_GET = do_POST
+
+    def _send_json(self, answer: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        """``200`` with ``answer`` as JSON, then ``headers`` in their order."""
+        body = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _admin(self, raw: bytes) -> None:
+        """Test control: ``POST /admin/slowdown {"slowdown": x}``, ``GET /admin/stats``."""
+        fake = self.server.fake
+        if self.path == "/admin/slowdown" and self.command == "POST":
+            try:
+                fake.slowdown = float(json.loads(raw)["slowdown"])
+            except (ValueError, KeyError, TypeError):
+                self.send_error(400, "body must be {\"slowdown\": <number>}")
+                return
+        elif self.path != "/admin/stats":
+            self.send_error(404)
+            return
+        self._send_json(fake.stats())
+
+    def log_message(self, *args: Any) -> None:  # keep test output clean
+        return
+
+
+class _FakeHTTPServer(_QuietServer):
+    """A loopback server on an ephemeral port whose handlers answer for ``fake``."""
+
+    def __init__(self, fake: FakeInferenceServer) -> None:
+        self.fake = fake
+        super().__init__(("127.0.0.1", 0), _FakeHandler)
+
+
 class FakeInferenceServer:
     """A tiny OpenAI-compatible completion server (see module docstring).
 
@@ -187,114 +288,7 @@ class FakeInferenceServer:
         self.paths: Counter[str] = Counter()
         self.user_agents: Counter[str] = Counter()
         self._lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b"{}"
-                if self.path.startswith("/admin/"):
-                    self._admin(raw)
-                    return
-                payload: Any = None
-                try:
-                    payload = json.loads(raw)
-                    prompt = str(payload.get("prompt", ""))
-                    max_tokens = int(payload.get("max_tokens") or outer.completion_tokens)
-                except (ValueError, TypeError, AttributeError):
-                    prompt, max_tokens = "", outer.completion_tokens
-                with outer._lock:
-                    outer.paths[self.path] += 1
-                    # Canary probes come straight from the control plane (httpx), traffic via the gateway.
-                    outer.user_agents[(self.headers.get("User-Agent") or "-").split("/")[0]] += 1
-                route = self.path.split("?", 1)[0]
-                if route in _INFO_ROUTES:
-                    self._info(route)
-                    return
-                if route == "/v1/chat/completions":
-                    prompt = _chat_prompt(payload if isinstance(payload, dict) else {})
-                elif route != "/v1/completions":
-                    self.send_error(404)
-                    return
-                prompt_tokens = max(1, len(prompt.split()))
-                extra: dict[str, str] = {}
-                if outer.per_token_ms is None:
-                    completion_tokens = outer.completion_tokens
-                    time.sleep(outer.base_delay_s * outer.slowdown)
-                else:
-                    completion_tokens = max(1, min(max_tokens, 4096))
-                    started = time.perf_counter()
-                    time.sleep((outer.ttft_ms + outer.prefill_ms_per_token * prompt_tokens) / 1000.0)
-                    # The TTFT as measured (sleep overshoot belongs to prefill, not to decode).
-                    ttft = (time.perf_counter() - started) * 1000.0
-                    time.sleep(outer.per_token_ms * outer.slowdown * completion_tokens / 1000.0)
-                    extra["X-TTFT-Ms"] = f"{ttft:.1f}"
-                with outer._lock:
-                    outer.requests += 1
-                    n = outer.requests
-                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                         "total_tokens": prompt_tokens + completion_tokens}
-                if route == "/v1/chat/completions":
-                    answer: dict[str, Any] = {
-                        "id": f"chatcmpl-{outer.name}-{n}", "object": "chat.completion",
-                        "created": int(time.time()), "model": FAKE_MODEL,
-                        "choices": [{"index": 0, "finish_reason": "length",
-                                     "message": {"role": "assistant", "content": " ok" * completion_tokens}}],
-                        "usage": usage}
-                else:
-                    answer = {
-                        "id": f"cmpl-{outer.name}-{n}", "object": "text_completion",
-                        "created": int(time.time()), "model": FAKE_MODEL,
-                        "choices": [{"index": 0, "text": " ok" * completion_tokens, "finish_reason": "length"}],
-                        "usage": usage}
-                body = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.send_header("X-Served-By", outer.name)
-                # What a tokens-aware sidecar would add; HAProxy captures them into its log line.
-                self.send_header("X-Prompt-Tokens", str(prompt_tokens))
-                self.send_header("X-Completion-Tokens", str(completion_tokens))
-                for key, value in extra.items():
-                    self.send_header(key, value)
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_GET = do_POST
-
-            def _info(self, route: str) -> None:
-                """What a router asks a worker before it routes to it (health, model, server info)."""
-                body = json.dumps(_info_body(route, outer.name)).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def _admin(self, raw: bytes) -> None:
-                """Test control: ``POST /admin/slowdown {"slowdown": x}``, ``GET /admin/stats``."""
-                if self.path == "/admin/slowdown" and self.command == "POST":
-                    try:
-                        outer.slowdown = float(json.loads(raw)["slowdown"])
-                    except (ValueError, KeyError, TypeError):
-                        self.send_error(400, "body must be {\"slowdown\": <number>}")
-                        return
-                elif self.path != "/admin/stats":
-                    self.send_error(404)
-                    return
-                body = json.dumps(outer.stats()).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:  # keep test output clean
-                return
-
-        self.httpd = _QuietServer(("127.0.0.1", 0), Handler)
+        self.httpd = _FakeHTTPServer(self)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.address = f"127.0.0.1:{self.port}"
@@ -303,6 +297,33 @@ class FakeInferenceServer:
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                         name=f"fake-{name}", daemon=True)
         self._thread.start()
+
+    def count_hit(self, path: str, user_agent: str | None) -> None:
+        """Count a request (any route) by path and by client."""
+        with self._lock:
+            self.paths[path] += 1
+            # Canary probes come straight from the control plane (httpx), traffic via the gateway.
+            self.user_agents[(user_agent or "-").split("/")[0]] += 1
+
+    def generate(self, prompt_tokens: int, max_tokens: int) -> tuple[int, dict[str, str]]:
+        """Take the time of one completion in the current timing mode (class docstring); returns its
+        completion tokens and the extra headers (``X-TTFT-Ms`` in per-token mode)."""
+        if self.per_token_ms is None:
+            time.sleep(self.base_delay_s * self.slowdown)
+            return self.completion_tokens, {}
+        completion_tokens = max(1, min(max_tokens, 4096))
+        started = time.perf_counter()
+        time.sleep((self.ttft_ms + self.prefill_ms_per_token * prompt_tokens) / 1000.0)
+        # The TTFT as measured (sleep overshoot belongs to prefill, not to decode).
+        ttft = (time.perf_counter() - started) * 1000.0
+        time.sleep(self.per_token_ms * self.slowdown * completion_tokens / 1000.0)
+        return completion_tokens, {"X-TTFT-Ms": f"{ttft:.1f}"}
+
+    def count_completion(self) -> int:
+        """Count a completion served; returns its number (1 for the first)."""
+        with self._lock:
+            self.requests += 1
+            return self.requests
 
     @property
     def delay_s(self) -> float:

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=80)
     parser.add_argument("--allow", action="append", default=[], metavar="FILE:QUALNAME")
     args = parser.parse_args(argv)
-    roots = args.paths or [ROOT / p for p in PACKAGES]
+    roots = [p.resolve() for p in args.paths] or [ROOT / p for p in PACKAGES]
     paths = sorted(p for r in roots for p in ([r] if r.is_file() else r.rglob("*.py")))
     found = [(n, where) for n, where in long_functions(paths, args.limit)
              if f"{where.split(':')[0]}:{where.split(' ')[1]}" not in args.allow]

@@ -223,14 +223,33 @@ class Simulation:
         self.factory = factory
         self.progress = progress
         self.log = StateLog()
-        self.tracked = set()
         gindex = {g.name: i for i, g in enumerate(scn.groups)}
-        for gname, node in scn.faulty:
-            self.tracked.add((gindex[gname], node))
-        for f in scn.faults:
-            if f.node is not None:
-                self.tracked.add((gindex[f.group], f.node))
-        # Flatten nodes: global id = offset[g] + local.
+        self.tracked = {(gindex[gname], node) for gname, node in scn.faulty}
+        self.tracked.update((gindex[f.group], f.node) for f in scn.faults if f.node is not None)
+        n_all = self._init_nodes(pre)
+        self._init_faults(gindex)
+        self._init_attempts()
+        self.streaming = False  # set in run() when a policy wants streamed progress
+        self.prog_s = [0.0] * n_all  # per node: inter-token time streamed since the last tick (s)
+        self.prog_tok = [0.0] * n_all  # per node: tokens streamed since the last tick
+        self.probe_cb: dict[int, Callable[[float, float, float, bool], None]] = {}
+        self.probe_tokens: dict[int, tuple[int, int]] = {}  # probes of another size than the scenario's
+        self.eng: list[NodeEngine | None] = [self._make_engine(n, pre) for n in range(n_all)]
+        self.prog_prev = [(0, 0.0)] * n_all  # per engine node: (itl_count, itl_sum_s) at the last tick
+        self.obs_prev = [(0, 0.0, 0)] * n_all  # the same and prompt tokens at the last observation
+        self._init_requests(pre)
+        self.heap: list[tuple[float, int, int, int, int]] = []
+        self.seq = 0
+        self.deadlines: deque[tuple[float, int]] = deque()
+        self.timeout = scn.client.timeout_s
+        self.policies: list[Policy] = []
+        self.now = 0.0
+
+    def _init_nodes(self, pre: Precomputed) -> int:
+        """Flatten the groups' nodes (global id = ``offset[group] + local``) and give each its
+        group's figures, its speed factor and an empty queue; every node in its pool. Returns the
+        number of nodes."""
+        scn = self.scn
         self.offset = []
         off = 0
         for g in scn.groups:
@@ -248,10 +267,16 @@ class Simulation:
         self.run_set: list[set[int]] = [set() for _ in range(n_all)]
         self.queue: list[deque[int]] = [deque() for _ in range(n_all)]
         self.served = [0] * n_all
-        self.node_faults: list[list[Fault]] = [[] for _ in range(n_all)]
         self.crashed = [False] * n_all
         self.members = [[True] * g.nodes for g in scn.groups]
         self.outstanding = [[0] * g.nodes for g in scn.groups]
+        return n_all
+
+    def _init_faults(self, gindex: dict[str, int]) -> None:
+        """Each node's faults (a surge on every node of its group), and a node that warms up later
+        than the start out of its pool until it joins."""
+        scn = self.scn
+        self.node_faults: list[list[Fault]] = [[] for _ in range(len(self.node_group))]
         for f in scn.faults:
             gi = gindex[f.group]
             targets = range(scn.groups[gi].nodes) if f.node is None else [f.node]
@@ -259,7 +284,9 @@ class Simulation:
                 self.node_faults[self.offset[gi] + loc].append(f)
             if f.kind == "warmup" and f.start_s > 0:
                 self.members[gi][f.node] = False
-        # Attempt columns (Python lists: appends and scalar reads are what the hot loop does).
+
+    def _init_attempts(self) -> None:
+        """Empty attempt columns (Python lists: appends and scalar reads are what the hot loop does)."""
         self.a_req: list[int] = []
         self.a_kind: list[int] = []
         self.a_t: list[float] = []
@@ -277,15 +304,10 @@ class Simulation:
         self.a_gw_t: list[float] = []  # time of the gateway's log line
         self.a_tok_ms: list[float] = []  # current ms per streamed output token (0: nothing streams)
         self.a_acc: list[float] = []  # the attempt's stream is accounted up to this time
-        self.streaming = False  # set in run() when a policy wants streamed progress
-        self.prog_s = [0.0] * n_all  # per node: inter-token time streamed since the last tick (s)
-        self.prog_tok = [0.0] * n_all  # per node: tokens streamed since the last tick
-        self.probe_cb: dict[int, Callable[[float, float, float, bool], None]] = {}
-        self.probe_tokens: dict[int, tuple[int, int]] = {}  # probes of another size than the scenario's
-        self.eng: list[NodeEngine | None] = [self._make_engine(n, pre) for n in range(n_all)]
-        self.prog_prev = [(0, 0.0)] * n_all  # per engine node: (itl_count, itl_sum_s) at the last tick
-        self.obs_prev = [(0, 0.0, 0)] * n_all  # the same and prompt tokens at the last observation
-        # Client requests.
+
+    def _init_requests(self, pre: Precomputed) -> None:
+        """The client requests' columns from the precomputed draws, none answered yet, and the noise
+        pools retries and probes draw from."""
         req = pre.requests
         n_req = len(req)
         self.r_t = req.t.tolist()
@@ -300,13 +322,7 @@ class Simulation:
         self.r_ttft_t = [math.nan] * n_req
         self.retry_noise = pre.retry_noise.tolist()
         self.retry_u = pre.retry_u.tolist()
-        self.n_extra = 0
-        self.heap: list[tuple[float, int, int, int, int]] = []
-        self.seq = 0
-        self.deadlines: deque[tuple[float, int]] = deque()
-        self.timeout = scn.client.timeout_s
-        self.policies: list[Policy] = []
-        self.now = 0.0
+        self.n_extra = 0  # retries and probes so far (the next one's draw in those pools)
 
     # ------------------------------------------------------------------------------------------
     def _make_engine(self, n: int, pre: Precomputed) -> NodeEngine | None:

@@ -330,6 +330,147 @@ class EngineReplay:
 
 
 # -- the fast run -------------------------------------------------------------------------------------
+class _Fleet:
+    """The group's load and its nodes' speeds over time (module docstring, step 3): a sinusoid of
+    period 1 h (±40 %) plus a random step every 10 minutes, and per node an Azure per-VM offset
+    times a slowly drifting factor."""
+
+    def __init__(self, nodes: int, tick_s: float, rng: np.random.Generator) -> None:
+        self.tick_s = tick_s
+        self.base_speed = np.exp(rng.choice(healthy_vm_offsets(), nodes))
+        self.drift = np.zeros(nodes)
+        # A random walk whose sd over one hour is the within-VM sd of the VM-noise data.
+        self.drift_step = vm_noise_spread()["within"] * math.sqrt(tick_s / 3600.0)
+        self.step = 0.0
+
+    def advance(self, k: int, rng: np.random.Generator) -> tuple[float, float, np.ndarray]:
+        """Tick ``k``'s time, group load (at least 0.2) and per-node speed factors."""
+        t = k * self.tick_s
+        if k % max(1, int(600 / self.tick_s)) == 0:
+            self.step = rng.normal(0, 0.1)
+        load = max(0.2, 1.0 + 0.4 * math.sin(2 * math.pi * t / 3600.0) + self.step)
+        self.drift += self.drift_step * rng.standard_normal(len(self.drift))
+        self.drift *= 0.999  # weak mean reversion: a VM's long-run offset is bounded
+        return t, load, self.base_speed * np.exp(self.drift)
+
+
+class _DefaultTally:
+    """The ``default`` policy on the replay: a :class:`detector.group.GroupDetector` fed each tick's
+    access-log records (and, with ``streams``, progress rows), its canary probes answered from the
+    level's samples, and what it did to the (healthy) nodes: entries into a cut or out of service,
+    the nodes ever cut or out, and the capacity taken (node-seconds under base weight, weight-seconds
+    lost)."""
+
+    def __init__(self, nodes: int, thresholds: dict[str, Any] | None) -> None:
+        from detector.group import GroupDetector
+        from detector.states import OUT_OF_SERVICE
+        from detector.thresholds import Thresholds
+
+        th = Thresholds.from_dict(thresholds) if thresholds else Thresholds()
+        self.ids = np.asarray([f"n{i}" for i in range(nodes)], dtype=object)
+        self.gd = GroupDetector(thresholds=th, nodes=list(self.ids), now=EPOCH)
+        self.out_states = list({int(s) for s in OUT_OF_SERVICE})  # the traffic table's DRAIN states
+        self.prev_out = np.zeros(nodes, dtype=bool)
+        self.prev_cut = np.zeros(nodes, dtype=bool)
+        self.ever_cut = np.zeros(nodes, dtype=bool)
+        self.ever_out = np.zeros(nodes, dtype=bool)
+        self.below_s = self.taken_s = 0.0
+        self.quarantines = self.degrades = 0
+        self.rows_fed = 0
+
+    def ingest(self, tick: TickSample, now: float, tick_s: float, streams: bool) -> None:
+        """Feed one tick: its completed requests as samples, and with ``streams`` the rows of the
+        nodes that streamed tokens."""
+        from detector.samples import ProgressBatch, SampleBatch
+
+        ids, rec = self.ids, tick.records
+        n = len(rec)
+        if n:
+            ok = rec[:, 4] == 200
+            self.gd.ingest(SampleBatch.from_columns(
+                node=ids[tick.node], ts=np.full(n, now), prompt_tokens=rec[:, 0], completion_tokens=rec[:, 1],
+                ttft_ms=np.where(ok, rec[:, 2], np.nan), total_ms=rec[:, 3], status=rec[:, 4].astype(np.int64)))
+        if streams:
+            r = tick.rows
+            has = r[:, 0] > 0  # as the default policy: a row that streamed no token is not fed
+            m = int(has.sum())
+            if m:
+                self.rows_fed += m
+                r = r[has]
+                self.gd.ingest_progress(ProgressBatch.from_columns(
+                    node=ids[has], ts=np.full(m, now), interval_s=np.full(m, tick_s),
+                    **{name: r[:, k] for k, name in enumerate(ROW_COLUMNS)}))
+
+    def evaluate(self, now: float, tick_s: float, replay: EngineReplay, load: float, speed: np.ndarray,
+                 rng: np.random.Generator) -> None:
+        """Evaluate, count the tick's entries and their cost until the next tick, and answer the
+        canary probes due (one of the level's completed requests, :func:`_probe_pool`, at the node's
+        speed)."""
+        ev = self.gd.evaluate(now)
+        out = np.isin(ev.states, self.out_states)
+        cut = (ev.weights < 0.999 * ev.base_weights) & ~out
+        # Entries (a node going from full weight to cut, or from in service to out), and what they
+        # cost until the next tick: the seconds under base weight and the weight taken.
+        self.quarantines += int((out & ~self.prev_out).sum())
+        self.degrades += int(((cut | out) & ~(self.prev_cut | self.prev_out)).sum())
+        self.ever_cut |= cut | out
+        self.ever_out |= out
+        below = cut | out
+        self.below_s += tick_s * int(below.sum())
+        frac = np.where(out, 0.0, np.clip(ev.weights / np.maximum(ev.base_weights, 1e-9), 0.0, 1.0))
+        self.taken_s += tick_s * float((1.0 - frac)[below].sum())
+        self.prev_out, self.prev_cut = out, cut
+        if ev.probes_due:
+            probe = _probe_pool(replay, load)
+            for nid in ev.probes_due:
+                i = int(nid[1:])
+                pp, cc, ttft, tot = probe[rng.integers(len(probe))]
+                f = float(speed[i])
+                self.gd.record_probe(nid, now, pp, cc, ttft * f, tot * f, True)
+
+    def per_node(self, node_hours: float) -> dict[str, Any]:
+        """Per node (an SRE's count: a node cut at least once), and the capacity the cuts took."""
+        below_s, taken_s = self.below_s, self.taken_s
+        return {"nodes_cut": int(self.ever_cut.sum()), "nodes_quarantined": int(self.ever_out.sum()),
+                "below_base_node_s": round(below_s, 1), "weight_s_taken": round(taken_s, 1),
+                "below_base_node_s_per_1000h": round(1000 * below_s / node_hours, 2),
+                "weight_s_taken_per_1000h": round(1000 * taken_s / node_hours, 2),
+                "below_base_fraction": round(below_s / (node_hours * 3600.0), 8)}
+
+
+def _false_alarm_rates(q: int, d: int, node_hours: float) -> dict[str, Any]:
+    """A policy's (false) quarantines ``q`` and degrades ``d`` over ``node_hours``: counts, rates per
+    1,000 node-hours and their 95 % Garwood intervals."""
+    from sim.intervals import rate_per_1000h
+
+    return {"false_quarantines": q, "false_degrades": d,
+            "false_quarantines_per_1000h": round(1000 * q / node_hours, 4),
+            "false_degrades_per_1000h": round(1000 * d / node_hours, 4),
+            "per_1000_node_hours": round(1000 * q / node_hours, 4),
+            "false_cuts": rate_per_1000h(d, node_hours),
+            "false_quarantine_events": rate_per_1000h(q, node_hours)}
+
+
+def _engine_summary(replay: EngineReplay, tick_s: float) -> dict[str, Any]:
+    """How the replay was calibrated: its load levels, calibration nodes, trace passes and seconds
+    per level, block length and the calibration's CPU seconds."""
+    recs = replay.recordings.values()
+    return {"method": "block bootstrap of step-engine recordings per load level (sim.fastmode)",
+            "levels_req_per_s_per_node": sorted(round(r.rate_per_node, 3) for r in recs),
+            "calibration_nodes": replay.cal_nodes, "trace_cycles": replay.cycles,
+            "calibration_s": {f"{r.rate_per_node:.3g}": round(r.ticks * tick_s) for r in recs},
+            "block_s": replay.block * tick_s, "calibration_cpu_s": round(sum(r.cpu_s for r in recs), 1)}
+
+
+def _default_cycles(nodes: int, rate_per_node: float, hours: float) -> float:
+    """Passes over the trace per calibrated level: 2, or fewer for a run that serves fewer requests
+    than two passes hold (at least 0.1)."""
+    from sim.traces import load_trace
+
+    run_requests = nodes * rate_per_node * hours * 3600.0
+    return float(min(2.0, max(0.1, 2.0 * run_requests / len(load_trace(TRACE)[1]))))
+
+
 def run_fast(nodes: int = 64, hours: float = 1.0, rate_per_node: float = 3.0, tick_s: float = 1.0,
              seed: int = 1, policies: tuple[str, ...] = ("default", "seed_zscore"),
              progress: Callable[[str], None] | None = None, thresholds: dict[str, Any] | None = None,
@@ -341,129 +482,43 @@ def run_fast(nodes: int = 64, hours: float = 1.0, rate_per_node: float = 3.0, ti
     (a run of a minute needs no hour of calibration)."""
     rng = np.random.default_rng(seed)
     if cycles is None:
-        from sim.traces import load_trace
-
-        run_requests = nodes * rate_per_node * hours * 3600.0
-        cycles = float(min(2.0, max(0.1, 2.0 * run_requests / len(load_trace(TRACE)[1]))))
+        cycles = _default_cycles(nodes, rate_per_node, hours)
     if replay is None:
         replay = EngineReplay(rate_per_node, tick_s, seed=seed, cal_nodes=cal_nodes, cycles=cycles, block_s=block_s,
                               progress=progress)
     replay.start(nodes, rng)
-    across = healthy_vm_offsets()
-    within_sd = vm_noise_spread()["within"]
-    base_speed = np.exp(rng.choice(across, nodes))
-    drift = np.zeros(nodes)
-    drift_step = within_sd * math.sqrt(tick_s / 3600.0)
-    ids = np.asarray([f"n{i}" for i in range(nodes)], dtype=object)
-    gd = None
-    if "default" in policies:
-        from detector.group import GroupDetector
-        from detector.samples import ProgressBatch, SampleBatch
-        from detector.states import OUT_OF_SERVICE
-        from detector.thresholds import Thresholds
-
-        th = Thresholds.from_dict(thresholds) if thresholds else Thresholds()
-        gd = GroupDetector(thresholds=th, nodes=list(ids), now=EPOCH)
-        out_states = list({int(s) for s in OUT_OF_SERVICE})  # the traffic table's DRAIN states
-        prev_out = np.zeros(nodes, dtype=bool)
-        prev_cut = np.zeros(nodes, dtype=bool)
-        ever_cut = np.zeros(nodes, dtype=bool)
-        ever_out = np.zeros(nodes, dtype=bool)
-        below_s = taken_s = 0.0
+    fleet = _Fleet(nodes, tick_s, rng)
+    default = _DefaultTally(nodes, thresholds) if "default" in policies else None
     seed_vec = SeedZScoreVec(nodes) if "seed_zscore" in policies else None
-    default_q = default_deg = 0
     n_ticks = int(hours * 3600 / tick_s)
-    step = 0.0
-    samples = rows_fed = 0
+    samples = 0
     t_wall = time.perf_counter()
     c_wall = time.process_time()
     for k in range(n_ticks):
-        t = k * tick_s
-        if k % max(1, int(600 / tick_s)) == 0:
-            step = rng.normal(0, 0.1)
-        load = max(0.2, 1.0 + 0.4 * math.sin(2 * math.pi * t / 3600.0) + step)
-        drift += drift_step * rng.standard_normal(nodes)
-        drift *= 0.999  # weak mean reversion: a VM's long-run offset is bounded
-        speed = base_speed * np.exp(drift)
+        t, load, speed = fleet.advance(k, rng)
         tick = replay.draw(rng, load, speed)
         rec = tick.records
-        n = len(rec)
-        samples += n
-        now = EPOCH + t + tick_s
-        if gd is not None:
-            if n:
-                ok = rec[:, 4] == 200
-                gd.ingest(SampleBatch.from_columns(
-                    node=ids[tick.node], ts=np.full(n, now), prompt_tokens=rec[:, 0], completion_tokens=rec[:, 1],
-                    ttft_ms=np.where(ok, rec[:, 2], np.nan), total_ms=rec[:, 3], status=rec[:, 4].astype(np.int64)))
-            if streams:
-                r = tick.rows
-                has = r[:, 0] > 0  # as the default policy: a row that streamed no token is not fed
-                m = int(has.sum())
-                if m:
-                    rows_fed += m
-                    r = r[has]
-                    gd.ingest_progress(ProgressBatch.from_columns(
-                        node=ids[has], ts=np.full(m, now), interval_s=np.full(m, tick_s),
-                        **{name: r[:, k] for k, name in enumerate(ROW_COLUMNS)}))
-            ev = gd.evaluate(now)
-            out = np.isin(ev.states, out_states)
-            cut = (ev.weights < 0.999 * ev.base_weights) & ~out
-            # Entries (a node going from full weight to cut, or from in service to out), and what they
-            # cost until the next tick: the seconds under base weight and the weight taken.
-            default_q += int((out & ~prev_out).sum())
-            default_deg += int(((cut | out) & ~(prev_cut | prev_out)).sum())
-            ever_cut |= cut | out
-            ever_out |= out
-            below = cut | out
-            below_s += tick_s * int(below.sum())
-            frac = np.where(out, 0.0, np.clip(ev.weights / np.maximum(ev.base_weights, 1e-9), 0.0, 1.0))
-            taken_s += tick_s * float((1.0 - frac)[below].sum())
-            prev_out, prev_cut = out, cut
-            if ev.probes_due:
-                probe = _probe_pool(replay, load)
-                for nid in ev.probes_due:
-                    i = int(nid[1:])
-                    pp, cc, ttft, tot = probe[rng.integers(len(probe))]
-                    f = float(speed[i])
-                    gd.record_probe(nid, now, pp, cc, ttft * f, tot * f, True)
-        if seed_vec is not None and n:
+        samples += len(rec)
+        if default is not None:
+            now = EPOCH + t + tick_s
+            default.ingest(tick, now, tick_s, streams)
+            default.evaluate(now, tick_s, replay, load, speed, rng)
+        if seed_vec is not None and len(rec):
             seed_vec.ingest(tick.node, rec[:, 0], rec[:, 1], rec[:, 3])
             seed_vec.evaluate()
         if progress is not None and k % max(1, n_ticks // 20) == 0:
             progress(f"fast mode: {t / 3600:.1f}/{hours:.1f} h, {time.perf_counter() - t_wall:.0f} s wall")
     node_hours = nodes * hours
-    cal_cpu = sum(r.cpu_s for r in replay.recordings.values())
     result: dict[str, Any] = {
         "nodes": nodes, "hours": hours, "node_hours": node_hours, "tick_s": tick_s, "rate_per_node": rate_per_node,
-        "samples": samples, "progress_rows": rows_fed, "wall_s": round(time.perf_counter() - t_wall, 1),
-        "cpu_s": round(time.process_time() - c_wall, 1),
-        "engine": {"method": "block bootstrap of step-engine recordings per load level (sim.fastmode)",
-                   "levels_req_per_s_per_node": sorted(round(r.rate_per_node, 3) for r in replay.recordings.values()),
-                   "calibration_nodes": replay.cal_nodes, "trace_cycles": replay.cycles,
-                   "calibration_s": {f"{r.rate_per_node:.3g}": round(r.ticks * tick_s) for r in replay.recordings.values()},
-                   "block_s": replay.block * tick_s, "calibration_cpu_s": round(cal_cpu, 1)},
-        "policies": {}}
-    from sim.intervals import rate_per_1000h
-
-    for name, q, d in (("default", default_q, default_deg),
-                       ("seed_zscore", *((seed_vec.quarantines, seed_vec.degrades) if seed_vec else (0, 0)))):
-        if (name == "default" and gd is None) or (name == "seed_zscore" and seed_vec is None):
-            continue
-        result["policies"][name] = {"false_quarantines": q, "false_degrades": d,
-                                    "false_quarantines_per_1000h": round(1000 * q / node_hours, 4),
-                                    "false_degrades_per_1000h": round(1000 * d / node_hours, 4),
-                                    "per_1000_node_hours": round(1000 * q / node_hours, 4),
-                                    "false_cuts": rate_per_1000h(d, node_hours),
-                                    "false_quarantine_events": rate_per_1000h(q, node_hours)}
-    if gd is not None:
-        # Per node (an SRE's count: a node cut at least once), and the capacity the cuts took.
-        result["policies"]["default"].update({
-            "nodes_cut": int(ever_cut.sum()), "nodes_quarantined": int(ever_out.sum()),
-            "below_base_node_s": round(below_s, 1), "weight_s_taken": round(taken_s, 1),
-            "below_base_node_s_per_1000h": round(1000 * below_s / node_hours, 2),
-            "weight_s_taken_per_1000h": round(1000 * taken_s / node_hours, 2),
-            "below_base_fraction": round(below_s / (node_hours * 3600.0), 8)})
+        "samples": samples, "progress_rows": default.rows_fed if default is not None else 0,
+        "wall_s": round(time.perf_counter() - t_wall, 1), "cpu_s": round(time.process_time() - c_wall, 1),
+        "engine": _engine_summary(replay, tick_s), "policies": {}}
+    if default is not None:
+        result["policies"]["default"] = {**_false_alarm_rates(default.quarantines, default.degrades, node_hours),
+                                         **default.per_node(node_hours)}
+    if seed_vec is not None:
+        result["policies"]["seed_zscore"] = _false_alarm_rates(seed_vec.quarantines, seed_vec.degrades, node_hours)
     return result
 
 

@@ -46,7 +46,7 @@ from detector.states import safeguard_cap
 from detector.thresholds import Thresholds
 from sim.engine import KIND_CLIENT, STATUS_OK, STATUS_TIMEOUT, Simulation
 from sim.evidence import decompose
-from sim.scenario import Scenario
+from sim.scenario import Fault, Scenario
 
 TIMELINE_BIN_S = 5.0
 SAFEGUARD_FRACTION = Thresholds().max_quarantine_fraction  # the default every scenario group runs with
@@ -54,7 +54,7 @@ SAFEGUARD_FRACTION = Thresholds().max_quarantine_fraction  # the default every s
 
 def healthy_out(scn: Scenario, sim: Simulation, gi: int, t: float) -> int:
     """How many of group ``gi``'s healthy nodes (not in ``expect.faulty``) are out of service at ``t``."""
-    faulty = {n for g, n in scn.faulty if _group_index(scn, g) == gi}
+    faulty = {n for g, n in faulty_nodes(scn) if g == gi}
     return sum(1 for node in range(scn.groups[gi].nodes) if node not in faulty
                and node_state_at(sim.log.changes.get((gi, node), []), t)[1])
 
@@ -113,18 +113,39 @@ def node_state_at(changes: list[tuple[float, float, bool]], t: float) -> tuple[f
     return w, q
 
 
+def faulty_nodes(scn: Scenario) -> set[tuple[int, int]]:
+    """``(group index, node)`` of every node in ``expect.faulty`` (the ground truth)."""
+    return {(_group_index(scn, g), n) for g, n in scn.faulty}
+
+
 def policy_report(scn: Scenario, sim: Simulation) -> dict[str, Any]:
-    """The per-policy block of the report (schema keys plus documented extras)."""
+    """The per-policy block of the report (schema keys plus documented extras): latency and failures
+    per client request, detections per incident, false alarms on healthy nodes and the capacity they
+    took, one entry per fault, the P99 timeline."""
     a = sim.attempts()
     client = a["kind"] == KIND_CLIENT
+    out = _request_figures(sim, a, client)
+    faulty = faulty_nodes(scn)
+    false_alarms = _false_alarms(scn, sim, faulty)
+    out["incidents"] = incidents(scn, sim)
+    out.update(false_alarms)
+    out["faults"] = [_fault_entry(scn, sim, f, a, client, faulty) for f in scn.faults]
+    out["timeline"] = timeline(sim)
+    out["read_progress"] = reads_rows(sim)
+    return out
+
+
+def _request_figures(sim: Simulation, a: dict[str, np.ndarray], client: np.ndarray) -> dict[str, Any]:
+    """Latency percentiles per client request (retries and timeouts included), TTFT P99 of the
+    answered ones, and the counts of timeouts, 5xx, failed requests, retries and probes (module
+    docstring)."""
     gw = a["gw_status"][client]
     lat = client_latency_ms(sim)
     s = sim.summary_arrays()
     ttft = (s["ttft_t"] - np.asarray(sim.r_t)) * 1000.0
     n_att = int(client.sum())
     timeouts = int((gw == STATUS_TIMEOUT).sum())
-    faulty = {(_group_index(scn, g), n) for g, n in scn.faulty}
-    out: dict[str, Any] = {
+    return {
         "p50_ms": _pct(lat, 50),
         "p99_ms": _pct(lat, 99),
         "p999_ms": _pct(lat, 99.9),
@@ -136,7 +157,13 @@ def policy_report(scn: Scenario, sim: Simulation) -> dict[str, Any]:
         "retries": int(n_att - len(sim.r_t)),
         "probes": int((a["kind"] != KIND_CLIENT).sum()),
     }
-    # False alarms and the capacity they took from healthy nodes.
+
+
+def _false_alarms(scn: Scenario, sim: Simulation, faulty: set[tuple[int, int]]) -> dict[str, Any]:
+    """False alarms and the capacity they took from healthy nodes (not in ``faulty``), each node
+    observed from when it joined: cut and removal events, their rates per 1,000 healthy node-hours,
+    the hours out of service, the seconds under base weight and the weight-seconds taken
+    (:func:`capacity_taken`)."""
     false_deg = false_q = 0
     healthy_hours = 0.0
     oos_hours = below_s = taken_s = 0.0
@@ -154,62 +181,78 @@ def policy_report(scn: Scenario, sim: Simulation) -> dict[str, Any]:
             below_s += cost["below_base_s"]
             taken_s += cost["weight_s"]
             oos_hours += cost["out_s"] / 3600.0
-    out["incidents"] = incidents(scn, sim)
-    out["false_degrades"] = false_deg
-    out["false_quarantines"] = false_q
-    out["false_degrades_per_1000h"] = _r(1000 * false_deg / healthy_hours if healthy_hours else None, 1)
-    out["false_quarantines_per_1000h"] = _r(1000 * false_q / healthy_hours if healthy_hours else None, 1)
-    out["healthy_node_hours"] = round(healthy_hours, 4)
-    out["healthy_out_of_service_node_hours"] = round(oos_hours, 4)
-    out["healthy_below_base_node_s"] = round(below_s, 3)
-    out["healthy_weight_s_taken"] = round(taken_s, 3)
-    # Per fault.
-    faults = []
-    for f in scn.faults:
-        gi = _group_index(scn, f.group)
-        entry: dict[str, Any] = {"group": f.group, "node": "all" if f.node is None else f.node, "kind": f.kind,
-                                 "onset_s": f.start_s, "first_degrade_s": None, "quarantine_s": None,
-                                 "traffic_share_after_detect": None, "recovery_s": None}
-        if f.node is not None:
-            changes = sim.log.changes.get((gi, f.node), [])
-            end = f.end_s if f.end_s is not None else scn.duration_s
-            deg = next((ct for ct, cw, cq in changes if ct >= f.start_s and (cw < 0.999 or cq)), None)
-            q = next((ct for ct, cw, cq in changes if ct >= f.start_s and cq), None)
-            # No credit for a detection made while more than the safeguard's fraction of healthy
-            # nodes is out: a sweep that removes everyone also "detects" the faulty node.
-            for name, when in (("first_degrade_s", deg), ("quarantine_s", q)):
-                if when is not None and over_safeguard(scn, sim, gi, when):
-                    entry.setdefault("uncredited", []).append(name)
-            if "first_degrade_s" in entry.get("uncredited", ()):
-                deg = None
-            if "quarantine_s" in entry.get("uncredited", ()):
-                q = None
-            entry["first_degrade_s"] = _r(deg - f.start_s if deg is not None else None)
-            entry["quarantine_s"] = _r(q - f.start_s if q is not None else None)
-            det = deg if deg is not None else q
-            if det is not None and det < end:
-                node_g = np.asarray(sim.node_group)[a["node"][client]]
-                in_win = (a["t"][client] >= det) & (a["t"][client] < end) & (node_g == gi)
-                local = np.asarray(sim.node_local)[a["node"][client][in_win]]
-                n_group = int(in_win.sum())
-                if n_group:
-                    present = sum(sim.members[gi])
-                    entry["traffic_share_after_detect"] = _r((local == f.node).sum() / (n_group / present))
-            if f.end_s is not None and det is not None and det < f.end_s:
-                w, qq = node_state_at(changes, f.end_s)
-                if w >= 0.999 and not qq:
-                    entry["recovery_s"] = 0.0
-                else:
-                    back = next((ct for ct, cw, cq in changes if ct > f.end_s and cw >= 0.999 and not cq), None)
-                    entry["recovery_s"] = _r(back - f.end_s if back is not None else None)
-            if (gi, f.node) in faulty:
-                entry.update(decompose(f.start_s, **_evidence_samples(sim, gi, f.node, reads_rows(sim)),
-                                       cut=deg, quarantine=q))
-        faults.append(entry)
-    out["faults"] = faults
-    out["timeline"] = timeline(sim)
-    out["read_progress"] = reads_rows(sim)
-    return out
+    return {
+        "false_degrades": false_deg,
+        "false_quarantines": false_q,
+        "false_degrades_per_1000h": _r(1000 * false_deg / healthy_hours if healthy_hours else None, 1),
+        "false_quarantines_per_1000h": _r(1000 * false_q / healthy_hours if healthy_hours else None, 1),
+        "healthy_node_hours": round(healthy_hours, 4),
+        "healthy_out_of_service_node_hours": round(oos_hours, 4),
+        "healthy_below_base_node_s": round(below_s, 3),
+        "healthy_weight_s_taken": round(taken_s, 3),
+    }
+
+
+def _fault_entry(scn: Scenario, sim: Simulation, f: Fault, a: dict[str, np.ndarray], client: np.ndarray,
+                 faulty: set[tuple[int, int]]) -> dict[str, Any]:
+    """One fault's entry: its first cut and removal after the onset (credited, :func:`over_safeguard`),
+    the node's traffic share after detection, its recovery, and for a node of ``expect.faulty``
+    where the delay went (:func:`sim.evidence.decompose`). A group-wide fault (``"all"``) has only
+    its description."""
+    gi = _group_index(scn, f.group)
+    entry: dict[str, Any] = {"group": f.group, "node": "all" if f.node is None else f.node, "kind": f.kind,
+                             "onset_s": f.start_s, "first_degrade_s": None, "quarantine_s": None,
+                             "traffic_share_after_detect": None, "recovery_s": None}
+    if f.node is None:
+        return entry
+    changes = sim.log.changes.get((gi, f.node), [])
+    end = f.end_s if f.end_s is not None else scn.duration_s
+    deg = next((ct for ct, cw, cq in changes if ct >= f.start_s and (cw < 0.999 or cq)), None)
+    q = next((ct for ct, cw, cq in changes if ct >= f.start_s and cq), None)
+    # No credit for a detection made while more than the safeguard's fraction of healthy
+    # nodes is out: a sweep that removes everyone also "detects" the faulty node.
+    for name, when in (("first_degrade_s", deg), ("quarantine_s", q)):
+        if when is not None and over_safeguard(scn, sim, gi, when):
+            entry.setdefault("uncredited", []).append(name)
+    if "first_degrade_s" in entry.get("uncredited", ()):
+        deg = None
+    if "quarantine_s" in entry.get("uncredited", ()):
+        q = None
+    entry["first_degrade_s"] = _r(deg - f.start_s if deg is not None else None)
+    entry["quarantine_s"] = _r(q - f.start_s if q is not None else None)
+    det = deg if deg is not None else q
+    if det is not None and det < end:
+        entry["traffic_share_after_detect"] = _share_after(sim, a, client, gi, f.node, det, end)
+    if f.end_s is not None and det is not None and det < f.end_s:
+        entry["recovery_s"] = _recovery_s(changes, f.end_s)
+    if (gi, f.node) in faulty:
+        entry.update(decompose(f.start_s, **_evidence_samples(sim, gi, f.node, reads_rows(sim)),
+                               cut=deg, quarantine=q))
+    return entry
+
+
+def _share_after(sim: Simulation, a: dict[str, np.ndarray], client: np.ndarray, gi: int, local: int,
+                 t0: float, t1: float) -> float | None:
+    """Node ``local``'s share of group ``gi``'s client attempts from ``t0`` to ``t1``, over its fair
+    share (``1 / nodes in the pool``; ``null`` when the group got none)."""
+    node_g = np.asarray(sim.node_group)[a["node"][client]]
+    in_win = (a["t"][client] >= t0) & (a["t"][client] < t1) & (node_g == gi)
+    nodes = np.asarray(sim.node_local)[a["node"][client][in_win]]
+    n_group = int(in_win.sum())
+    if not n_group:
+        return None
+    present = sum(sim.members[gi])
+    return _r((nodes == local).sum() / (n_group / present))
+
+
+def _recovery_s(changes: list[tuple[float, float, bool]], end_s: float) -> float | None:
+    """Seconds from a fault's end until its node is back at full weight and in service (0 when it
+    already is; ``null`` when it never comes back within the run)."""
+    w, qq = node_state_at(changes, end_s)
+    if w >= 0.999 and not qq:
+        return 0.0
+    back = next((ct for ct, cw, cq in changes if ct > end_s and cw >= 0.999 and not cq), None)
+    return _r(back - end_s if back is not None else None)
 
 
 def _join_times(scn: Scenario) -> dict[tuple[int, int], float]:
@@ -263,7 +306,7 @@ def incidents(scn: Scenario, sim: Simulation) -> dict[str, int]:
       was cut; ``healthy_nodes``: the nodes that are not in ``expect.faulty``.
 
     A faulty node cut again after its fault ended (a relapse during recovery) counts neither way."""
-    faulty = {(_group_index(scn, g), n) for g, n in scn.faulty}
+    faulty = faulty_nodes(scn)
     onset: dict[tuple[int, int], float] = {}
     found = total = 0
     for f in scn.faults:

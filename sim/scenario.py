@@ -312,122 +312,158 @@ def _engine(v: Any, where: str) -> Engine:
     )
 
 
-def parse_scenario(data: Any, source: str = "") -> Scenario:
-    """Validate a decoded scenario document. Raises :class:`ScenarioError` naming the field."""
+def _group(g: Any, w: str, earlier: list[Group]) -> Group:
+    """``groups[i]``: a named pool of identical nodes; the name must be new (workloads and faults
+    refer to groups by name), the decode batch curve is ``"flat"``, omitted (Splitwise) or steps."""
+    g = _obj(g, w)
+    gname = g.get("name")
+    if not isinstance(gname, str) or not gname:
+        raise ScenarioError(f"{w}.name", "required non-empty string")
+    if any(x.name == gname for x in earlier):
+        raise ScenarioError(f"{w}.name", f"duplicate group name {gname!r}")
+    curve = g.get("decode_batch_curve")
+    if curve == "flat":
+        parsed_curve: tuple[tuple[float, float], ...] | None = ((1.0, 1.0),)
+    elif curve is None:
+        parsed_curve = None
+    else:
+        parsed_curve = _steps(curve, f"{w}.decode_batch_curve")
+    speed_source = g.get("speed_source", "lognormal")
+    if not _one_of(speed_source, ("lognormal", "azure_vm_noise")):
+        raise ScenarioError(f"{w}.speed_source", f"'lognormal' or 'azure_vm_noise', got {speed_source!r}")
+    return Group(
+        engine=_engine(g.get("engine", {}), f"{w}.engine"),
+        name=gname,
+        nodes=_num(g, "nodes", w, lo=1, integer=True, hi=10_000),
+        prefill_ms_per_token=_num(g, "prefill_ms_per_token", w, lo=0.0),
+        decode_ms_per_token=_num(g, "decode_ms_per_token", w, lo=0.0, lo_open=True),
+        max_concurrency=_num(g, "max_concurrency", w, lo=1, integer=True),
+        jitter_cv=_num(g, "jitter_cv", w, default=0.08, lo=0.0, hi=5.0),
+        node_speed_spread=_num(g, "node_speed_spread", w, default=-1.0, lo=-1.0, hi=2.0),
+        decode_batch_curve=parsed_curve,
+        speed_source=speed_source,
+    )
+
+
+def _groups(d: dict[str, Any]) -> tuple[Group, ...]:
+    """``groups``: at least one, each validated by :func:`_group`, in file order."""
+    groups: list[Group] = []
+    for i, g in enumerate(_list(d.get("groups"), "groups", nonempty=True)):
+        groups.append(_group(g, f"groups[{i}]", groups))
+    return tuple(groups)
+
+
+def _workload(wl: Any, w: str, names: set[str]) -> Workload:
+    """``workload[i]``: the arrivals of one existing group, from a known trace (or Poisson when
+    ``trace`` is omitted), with a rate profile (default: flat)."""
     from sim.traces import TRACE_NAMES
 
+    wl = _obj(wl, w)
+    if not _one_of(wl.get("group"), names):
+        raise ScenarioError(f"{w}.group", f"unknown group {wl.get('group')!r} (groups: {sorted(names)})")
+    trace = wl.get("trace")
+    if trace is not None and not _one_of(trace, TRACE_NAMES):
+        raise ScenarioError(f"{w}.trace", f"unknown trace {trace!r} (known: {sorted(TRACE_NAMES)})")
+    profile = _steps(wl["rate_profile"], f"{w}.rate_profile") if wl.get("rate_profile") else ((0.0, 1.0),)
+    return Workload(
+        group=wl["group"],
+        rate_rps=_num(wl, "rate_rps", w, lo=0.0, lo_open=True),
+        trace=trace,
+        prompt_tokens=_dist(wl.get("prompt_tokens", {"median": 1000}), f"{w}.prompt_tokens"),
+        completion_tokens=_dist(wl.get("completion_tokens", {"median": 180}), f"{w}.completion_tokens"),
+        rate_profile=profile,
+    )
+
+
+def _client(d: dict[str, Any]) -> Client:
+    """``client``: how long a client waits, how often and how late it retries (all optional)."""
+    c = _obj(d.get("client", {}), "client")
+    return Client(
+        timeout_s=_num(c, "timeout_s", "client", default=30.0, lo=0.0, lo_open=True),
+        retries=_num(c, "retries", "client", default=0, lo=0, hi=10, integer=True),
+        retry_backoff_s=_num(c, "retry_backoff_s", "client", default=0.0, lo=0.0),
+    )
+
+
+def _named_group(x: dict[str, Any], w: str, groups: tuple[Group, ...]) -> Group:
+    """The group ``x["group"]`` names (a fault's or an expected faulty node's): one of ``groups``."""
+    if not _one_of(x.get("group"), {g.name for g in groups}):
+        raise ScenarioError(f"{w}.group", f"unknown group {x.get('group')!r}")
+    return next(g for g in groups if g.name == x["group"])
+
+
+def _fault(f: Any, w: str, groups: tuple[Group, ...]) -> Fault:
+    """``faults[i]``: a known kind on one node of an existing group (``"all"`` only for a surge),
+    over ``[start_s, end_s)``, with the kind's parameters (:data:`_FAULT_PARAMS`: required ones
+    present, bounds held, defaults filled in) and no parameter of another kind."""
+    f = _obj(f, w)
+    grp = _named_group(f, w, groups)
+    kind = f.get("kind")
+    if not _one_of(kind, FAULT_KINDS):
+        raise ScenarioError(f"{w}.kind", f"unknown kind {kind!r} (one of {', '.join(FAULT_KINDS)})")
+    node_v = f.get("node")
+    if node_v == "all":
+        node: int | None = None
+    else:
+        node = _num(f, "node", w, lo=0, hi=grp.nodes - 1, integer=True)
+    if node is None and kind != "surge":
+        raise ScenarioError(f"{w}.node", f"'all' is only valid for kind 'surge', not {kind!r}")
+    start = _num(f, "start_s", w, default=0.0, lo=0.0)
+    end = _num(f, "end_s", w, default=None, lo=0.0)
+    if end is not None and end <= start:
+        raise ScenarioError(f"{w}.end_s", f"must be > start_s ({start}), got {end}")
+    params: dict[str, float] = {}
+    for pname, (default, lo, lo_open) in _FAULT_PARAMS[kind].items():
+        params[pname] = _num(f, pname, w, default=default if default is not None else ..., lo=lo,
+                             lo_open=lo_open, hi=1.0 if pname in ("stall_prob", "fraction") else None)
+    known = {"group", "node", "kind", "start_s", "end_s", "comment", *params}
+    unknown = sorted(set(f) - known)
+    if unknown:
+        raise ScenarioError(f"{w}.{unknown[0]}", f"unknown parameter for kind {kind!r} "
+                            f"(known: {sorted(_FAULT_PARAMS[kind])})")
+    return Fault(group=f["group"], node=node, kind=kind, start_s=start, end_s=end, params=params)
+
+
+def _faulty(e: dict[str, Any], groups: tuple[Group, ...]) -> tuple[tuple[str, int], ...]:
+    """``expect.faulty``: the ground truth, ``(group, node)`` of nodes that exist."""
+    faulty: list[tuple[str, int]] = []
+    for i, x in enumerate(_list(e.get("faulty", []), "expect.faulty")):
+        w = f"expect.faulty[{i}]"
+        x = _obj(x, w)
+        grp = _named_group(x, w, groups)
+        faulty.append((x["group"], _num(x, "node", w, lo=0, hi=grp.nodes - 1, integer=True)))
+    return tuple(faulty)
+
+
+def parse_scenario(data: Any, source: str = "") -> Scenario:
+    """Validate a decoded scenario document. Raises :class:`ScenarioError` naming the field.
+
+    Sections are checked in file order (name, seed, duration, groups, workload, client, faults,
+    expect, probe, then the cadence and gateway fields), so the first bad field is the one reported."""
     d = _obj(data, "(scenario)")
     name = d.get("name")
     if not isinstance(name, str) or not name:
         raise ScenarioError("name", "required non-empty string")
     seed = _num(d, "seed", "", default=0, lo=0, integer=True)
     duration = _num(d, "duration_s", "", lo=0.0, lo_open=True)
-    groups: list[Group] = []
-    for i, g in enumerate(_list(d.get("groups"), "groups", nonempty=True)):
-        w = f"groups[{i}]"
-        g = _obj(g, w)
-        gname = g.get("name")
-        if not isinstance(gname, str) or not gname:
-            raise ScenarioError(f"{w}.name", "required non-empty string")
-        if any(x.name == gname for x in groups):
-            raise ScenarioError(f"{w}.name", f"duplicate group name {gname!r}")
-        curve = g.get("decode_batch_curve")
-        if curve == "flat":
-            parsed_curve: tuple[tuple[float, float], ...] | None = ((1.0, 1.0),)
-        elif curve is None:
-            parsed_curve = None
-        else:
-            parsed_curve = _steps(curve, f"{w}.decode_batch_curve")
-        speed_source = g.get("speed_source", "lognormal")
-        if not _one_of(speed_source, ("lognormal", "azure_vm_noise")):
-            raise ScenarioError(f"{w}.speed_source", f"'lognormal' or 'azure_vm_noise', got {speed_source!r}")
-        groups.append(Group(
-            engine=_engine(g.get("engine", {}), f"{w}.engine"),
-            name=gname,
-            nodes=_num(g, "nodes", w, lo=1, integer=True, hi=10_000),
-            prefill_ms_per_token=_num(g, "prefill_ms_per_token", w, lo=0.0),
-            decode_ms_per_token=_num(g, "decode_ms_per_token", w, lo=0.0, lo_open=True),
-            max_concurrency=_num(g, "max_concurrency", w, lo=1, integer=True),
-            jitter_cv=_num(g, "jitter_cv", w, default=0.08, lo=0.0, hi=5.0),
-            node_speed_spread=_num(g, "node_speed_spread", w, default=-1.0, lo=-1.0, hi=2.0),
-            decode_batch_curve=parsed_curve,
-            speed_source=speed_source,
-        ))
+    groups = _groups(d)
     names = {g.name for g in groups}
-    workloads: list[Workload] = []
-    for i, wl in enumerate(_list(d.get("workload"), "workload", nonempty=True)):
-        w = f"workload[{i}]"
-        wl = _obj(wl, w)
-        if not _one_of(wl.get("group"), names):
-            raise ScenarioError(f"{w}.group", f"unknown group {wl.get('group')!r} (groups: {sorted(names)})")
-        trace = wl.get("trace")
-        if trace is not None and not _one_of(trace, TRACE_NAMES):
-            raise ScenarioError(f"{w}.trace", f"unknown trace {trace!r} (known: {sorted(TRACE_NAMES)})")
-        profile = _steps(wl["rate_profile"], f"{w}.rate_profile") if wl.get("rate_profile") else ((0.0, 1.0),)
-        workloads.append(Workload(
-            group=wl["group"],
-            rate_rps=_num(wl, "rate_rps", w, lo=0.0, lo_open=True),
-            trace=trace,
-            prompt_tokens=_dist(wl.get("prompt_tokens", {"median": 1000}), f"{w}.prompt_tokens"),
-            completion_tokens=_dist(wl.get("completion_tokens", {"median": 180}), f"{w}.completion_tokens"),
-            rate_profile=profile,
-        ))
-    c = _obj(d.get("client", {}), "client")
-    client = Client(
-        timeout_s=_num(c, "timeout_s", "client", default=30.0, lo=0.0, lo_open=True),
-        retries=_num(c, "retries", "client", default=0, lo=0, hi=10, integer=True),
-        retry_backoff_s=_num(c, "retry_backoff_s", "client", default=0.0, lo=0.0),
-    )
-    faults: list[Fault] = []
-    for i, f in enumerate(_list(d.get("faults", []), "faults")):
-        w = f"faults[{i}]"
-        f = _obj(f, w)
-        if not _one_of(f.get("group"), names):
-            raise ScenarioError(f"{w}.group", f"unknown group {f.get('group')!r}")
-        grp = next(g for g in groups if g.name == f["group"])
-        kind = f.get("kind")
-        if not _one_of(kind, FAULT_KINDS):
-            raise ScenarioError(f"{w}.kind", f"unknown kind {kind!r} (one of {', '.join(FAULT_KINDS)})")
-        node_v = f.get("node")
-        if node_v == "all":
-            node: int | None = None
-        else:
-            node = _num(f, "node", w, lo=0, hi=grp.nodes - 1, integer=True)
-        if node is None and kind != "surge":
-            raise ScenarioError(f"{w}.node", f"'all' is only valid for kind 'surge', not {kind!r}")
-        start = _num(f, "start_s", w, default=0.0, lo=0.0)
-        end = _num(f, "end_s", w, default=None, lo=0.0)
-        if end is not None and end <= start:
-            raise ScenarioError(f"{w}.end_s", f"must be > start_s ({start}), got {end}")
-        params: dict[str, float] = {}
-        for pname, (default, lo, lo_open) in _FAULT_PARAMS[kind].items():
-            params[pname] = _num(f, pname, w, default=default if default is not None else ..., lo=lo,
-                                 lo_open=lo_open, hi=1.0 if pname in ("stall_prob", "fraction") else None)
-        known = {"group", "node", "kind", "start_s", "end_s", "comment", *params}
-        unknown = sorted(set(f) - known)
-        if unknown:
-            raise ScenarioError(f"{w}.{unknown[0]}", f"unknown parameter for kind {kind!r} "
-                                f"(known: {sorted(_FAULT_PARAMS[kind])})")
-        faults.append(Fault(group=f["group"], node=node, kind=kind, start_s=start, end_s=end, params=params))
+    workloads = tuple(_workload(wl, f"workload[{i}]", names)
+                      for i, wl in enumerate(_list(d.get("workload"), "workload", nonempty=True)))
+    client = _client(d)
+    faults = tuple(_fault(f, f"faults[{i}]", groups) for i, f in enumerate(_list(d.get("faults", []), "faults")))
     e = _obj(d.get("expect", {}), "expect")
-    faulty: list[tuple[str, int]] = []
-    for i, x in enumerate(_list(e.get("faulty", []), "expect.faulty")):
-        w = f"expect.faulty[{i}]"
-        x = _obj(x, w)
-        if not _one_of(x.get("group"), names):
-            raise ScenarioError(f"{w}.group", f"unknown group {x.get('group')!r}")
-        grp = next(g for g in groups if g.name == x["group"])
-        faulty.append((x["group"], _num(x, "node", w, lo=0, hi=grp.nodes - 1, integer=True)))
+    faulty = _faulty(e, groups)
     probe = _obj(d.get("probe", {}), "probe")
     return Scenario(
         name=name,
         seed=seed,
         duration_s=duration,
-        groups=tuple(groups),
-        workload=tuple(workloads),
+        groups=groups,
+        workload=workloads,
         client=client,
-        faults=tuple(faults),
-        faulty=tuple(faulty),
+        faults=faults,
+        faulty=faulty,
         no_quarantine_of_healthy=bool(e.get("no_quarantine_of_healthy", True)),
         tick_s=_num(d, "tick_s", "", default=0.2, lo=0.01, hi=60.0),
         scrape_s=_num(d, "scrape_s", "", default=None, lo=0.01, hi=60.0),

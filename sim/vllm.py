@@ -135,6 +135,7 @@ class NodeEngine:
                  jitter: Callable[[], float], on_admit: Callable[[int, float], None] | None = None,
                  on_preempt: Callable[[int, int], None] | None = None, keep_observations: bool = False) -> None:
         self.model, self.cfg, self.speed = model, settings, speed
+        self.half_block = settings.block_size / 2.0  # a sequence's mean waste in its last block, tokens
         self.on_admit = on_admit or (lambda att, now: None)
         self.on_preempt = on_preempt or (lambda att, kv_tokens: None)
         self.push, self.on_first_token, self.on_finish, self.state, self.jitter = (
@@ -329,27 +330,59 @@ class NodeEngine:
         self.on_preempt(q.att, kv)
 
     def plan(self, now: float) -> None:
-        """Compose the next step at ``now`` (a step boundary) and schedule the phase."""
-        cfg = self.cfg
-        running = self.running
+        """Compose the next step at ``now`` (a step boundary) and schedule the phase (module
+        docstring, steps 1-4): aborted sequences leave, decodes that do not fit are preempted, the
+        token budget goes to prefill chunks, and the phase's step time and length are set."""
         if self.n_aborted:
-            for q in [q for q in running if q.aborted]:
+            for q in [q for q in self.running if q.aborted]:
                 self._drop(q)
                 del self.seqs[q.att]
             self.n_aborted = 0
         res, kv_frac, mult = self.state(now)
-        cap = self.cap = cfg.kv_capacity_tokens * kv_frac
-        half_block = cfg.block_size / 2.0
-        # 1-2. decodes first; preempt from the back while their next tokens do not fit.
+        cap = self.cap = self.cfg.kv_capacity_tokens * kv_frac
+        self._fit_decodes(now, cap)
+        D = self.n_decoding
+        chunks, P, pf_ctx = self._prefill_chunks(now, cap, D)
+        m = self.m
+        m.running = len(self.running)
+        m.waiting = len(self.waiting)
+        m.kv_usage = min(1.0, max(0.0, self.kv_used / cap)) if cap > 0 else 1.0
+        self.chunks = chunks
+        if not D and not chunks:
+            self.active = False  # (a request that fits no cache at all waits until its client gives up)
+            return
+        ms = self.model.step_ms(P + D, D, self.kv_used, pf_ctx, res)
+        s = ms * self.speed * mult * self.jitter() / 1000.0
+        k = self._phase_steps(cap, D, chunks, P)
+        self.D, self.s, self.k = D, s, k
+        self.t0 = now + self.pending_stall
+        self.gap += self.pending_stall  # (a phase cut before its first step keeps its gap)
+        self.pending_stall = 0.0
+        self.active = True
+        self.ver += 1
+        self.push(self.t0 + k * s, self.ver)
+
+    def _fit_decodes(self, now: float, cap: float) -> None:
+        """Steps 1-2: every decoding sequence's next token must fit the cache (with half a block of
+        waste per running sequence); while they do not, preempt the last running sequence."""
+        half_block = self.half_block
+        running = self.running
         while self.n_decoding and self.kv_used + self.n_decoding + half_block * len(running) > cap:
             self._preempt(now)
-        D = self.n_decoding
+
+    def _prefill_chunks(self, now: float, cap: float, D: int) -> tuple[list[tuple[Seq, int]], int, float]:
+        """Step 3: the token budget left by the ``D`` decodes, and the cache's room, go to prefill
+        chunks: running prefills in order, then waiting requests (FCFS, admitted while fewer than
+        ``max_num_seqs`` run). Returns the chunks ``(sequence, tokens)``, their tokens ``P`` and their
+        summed attention context (tokens times the mean position of the chunk)."""
+        cfg = self.cfg
+        running = self.running
+        half_block = self.half_block
         budget = cfg.max_num_batched_tokens - D
         free = cap - self.kv_used - D - half_block * len(running)
         chunks: list[tuple[Seq, int]] = []
         P = 0
         pf_ctx = 0.0
-        # 3. running prefills in order, then waiting requests (FCFS).
         for q in self.prefilling:
             if budget <= 0 or free < 1:
                 break
@@ -382,16 +415,13 @@ class NodeEngine:
             pf_ctx += ch * (q.computed + ch / 2.0)
             budget -= ch
             free -= ch + half_block
-        m = self.m
-        m.running = len(running)
-        m.waiting = len(waiting)
-        m.kv_usage = min(1.0, max(0.0, self.kv_used / cap)) if cap > 0 else 1.0
-        self.chunks = chunks
-        if not D and not chunks:
-            self.active = False  # (a request that fits no cache at all waits until its client gives up)
-            return
-        ms = self.model.step_ms(P + D, D, self.kv_used, pf_ctx, res)
-        s = ms * self.speed * mult * self.jitter() / 1000.0
+        return chunks, P, pf_ctx
+
+    def _phase_steps(self, cap: float, D: int, chunks: list[tuple[Seq, int]], P: int) -> int:
+        """Step 4's phase length: how many identical steps follow before the batch changes, at most
+        :data:`MAX_PHASE_STEPS`: until the first decoding sequence finishes, one step when several
+        prefill chunks run (or until a lone chunk's prompt is done), and no more steps than the
+        cache has room for at ``D + P`` tokens a step."""
         k = MAX_PHASE_STEPS
         if D:
             heap = self.finish_heap
@@ -410,12 +440,6 @@ class NodeEngine:
                 k = min(k, max(1, (q.need - q.computed) // ch))
         grow = D + P
         if grow and k > 1:
-            room = cap - self.kv_used - half_block * len(running)
+            room = cap - self.kv_used - self.half_block * len(self.running)
             k = min(k, max(1, int(room // grow)))
-        self.D, self.s, self.k = D, s, k
-        self.t0 = now + self.pending_stall
-        self.gap += self.pending_stall  # (a phase cut before its first step keeps its gap)
-        self.pending_stall = 0.0
-        self.active = True
-        self.ver += 1
-        self.push(self.t0 + k * s, self.ver)
+        return k

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -164,24 +165,26 @@ def run(cluster: Cluster, args: argparse.Namespace, deadline: float) -> dict[str
     return asyncio.run(_probe(cluster, args, groups, tag, token, deadline, t_setup))
 
 
-async def _probe(cluster: Cluster, args: argparse.Namespace, groups: list[str], tag: str, token: str,
-                 deadline: float, t_setup: float) -> dict[str, Any]:
+async def _until_healthy(base: str) -> None:
+    """Up to 30 s for the web server's ``/healthz`` to answer 200 (the probe goes on either way: the
+    warm-up's POSTs are retried like any other)."""
     import httpx
 
-    r = cluster.client()
-    base = f"http://{LOOPBACK}:{cluster.web_port}"
-    url = f"{base}/api/v1/ingest/requests"
-    rng = np.random.default_rng(args.seed)
-    stats = HttpStats()
-    batches: list[Batch] = []
     async with httpx.AsyncClient(timeout=10) as probe:
         for _ in range(300):
             with contextlib.suppress(httpx.HTTPError):
                 if (await probe.get(f"{base}/healthz")).status_code == 200:
                     break
             await asyncio.sleep(0.1)
-    # Warm-up (accounted like any batch): one record per node registers every node before the
-    # first tick, so no record can reach a tick that does not know its node yet.
+
+
+async def _warm_up(r: Any, args: argparse.Namespace, groups: list[str], tag: str, url: str, token: str,
+                   batches: list[Batch], stats: HttpStats, rng: np.random.Generator, deadline: float) -> None:
+    """Warm-up (accounted like any batch): one record per node registers every node before the
+    first tick, so no record can reach a tick that does not know its node yet. Then up to 90 s for
+    every group's first weights document and drained stream."""
+    import httpx
+
     for gi, g in enumerate(groups):
         b = make_batch(len(batches), tag, g, gi, args.nodes, args.nodes, rng, time.time())
         batches.append(b)
@@ -195,8 +198,11 @@ async def _probe(cluster: Cluster, args: argparse.Namespace, groups: list[str], 
                     d["done"] for d in drained(r, groups).values()):
                 break
         await asyncio.sleep(0.2)
-    setup_s = time.monotonic() - t_setup
 
+
+def _plan(args: argparse.Namespace, groups: list[str]) -> list[tuple[str, int, int]]:
+    """``--records`` in batches of ``--batch`` (the last one smaller), the groups in turn:
+    ``[(group, its index, batch size)]``."""
     plan = []
     left, i = args.records, 0
     while left > 0:
@@ -204,26 +210,28 @@ async def _probe(cluster: Cluster, args: argparse.Namespace, groups: list[str], 
         plan.append((groups[i % len(groups)], i % len(groups), size))
         left -= size
         i += 1
-    nominal_s = args.records / args.rate
-    stop = threading.Event()
-    t0 = time.monotonic()
-    t0_wall = time.time()
-    # Senders give up (batch unresolved) early enough to leave time for the drain and the report.
-    give_up_at = deadline - 90
+    return plan
+
+
+async def _send_under_faults(cluster: Cluster, args: argparse.Namespace, groups: list[str], monitor: Monitor,
+                             t0: float, deadline: float, send: Callable[[], Awaitable[None]]
+                             ) -> tuple[list[Faults], float]:
+    """The sending phase: the weights monitor and the four fault threads (storage, workers, web,
+    pauses) start, ``send`` runs the gateways, then the faults are told to stop. Faults belong to the
+    sending phase; one under way completes (nothing is left down), except a storage fault still
+    running a minute before ``deadline``, which is aborted. Returns the fault threads and the
+    sending's seconds."""
     abort = threading.Event()
-    monitor = Monitor(cluster, groups, stop)
     storage = Faults("storage", cluster, args, groups, t0, abort)
     workers = Faults("workers", cluster, args, groups, t0, abort)
     web = Faults("web", cluster, args, groups, t0, abort)
     pauses = Faults("pause", cluster, args, groups, t0, abort)
     for th in (monitor, storage, workers, web, pauses):
         th.start()
-    progress: dict[str, float] = {}
     try:
-        await gateways(batches, plan, tag, args, url, token, stats, give_up_at, rng, progress)
+        await send()
     finally:
         sending_s = time.monotonic() - t0
-        # Faults belong to the sending phase; one under way completes (nothing is left down).
         for th in (storage, workers, web, pauses):
             th.no_more.set()
         storage.join(timeout=max(1.0, deadline - time.monotonic() - 60))
@@ -233,8 +241,13 @@ async def _probe(cluster: Cluster, args: argparse.Namespace, groups: list[str], 
         workers.join(timeout=30)
         web.join(timeout=5)
         pauses.join(timeout=args.worker_pause_s + 10)
+    return [storage, workers, web, pauses], sending_s
 
-    # Drain: every entry delivered, acknowledged and applied (state last_id at the stream's last id).
+
+async def _drain(r: Any, groups: list[str], deadline: float, stall_s: float) -> tuple[dict[str, dict[str, Any]], float]:
+    """Waits until every entry is delivered, acknowledged and applied (each state's ``last_id`` at its
+    stream's last id) and the outboxes are empty, or until 20 s before ``deadline``. Returns the
+    last state read and the seconds waited."""
     t_drain = time.monotonic()
     state: dict[str, dict[str, Any]] = {}
     last_change, seen = time.monotonic(), None
@@ -249,19 +262,47 @@ async def _probe(cluster: Cluster, args: argparse.Namespace, groups: list[str], 
             now_seen = json.dumps(state, sort_keys=True, default=str)
             if now_seen != seen:
                 seen, last_change = now_seen, time.monotonic()
-            elif time.monotonic() - last_change > args.drain_stall_s:
+            elif time.monotonic() - last_change > stall_s:
                 break
         except Exception as exc:  # Redis restarting after the last fault: keep waiting
             state = {"error": {"detail": str(exc)}}
         await asyncio.sleep(0.5)
-    drain_s = time.monotonic() - t_drain
+    return state, time.monotonic() - t_drain
+
+
+async def _probe(cluster: Cluster, args: argparse.Namespace, groups: list[str], tag: str, token: str,
+                 deadline: float, t_setup: float) -> dict[str, Any]:
+    """The probe once the cluster runs: warm-up, the sending under faults, the drain, the report."""
+    r = cluster.client()
+    base = f"http://{LOOPBACK}:{cluster.web_port}"
+    url = f"{base}/api/v1/ingest/requests"
+    rng = np.random.default_rng(args.seed)
+    stats = HttpStats()
+    batches: list[Batch] = []
+    await _until_healthy(base)
+    await _warm_up(r, args, groups, tag, url, token, batches, stats, rng, deadline)
+    setup_s = time.monotonic() - t_setup
+
+    plan = _plan(args, groups)
+    nominal_s = args.records / args.rate
+    stop = threading.Event()
+    t0 = time.monotonic()
+    t0_wall = time.time()
+    # Senders give up (batch unresolved) early enough to leave time for the drain and the report.
+    give_up_at = deadline - 90
+    monitor = Monitor(cluster, groups, stop)
+    progress: dict[str, float] = {}
+    faults, sending_s = await _send_under_faults(
+        cluster, args, groups, monitor, t0, deadline,
+        lambda: gateways(batches, plan, tag, args, url, token, stats, give_up_at, rng, progress))
+
+    state, drain_s = await _drain(r, groups, deadline, args.drain_stall_s)
     await asyncio.sleep(1.5)  # one more beat: a last tick publishes, the monitor sees it
     stop.set()
     monitor.join(timeout=5)
 
     applied, per_node_applied = applied_by_detector(r, groups)
     return _report(args, cluster, groups, tag, batches, stats, applied, per_node_applied, state, monitor,
-                   storage.events + workers.events + web.events + pauses.events,
-                   [e for e in (storage.error, workers.error, web.error, pauses.error) if e],
+                   [ev for th in faults for ev in th.events], [th.error for th in faults if th.error],
                    r, setup_s=setup_s, sending_s=sending_s, drain_s=drain_s, nominal_s=nominal_s,
                    t0_wall=t0_wall, generated_s=progress.get("generated_s"))

@@ -33,13 +33,12 @@ def _fault_windows(faults: list[dict[str, Any]], failures: list[float], t0_wall:
         f["client_failure_span_s"] = round(hits[-1] - hits[0], 2) if hits else 0.0
 
 
-def _report(args: argparse.Namespace, cluster: Cluster, groups: list[str], tag: str, batches: list[Batch],
-            stats: HttpStats, applied: dict[str, int], per_node_applied: dict[str, int],
-            state: dict[str, dict[str, Any]], monitor: Monitor, faults: list[dict[str, Any]],
-            fault_errors: list[str], r: Any, **times: Any) -> dict[str, Any]:
-    resolved = [b for b in batches if b.final_status == 200]
-    unresolved = [b for b in batches if b.final_status is None]
-    refused = [b for b in batches if b.final_status is not None and b.final_status != 200]
+def _by_group(groups: list[str], resolved: list[Batch], applied: dict[str, int]
+              ) -> tuple[dict[str, dict[str, int]], int, Counter[str], bool]:
+    """Per group, what landed (accepted + duplicates of the batches answered 200) against what its
+    detector applied: ``lost`` is landed - applied, ``applied_twice`` the reverse. Also the total landed,
+    what landed per node, and whether that count is exact (a batch with rejected records does not say
+    whose they were)."""
     landed_by_group: Counter[str] = Counter()
     http_accepted_by_group: Counter[str] = Counter()
     landed_by_node: Counter[str] = Counter()
@@ -56,12 +55,13 @@ def _report(args: argparse.Namespace, cluster: Cluster, groups: list[str], tag: 
         landed, done = landed_by_group[g], applied.get(g, 0)
         by_group[g] = {"landed": landed, "http_accepted": http_accepted_by_group[g], "applied": done,
                        "lost": max(0, landed - done), "applied_twice": max(0, done - landed)}
-    landed = sum(landed_by_group.values())
-    applied_total = sum(applied.values())
-    lost = sum(v["lost"] for v in by_group.values())
-    twice = sum(v["applied_twice"] for v in by_group.values())
+    return by_group, sum(landed_by_group.values()), landed_by_node, exact_nodes
 
-    # Which ids are in the dedup sets (= in the stream, exactly once) vs. which got a 200.
+
+def _dedup_check(r: Any, groups: list[str], tag: str, resolved: list[Batch], unresolved: list[Batch]
+                 ) -> dict[str, Any]:
+    """Which ids are in the dedup sets (= in the stream, exactly once) vs. which got a 200: every
+    acknowledged id must be there, and no id of a batch that was never sent."""
     expected: dict[str, set[str]] = {g: set() for g in groups}
     maybe: dict[str, set[str]] = {g: set() for g in groups}
     for b in resolved:
@@ -79,12 +79,12 @@ def _report(args: argparse.Namespace, cluster: Cluster, groups: list[str], tag: 
         dedup["ids_of_unresolved_batches_present"] += len(extra & maybe[g])
         dedup["unacknowledged_ids_present"] += len(extra - maybe[g])
         dedup["examples_missing"] += sorted(missing)[:5]
+    return dedup
 
-    node_mismatch = {n: [landed_by_node.get(n, 0), per_node_applied.get(n, 0)]
-                     for n in set(landed_by_node) | set(per_node_applied)
-                     if landed_by_node.get(n, 0) != per_node_applied.get(n, 0)}
-    reset_possible = any(s not in ("healthy", "degraded") for s in monitor.states)
 
+def _http(stats: HttpStats, batches: list[Batch], resolved: list[Batch], t0_wall: float) -> dict[str, Any]:
+    """The gateways' side: answers, retries, and where the duplicates came from (after a connection
+    error is expected; after 5xx answers alone contradicts "a 5xx accepted nothing")."""
     dup_batches = [b for b in resolved if b.duplicates]
     conn_kinds = ("conn:",)
     dup_after_conn = [b for b in dup_batches if any(a.startswith(conn_kinds) for a in b.attempts)]
@@ -94,7 +94,35 @@ def _report(args: argparse.Namespace, cluster: Cluster, groups: list[str], tag: 
     dup_first = [b for b in dup_batches if not b.attempts]
     retried = [b for b in batches if b.attempts]
     five = sum(v for k, v in stats.status.items() if k[:1] == "5")
+    return {
+        "posts": stats.posts,
+        "answers": dict(stats.status.most_common()),
+        "answers_5xx": five,
+        "answers_503": stats.status.get("503", 0),
+        "connection_errors": sum(v for k, v in stats.status.items() if k.startswith("conn:")),
+        "retries": sum(len(b.attempts) for b in batches),
+        "batches_retried": len(retried),
+        "max_attempts_of_a_batch": max((len(b.attempts) + 1 for b in batches), default=0),
+        "batches_with_duplicates": len(dup_batches),
+        "duplicates_after_a_connection_error": sum(b.duplicates for b in dup_after_conn),
+        # A 5xx says "nothing was accepted": duplicates after 5xx answers alone contradict it.
+        "duplicates_after_5xx_only": sum(b.duplicates for b in dup_after_5xx_only),
+        "duplicates_in_a_first_answer": sum(b.duplicates for b in dup_first),
+        # [answer, s after the start of the sending the attempt was sent] of each failed attempt
+        "examples_dup_after_5xx_only": [
+            {"batch": b.no, "group": b.group, "duplicates": b.duplicates,
+             "failed_attempts": [[a, round(t - t0_wall, 2)] for a, t in zip(b.attempts, b.attempt_times,
+                                                                            strict=True)]}
+            for b in dup_after_5xx_only[:3]],
+        "post_ms_p50": _pct(stats.post_ms, 50),
+        "post_ms_p99": _pct(stats.post_ms, 99),
+        "post_ms_max": round(max(stats.post_ms), 1) if stats.post_ms else None,
+    }
 
+
+def _weights(monitor: Monitor, groups: list[str], t0_wall: float) -> dict[str, dict[str, Any]]:
+    """Per group, the longest gap between two published documents the poller saw, against the
+    document's own ``stale_after_s``: the gateways kept fresh weights through the faults if it stayed under."""
     weights = {}
     for g in groups:
         docs = monitor.docs[g]
@@ -104,17 +132,38 @@ def _report(args: argparse.Namespace, cluster: Cluster, groups: list[str], tag: 
         weights[g] = {
             "documents_seen": len(docs),
             "longest_gap_s": round(gap, 2) if gap is not None else None,
-            "longest_gap_ended_at_s": round(gap_at - times["t0_wall"], 1) if gap_at else None,
+            "longest_gap_ended_at_s": round(gap_at - t0_wall, 1) if gap_at else None,
             "max_age_seen_by_poller_s": round(monitor.max_age[g][0], 2),
             "stale_after_s": stale,
             "stayed_under_stale_after_s": gap is not None and stale is not None and gap < stale,
         }
-    _fault_windows(faults, stats.failures, times["t0_wall"])
-    procs = {name: {"starts": p.starts, "killed_by_probe": p.killed_by_probe,
-                    "unexpected_exits": p.unexpected_exits} for name, p in cluster.procs.items()}
-    stream_left = {g: {k: v for k, v in s.items() if k != "done"} for g, s in state.items()}
-    drained_ok = bool(state) and all(s.get("done") for s in state.values())
-    problems = [name for name, bad in [
+    return weights
+
+
+def _records(batches: list[Batch], resolved: list[Batch], refused: list[Batch], unresolved: list[Batch],
+             landed: int, applied_total: int, sending_s: float) -> dict[str, Any]:
+    """The records' accounting: sent, answered, landed in the streams, applied by the detectors."""
+    return {
+        "sent": sum(b.n for b in batches),
+        "batches": len(batches),
+        "http_accepted": sum(b.accepted for b in resolved),
+        "http_duplicates_after_lost_answers": sum(b.duplicates for b in resolved),
+        "landed": landed,
+        "rejected": sum(b.rejected for b in resolved),
+        "rejected_examples": [e for b in resolved for e in b.errors][:5],
+        "refused_batches_4xx": len(refused),
+        "unresolved_batches": len(unresolved),
+        "unresolved_records": sum(b.n for b in unresolved),
+        "applied_by_detectors": applied_total,
+        "delivered_per_s": round(landed / sending_s) if sending_s else None,
+    }
+
+
+def _problems(lost: int, twice: int, unresolved: list[Batch], drained_ok: bool, dedup: dict[str, Any],
+              resolved: list[Batch], refused: list[Batch], fault_errors: list[str]) -> list[str]:
+    """What makes the verdict FAIL: any record lost, applied twice, left unresolved or rejected, a
+    stream not drained, the dedup sets not matching the answers, a fault that could not be injected."""
+    return [name for name, bad in [
         ("records lost", lost), ("records applied twice", twice), ("unresolved batches", unresolved),
         ("streams not drained", not drained_ok), ("acknowledged ids missing from the dedup sets",
                                                   dedup["acknowledged_ids_missing"]),
@@ -122,7 +171,31 @@ def _report(args: argparse.Namespace, cluster: Cluster, groups: list[str], tag: 
         ("rejected records", any(b.rejected for b in resolved)), ("batches refused with a 4xx", refused),
         ("a fault could not be injected", fault_errors),
     ] if bad]
-    sent = sum(b.n for b in batches)
+
+
+def _report(args: argparse.Namespace, cluster: Cluster, groups: list[str], tag: str, batches: list[Batch],
+            stats: HttpStats, applied: dict[str, int], per_node_applied: dict[str, int],
+            state: dict[str, dict[str, Any]], monitor: Monitor, faults: list[dict[str, Any]],
+            fault_errors: list[str], r: Any, **times: Any) -> dict[str, Any]:
+    """The probe's figures and verdict: each batch is resolved (200), refused (4xx) or unresolved
+    (given up), and every part of the accounting above is computed over those three lists."""
+    resolved = [b for b in batches if b.final_status == 200]
+    unresolved = [b for b in batches if b.final_status is None]
+    refused = [b for b in batches if b.final_status is not None and b.final_status != 200]
+    by_group, landed, landed_by_node, exact_nodes = _by_group(groups, resolved, applied)
+    lost = sum(v["lost"] for v in by_group.values())
+    twice = sum(v["applied_twice"] for v in by_group.values())
+    dedup = _dedup_check(r, groups, tag, resolved, unresolved)
+    node_mismatch = {n: [landed_by_node.get(n, 0), per_node_applied.get(n, 0)]
+                     for n in set(landed_by_node) | set(per_node_applied)
+                     if landed_by_node.get(n, 0) != per_node_applied.get(n, 0)}
+    reset_possible = any(s not in ("healthy", "degraded") for s in monitor.states)
+    _fault_windows(faults, stats.failures, times["t0_wall"])
+    procs = {name: {"starts": p.starts, "killed_by_probe": p.killed_by_probe,
+                    "unexpected_exits": p.unexpected_exits} for name, p in cluster.procs.items()}
+    stream_left = {g: {k: v for k, v in s.items() if k != "done"} for g, s in state.items()}
+    drained_ok = bool(state) and all(s.get("done") for s in state.values())
+    problems = _problems(lost, twice, unresolved, drained_ok, dedup, resolved, refused, fault_errors)
     return {
         "verdict": "FAIL" if problems else "PASS",
         "problems": problems,
@@ -134,20 +207,8 @@ def _report(args: argparse.Namespace, cluster: Cluster, groups: list[str], tag: 
         "generation_s": round(times["generated_s"], 1) if times["generated_s"] else None,
         "sending_s": round(times["sending_s"], 1),
         "drain_s": round(times["drain_s"], 1),
-        "records": {
-            "sent": sent,
-            "batches": len(batches),
-            "http_accepted": sum(b.accepted for b in resolved),
-            "http_duplicates_after_lost_answers": sum(b.duplicates for b in resolved),
-            "landed": landed,
-            "rejected": sum(b.rejected for b in resolved),
-            "rejected_examples": [e for b in resolved for e in b.errors][:5],
-            "refused_batches_4xx": len(refused),
-            "unresolved_batches": len(unresolved),
-            "unresolved_records": sum(b.n for b in unresolved),
-            "applied_by_detectors": applied_total,
-            "delivered_per_s": round(landed / times["sending_s"]) if times["sending_s"] else None,
-        },
+        "records": _records(batches, resolved, refused, unresolved, landed, sum(applied.values()),
+                            times["sending_s"]),
         "by_group": by_group,
         "dedup_set_check": dedup,
         "per_node_check": {
@@ -157,33 +218,10 @@ def _report(args: argparse.Namespace, cluster: Cluster, groups: list[str], tag: 
             "exact": exact_nodes and not reset_possible,
             "note": "decode-EMA counts; reset when a node recovers from quarantine",
         },
-        "http": {
-            "posts": stats.posts,
-            "answers": dict(stats.status.most_common()),
-            "answers_5xx": five,
-            "answers_503": stats.status.get("503", 0),
-            "connection_errors": sum(v for k, v in stats.status.items() if k.startswith("conn:")),
-            "retries": sum(len(b.attempts) for b in batches),
-            "batches_retried": len(retried),
-            "max_attempts_of_a_batch": max((len(b.attempts) + 1 for b in batches), default=0),
-            "batches_with_duplicates": len(dup_batches),
-            "duplicates_after_a_connection_error": sum(b.duplicates for b in dup_after_conn),
-            # A 5xx says "nothing was accepted": duplicates after 5xx answers alone contradict it.
-            "duplicates_after_5xx_only": sum(b.duplicates for b in dup_after_5xx_only),
-            "duplicates_in_a_first_answer": sum(b.duplicates for b in dup_first),
-            # [answer, s after the start of the sending the attempt was sent] of each failed attempt
-            "examples_dup_after_5xx_only": [
-                {"batch": b.no, "group": b.group, "duplicates": b.duplicates,
-                 "failed_attempts": [[a, round(t - times["t0_wall"], 2)] for a, t in zip(b.attempts, b.attempt_times,
-                                                                                         strict=True)]}
-                for b in dup_after_5xx_only[:3]],
-            "post_ms_p50": _pct(stats.post_ms, 50),
-            "post_ms_p99": _pct(stats.post_ms, 99),
-            "post_ms_max": round(max(stats.post_ms), 1) if stats.post_ms else None,
-        },
+        "http": _http(stats, batches, resolved, times["t0_wall"]),
         "faults": faults,
         "fault_errors": fault_errors,
-        "weights": weights,
+        "weights": _weights(monitor, groups, times["t0_wall"]),
         "node_states_seen": dict(monitor.states),
         "streams_at_end": stream_left,
         "processes": procs,

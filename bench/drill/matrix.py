@@ -144,7 +144,7 @@ def set_autogroup_nice(value: int | None) -> int | None:
         return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.drill.matrix", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cell", action="append", type=parse_cell, default=[], help="GATEWAY:on|off:FAULT (repeatable)")
@@ -164,10 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--until", default=None, help="start no run after this UTC time (HH:MM)")
     ap.add_argument("--out", default="docs/drill-matrix.json")
     ap.add_argument("--raw-dir", default="reports/drill-raw")
-    args = ap.parse_args(argv)
-    if not 1 <= args.runs <= MAX_RUNS:
-        ap.error(f"--runs is 1 to {MAX_RUNS}")
-    from bench.drill.control_plane import prepare_database
+    return ap
+
+
+def _cells(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[str, bool, str]]:
+    """The cells to run, in order: the ``--cell`` s, then :func:`plan_cells` of the ``--plan`` s over
+    ``--gateways`` and ``--arms``, less the on-arm of a router this tree has no applier for (said, not
+    run). An unknown gateway, or nothing left to run, is a usage error."""
     from bench.drill.gateways import GATEWAYS, has_applier
 
     gateways = tuple(g for g in args.gateways.split(",") if g)
@@ -182,12 +185,51 @@ def main(argv: list[str] | None = None) -> int:
     cells = [c for c in cells if not (c[1] and not has_applier(c[0]))]
     if not cells:
         ap.error("nothing to run: give --cell or --plan")
+    return cells
+
+
+def _run_one(cell: tuple[str, bool, str], k: int, args: argparse.Namespace, out: Path, raw_dir: Path,
+             autogroup: int | None) -> None:
+    """Run ``k`` of ``cell`` with seed ``k``, appended to ``out`` as soon as it ends (compact, with
+    the autogroup nice it ran under; a failed run as its error), its full result in ``raw_dir``."""
+    from bench.drill.run import DrillConfig, DrillFailed, DrillUnavailable, format_table, row, run_drill
+
+    gateway, weights, fault = cell
+    key = cell_key(gateway, weights, fault)
+    cfg = DrillConfig(gateway=gateway, weights=weights, fault=fault, servers=args.servers, rate=args.rate,
+                      onset_s=args.onset, after_s=args.after, seed=k)
+    print(f"[matrix] {key} run {k} (seed {k}), load {os.getloadavg()[0]:.2f}", flush=True)
+    t0 = time.time()
+    try:
+        result = run_drill(cfg)
+    except (DrillFailed, DrillUnavailable, TimeoutError, RuntimeError, NotImplementedError, ValueError) as exc:
+        print(f"[matrix] {key} run {k} failed: {exc}", flush=True)
+        matrix = load_matrix(out)
+        matrix["runs"].append({"cell": key, "run": k, "started_at": t0, "error": str(exc)[:3000],
+                               "config": {"gateway": gateway, "weights": weights, "fault": fault, "seed": k}})
+        save_matrix(out, matrix)
+        return
+    result["host"]["autogroup_nice"] = autogroup
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(t0))
+    (raw_dir / f"{stamp}-{key.replace(':', '_')}-{k}.json").write_text(json.dumps(result, default=str))
+    matrix = load_matrix(out)
+    matrix["runs"].append({"cell": key, "run": k, "started_at": t0, **compact(result)})
+    save_matrix(out, matrix)
+    print(format_table([row(result)]), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if not 1 <= args.runs <= MAX_RUNS:
+        ap.error(f"--runs is 1 to {MAX_RUNS}")
+    from bench.drill.control_plane import prepare_database
+
+    cells = _cells(ap, args)
     problem = prepare_database()
     if problem:
         print(problem, file=sys.stderr)
         return 2
-
-    from bench.drill.run import DrillConfig, DrillFailed, DrillUnavailable, format_table, row, run_drill
 
     autogroup = set_autogroup_nice(args.autogroup_nice)
     out, raw_dir = Path(args.out), Path(args.raw_dir)
@@ -197,10 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         save_matrix(out, matrix)
     new = 0
     for k in range(1, args.runs + 1):
-        for gateway, weights, fault in cells:
-            key = cell_key(gateway, weights, fault)
-            matrix = load_matrix(out)
-            if done_runs(matrix, key) >= k:
+        for cell in cells:
+            key = cell_key(*cell)
+            if done_runs(load_matrix(out), key) >= k:
                 continue
             if args.until and time.strftime("%H:%M", time.gmtime()) >= args.until:
                 print(f"[matrix] {args.until} UTC reached, stopping before {key} run {k}")
@@ -208,26 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.max_new is not None and new >= args.max_new:
                 return 0
             new += 1
-            cfg = DrillConfig(gateway=gateway, weights=weights, fault=fault, servers=args.servers, rate=args.rate,
-                              onset_s=args.onset, after_s=args.after, seed=k)
-            print(f"[matrix] {key} run {k} (seed {k}), load {os.getloadavg()[0]:.2f}", flush=True)
-            t0 = time.time()
-            try:
-                result = run_drill(cfg)
-            except (DrillFailed, DrillUnavailable, TimeoutError, RuntimeError, NotImplementedError, ValueError) as exc:
-                print(f"[matrix] {key} run {k} failed: {exc}", flush=True)
-                matrix = load_matrix(out)
-                matrix["runs"].append({"cell": key, "run": k, "started_at": t0, "error": str(exc)[:3000],
-                                       "config": {"gateway": gateway, "weights": weights, "fault": fault, "seed": k}})
-                save_matrix(out, matrix)
-                continue
-            result["host"]["autogroup_nice"] = autogroup
-            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(t0))
-            (raw_dir / f"{stamp}-{key.replace(':', '_')}-{k}.json").write_text(json.dumps(result, default=str))
-            matrix = load_matrix(out)
-            matrix["runs"].append({"cell": key, "run": k, "started_at": t0, **compact(result)})
-            save_matrix(out, matrix)
-            print(format_table([row(result)]), flush=True)
+            _run_one(cell, k, args, out, raw_dir, autogroup)
     return 3
 
 

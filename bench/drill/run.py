@@ -127,6 +127,133 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+@dataclass
+class _Drill:
+    """One drill's parts, ``None`` until they start, and what it records on the way. Each step of
+    the module docstring is a method, called in that order by :func:`run_drill`; :meth:`stop` stops
+    whatever started, whichever step failed."""
+
+    cfg: DrillConfig
+    spec: faults_mod.FaultSpec
+    group: str
+    workdir: Path
+    redis_url: str
+    host: dict[str, Any]
+    log: Any
+    fleet: Any = None
+    faulty: Any = None
+    cp: Any = None
+    gateway: Any = None
+    watcher: Any = None
+    meter: Any = None
+    fault: Any = None
+
+    def start_servers(self) -> None:
+        """1. The llama.cpp engines; ``faulty`` is the one the fault will strike (``cfg.faulty``, or
+        the last)."""
+        cfg = self.cfg
+        faulty_name = cfg.faulty or f"s{cfg.servers - 1}"
+        self.fleet = engines_mod.EngineFleet(cfg.servers, self.workdir / "engines")
+        self.faulty = self.fleet.by_name(faulty_name)
+        self.log(f"[drill] {cfg.servers} llama.cpp servers up: {self.fleet.addresses}; faulty {faulty_name} "
+                 f"({self.faulty.address})")
+
+    def set_up_group(self) -> None:
+        """1. The group, one node per engine (``metrics_url`` set), through the operator's actions, in
+        the database the children will use."""
+        self.cp = ControlPlane(self.workdir / "control", self.group,
+                               {s.name: (s.address, s.metrics_url) for s in self.fleet.servers},
+                               database_url=child_database_url(), redis_url=self.redis_url,
+                               thresholds=self.cfg.thresholds, tick_ms=self.cfg.tick_ms)
+        self.cp.setup()
+
+    def start_gateway_and_control_plane(self) -> None:
+        """2. The gateway, then the control plane's processes (the log tailer follows the gateway's
+        access log), and with the weights on, the agent applying them to the gateway (LiteLLM's
+        callback reads the weights itself: no agent)."""
+        cfg = self.cfg
+        self.gateway = gateways_mod.start_gateway(cfg.gateway, self.workdir / "gateway", self.fleet.addresses,
+                                                  self.group, weights=cfg.weights, redis_url=self.redis_url)
+        self.cp.start(self.gateway, canaries=cfg.canaries)
+        if cfg.weights and cfg.gateway != "litellm":  # LiteLLM's callback reads the weights itself
+            self.cp.start_agent(self.gateway)
+
+    def start_recorders(self, r: Any) -> None:
+        """What the figures are made of besides the client's records: the published documents
+        (``watcher``) and every engine's token counters (``meter``, first snapshot now)."""
+        self.watcher = WeightsWatcher(r, self.group)
+        self.meter = engines_mod.TokenMeter(self.fleet.ports, pids=self.fleet.pids)
+        self.meter.snapshot("start")
+
+    def run_load(self) -> tuple[PoissonLoad, list[Any]]:
+        """3. The Poisson load for ``onset_s + after_s`` s; at ``onset_s`` the fault on the faulty
+        engine's pid (:meth:`on_tick`). A part found dead stops the load and fails the drill."""
+        cfg, gateway = self.cfg, self.gateway
+        load = PoissonLoad(gateway.url, rate=cfg.rate, duration_s=cfg.onset_s + cfg.after_s, seed=cfg.seed,
+                           timeout_s=cfg.timeout_s, served_by=gateway.served_by, header=gateways_mod.SERVED_BY,
+                           headers=getattr(gateway, "request_headers", None))
+        self.log(f"[drill] group {self.group}, {cfg.gateway} at {gateway.url}, weights {'on' if cfg.weights else 'off'}, "
+                 f"{len(load.offsets)} requests over {cfg.onset_s + cfg.after_s:.0f} s, fault {self.spec} at +{cfg.onset_s:.0f} s")
+        state: dict[str, Any] = {"next_check": ALIVE_EVERY_S, "dead": []}
+        requests = load.run(lambda elapsed: self.on_tick(elapsed, load, state))
+        if state["dead"]:
+            raise DrillFailed("a part of the drill died: " + " | ".join(state["dead"]))
+        return load, requests
+
+    def on_tick(self, elapsed: float, load: PoissonLoad, state: dict[str, Any]) -> None:
+        """The load's clock: the fault starts at the onset (with the host's load and a token snapshot
+        then), and every :data:`ALIVE_EVERY_S` each process is checked (``state["dead"]``)."""
+        if self.fault is None and elapsed >= self.cfg.onset_s:
+            self.host["loadavg_onset"] = _load()
+            self.meter.snapshot("onset")
+            self.fault = self.spec.make(self.faulty.pid).start()
+            self.log(f"[drill] +{elapsed:.1f} s: {self.spec} on {self.faulty.name} (pid {self.faulty.pid})")
+        if elapsed >= state["next_check"]:
+            state["next_check"] += ALIVE_EVERY_S
+            dead = self.cp.check_alive() + [f"engine {s.name} exited" for s in self.fleet.servers
+                                            if s.proc is None or s.proc.poll() is not None]
+            if dead:
+                state["dead"] = dead
+                load.stop()
+
+    def collect(self, load: PoissonLoad, requests: list[Any], source: dict[str, Any], t_wall: float
+                ) -> dict[str, Any]:
+        """4. The figures (:func:`~bench.drill.report.summarise`) from the client's records, the
+        group's transitions and probes in PostgreSQL and the published documents, and the result:
+        everything the figures were made of."""
+        cfg, fault, meter, faulty = self.cfg, self.fault, self.meter, self.faulty
+        assert fault is not None and fault.onset is not None and load.started_at is not None
+        meter.snapshot("end")  # before the fault ends: every request sent has ended by now
+        meter.stop()
+        fault.stop()  # the load is over: the fault ends here, and its record says when
+        end = load.started_at + cfg.onset_s + cfg.after_s
+        time.sleep(2.0)  # the last tick's transitions reach PostgreSQL
+        self.host["loadavg_end"] = _load()
+        transitions = self.cp.transitions()
+        probes = self.cp.probes()
+        addresses = self.fleet.addresses
+        figures = summarise(requests=[q.to_dict() for q in requests], transitions=transitions,
+                            weights_changes=self.watcher.changes, onset=fault.onset, end=end, faulty=faulty.address,
+                            addresses=list(addresses.values()), token_samples=meter.samples,
+                            faulty_name=faulty.name, probes=probes, names=addresses)
+        return {
+            "config": asdict(cfg), "group": self.group, "host": self.host, "source": source,
+            "faulty": {"name": faulty.name, "address": faulty.address},
+            "servers": addresses, "gateway": self.gateway.describe(), "fault": fault.describe(),
+            "load_started_at": load.started_at, "figures": figures, "ingest": self.cp.ingest_counts(),
+            "weights_documents_seen": self.watcher.documents, "transitions": transitions,
+            "weights_changes": self.watcher.changes, "token_samples": meter.samples, "probes": probes,
+            "requests": [q.to_dict() for q in requests],
+            "wall_s": round(time.time() - t_wall, 1),
+        }
+
+    def stop(self) -> None:
+        """The fault first (the engine runs free again), the engines last."""
+        for part in (self.fault, self.watcher, self.meter, self.cp, self.gateway, self.fleet):
+            if part is not None:
+                part.stop()
+
+
 def run_drill(cfg: DrillConfig, *, log: Any = print) -> dict[str, Any]:
     """One drill (module docstring); Django must be set up. Returns the JSON-able result."""
     from django.conf import settings
@@ -140,91 +267,20 @@ def run_drill(cfg: DrillConfig, *, log: Any = print) -> dict[str, Any]:
     faults_mod.cleanup_stale()
     workdir = make_workdir("oa-drill-")
     group = new_group_name()
-    faulty_name = cfg.faulty or f"s{cfg.servers - 1}"
     r = client_for(settings.REDIS_URL)
-    fleet = gateway = cp = watcher = fault = meter = None
-    host: dict[str, Any] = {"cpus": os.cpu_count(), "loadavg_start": _load()}
+    drill = _Drill(cfg, spec, group, workdir, settings.REDIS_URL, {"cpus": os.cpu_count(), "loadavg_start": _load()},
+                   log)
     source = source_state()
     t_wall = time.time()
     try:
-        fleet = engines_mod.EngineFleet(cfg.servers, workdir / "engines")
-        addresses = fleet.addresses
-        faulty = fleet.by_name(faulty_name)
-        log(f"[drill] {cfg.servers} llama.cpp servers up: {addresses}; faulty {faulty_name} ({faulty.address})")
-        cp = ControlPlane(workdir / "control", group,
-                          {s.name: (s.address, s.metrics_url) for s in fleet.servers},
-                          database_url=child_database_url(), redis_url=settings.REDIS_URL,
-                          thresholds=cfg.thresholds, tick_ms=cfg.tick_ms)
-        cp.setup()
-        gateway = gateways_mod.start_gateway(cfg.gateway, workdir / "gateway", addresses, group,
-                                             weights=cfg.weights, redis_url=settings.REDIS_URL)
-        cp.start(gateway, canaries=cfg.canaries)
-        if cfg.weights and cfg.gateway != "litellm":  # LiteLLM's callback reads the weights itself
-            cp.start_agent(gateway)
-        watcher = WeightsWatcher(r, group)
-        meter = engines_mod.TokenMeter(fleet.ports, pids=fleet.pids)
-        meter.snapshot("start")
-        load = PoissonLoad(gateway.url, rate=cfg.rate, duration_s=cfg.onset_s + cfg.after_s, seed=cfg.seed,
-                           timeout_s=cfg.timeout_s, served_by=gateway.served_by, header=gateways_mod.SERVED_BY,
-                           headers=getattr(gateway, "request_headers", None))
-        log(f"[drill] group {group}, {cfg.gateway} at {gateway.url}, weights {'on' if cfg.weights else 'off'}, "
-            f"{len(load.offsets)} requests over {cfg.onset_s + cfg.after_s:.0f} s, fault {spec} at +{cfg.onset_s:.0f} s")
-        state: dict[str, Any] = {"next_check": ALIVE_EVERY_S, "dead": []}
-
-        def on_tick(elapsed: float) -> None:
-            nonlocal fault
-            if fault is None and elapsed >= cfg.onset_s:
-                host["loadavg_onset"] = _load()
-                meter.snapshot("onset")
-                fault = spec.make(faulty.pid).start()
-                log(f"[drill] +{elapsed:.1f} s: {spec} on {faulty_name} (pid {faulty.pid})")
-            if elapsed >= state["next_check"]:
-                state["next_check"] += ALIVE_EVERY_S
-                dead = cp.check_alive() + [f"engine {s.name} exited" for s in fleet.servers
-                                           if s.proc is None or s.proc.poll() is not None]
-                if dead:
-                    state["dead"] = dead
-                    load.stop()
-
-        requests = load.run(on_tick)
-        if state["dead"]:
-            raise DrillFailed("a part of the drill died: " + " | ".join(state["dead"]))
-        assert fault is not None and fault.onset is not None and load.started_at is not None
-        meter.snapshot("end")  # before the fault ends: every request sent has ended by now
-        meter.stop()
-        fault.stop()  # the load is over: the fault ends here, and its record says when
-        end = load.started_at + cfg.onset_s + cfg.after_s
-        time.sleep(2.0)  # the last tick's transitions reach PostgreSQL
-        host["loadavg_end"] = _load()
-        transitions = cp.transitions()
-        probes = cp.probes()
-        figures = summarise(requests=[q.to_dict() for q in requests], transitions=transitions,
-                            weights_changes=watcher.changes, onset=fault.onset, end=end, faulty=faulty.address,
-                            addresses=list(addresses.values()), token_samples=meter.samples,
-                            faulty_name=faulty_name, probes=probes, names=addresses)
-        result = {
-            "config": asdict(cfg), "group": group, "host": host, "source": source, "faulty": {"name": faulty_name, "address": faulty.address},
-            "servers": addresses, "gateway": gateway.describe(), "fault": fault.describe(),
-            "load_started_at": load.started_at, "figures": figures, "ingest": cp.ingest_counts(),
-            "weights_documents_seen": watcher.documents, "transitions": transitions,
-            "weights_changes": watcher.changes, "token_samples": meter.samples, "probes": probes,
-            "requests": [q.to_dict() for q in requests],
-            "wall_s": round(time.time() - t_wall, 1),
-        }
-        return result
+        drill.start_servers()
+        drill.set_up_group()
+        drill.start_gateway_and_control_plane()
+        drill.start_recorders(r)
+        load, requests = drill.run_load()
+        return drill.collect(load, requests, source, t_wall)
     finally:
-        if fault is not None:
-            fault.stop()
-        if watcher is not None:
-            watcher.stop()
-        if meter is not None:
-            meter.stop()
-        if cp is not None:
-            cp.stop()
-        if gateway is not None:
-            gateway.stop()
-        if fleet is not None:
-            fleet.stop()
+        drill.stop()
         faults_mod.cleanup_stale()
         r.delete(keys.weights(group), keys.legacy_weights(group), keys.applied(group))
         if not cfg.keep_workdir:

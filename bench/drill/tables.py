@@ -175,7 +175,18 @@ def peers_table(matrix: dict[str, Any]) -> str:
               f"load average at each run's start {fmt(stats(loads))}; requests after the onset per run "
               f"{fmt(stats(n_requests), digits=0)}" + (" (fewer than 300: read P95 beside P99)."
                                                        if n_requests and max(n_requests) < P99_MIN_REQUESTS else ".")]
+    lines += superseded_lines(matrix)
     return "\n".join(lines) + "\n"
+
+
+def superseded_lines(matrix: dict[str, Any]) -> list[str]:
+    """The runs taken out of the tables because the code they measured changed (kept in the JSON's
+    ``superseded`` with the reason), one line per reason."""
+    by_reason: dict[str, list[str]] = defaultdict(list)
+    for r in matrix.get("superseded", []):
+        by_reason[r.get("superseded", "")].append(f"`{r['cell']}` run {r.get('run')}")
+    return [line for reason, runs in by_reason.items()
+            for line in ("", f"Superseded (in the JSON, not in the tables): {', '.join(runs)}: {reason}.")]
 
 
 def targets_table(st: dict[tuple[str, str, str], dict[str, Any]], found: dict[tuple[str, str, str], Any]) -> list[str]:

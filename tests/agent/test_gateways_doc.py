@@ -6,6 +6,8 @@ import json
 import re
 import time
 
+import pytest
+
 from agent.caddy import plan_handler
 from agent.client import effective_weights
 from agent.envoy import plan_assignment
@@ -42,9 +44,22 @@ def test_envoy_seed_file_of_the_page():
 def test_traefik_agent_file_of_the_page():
     body, result, routed = plan_service_file(json_block("Traefik"), eff(weights={"n7": 35}), "llm")
     assert routed == {"127.0.0.7:8000": 35, "127.0.0.8:8000": 100} and not result.missing
-    assert body["http"]["services"]["llm"]["loadBalancer"]["strategy"] == "leasttime"  # kept
+    assert body["http"]["services"]["llm"]["loadBalancer"]["strategy"] == "wrr"  # kept
     body, _, routed = plan_service_file(json_block("Traefik"), eff(quarantined=("n7",)), "llm")
     assert routed == {"127.0.0.8:8000": 100} and parked_service("llm") in body["http"]["services"]
+
+
+@pytest.mark.parametrize("strategy", ["leasttime", "p2c", "hrw"])
+def test_traefik_applies_quarantine_only_under_a_strategy_that_is_not_wrr(strategy):
+    """A rewrite resets leasttime's samples (docs/gateways.md, Traefik): weights stay the operator's."""
+    seed = json_block("Traefik")
+    seed["http"]["services"]["llm"]["loadBalancer"]["strategy"] = strategy
+    body, result, routed = plan_service_file(seed, eff(weights={"n7": 35}), "llm")
+    assert routed == {"127.0.0.7:8000": 100, "127.0.0.8:8000": 100} and body == seed
+    assert "quarantine only" in result.note and "n7" in result.note and not result.changes
+    body, result, routed = plan_service_file(seed, eff(quarantined=("n7",)), "llm")
+    assert routed == {"127.0.0.8:8000": 100} and parked_service("llm") in body["http"]["services"]
+    assert result.changes == ["127.0.0.7:8000 quarantined: moved to llm-outlier-quarantined"]
 
 
 def test_caddy_handler_of_the_page():
