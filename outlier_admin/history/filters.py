@@ -1,5 +1,5 @@
 """The query filters (django-filter filter sets) over the stored history: nodes, transitions, incidents,
-proposals, overrides, canary probes, GPU readings, the audit log and the input ingest refused. One
+proposals, overrides, silences, canary probes, GPU readings, the audit log and the input ingest refused. One
 owner, beside the read models: the API's list endpoints, the dashboard's pages and the CSV exports
 (:mod:`outlier_admin.history.export`) take the same parameters from here. A node is named by its id
 or its name (:class:`NodeRefFilter`); a time is ISO 8601, read in UTC (:class:`UTCIsoDateTimeField`).
@@ -15,6 +15,7 @@ import django_filters as filters
 from django import forms
 from django.core.exceptions import ValidationError as FormValidationError
 from django.db.models import QuerySet
+from django.utils import timezone
 from django_filters.fields import IsoDateTimeField
 
 from detector.signals import SIGNALS
@@ -24,7 +25,9 @@ from outlier_admin.control.models import (
     Incident,
     IncidentOutcome,
     Override,
+    ProposalSource,
     QuarantineProposal,
+    Silence,
     Transition,
 )
 from outlier_admin.fleet.models import Node
@@ -215,3 +218,18 @@ class RejectedInputFilter(filters.FilterSet):
     class Meta:
         model = RejectedInput
         fields = ["reason", "looks_like", "source"]
+
+
+class SilenceFilter(filters.FilterSet):
+    active = filters.BooleanFilter(method="filter_active", help_text="true: in force now; false: ended")
+    node = filters.NumberFilter(field_name="node_id")
+    group = filters.CharFilter(field_name="node__group__name")
+    cause = filters.ChoiceFilter(choices=ProposalSource.choices)
+
+    class Meta:
+        model = Silence
+        fields = ["node", "group", "cause"]
+
+    def filter_active(self, queryset: QuerySet, name: str, value: bool) -> QuerySet:
+        now = timezone.now()
+        return queryset.filter(expires_at__gt=now) if value else queryset.filter(expires_at__lte=now)
