@@ -28,7 +28,9 @@ What is normalised before hashing (:data:`VOLATILE`): CSRF tokens (the forms' an
 a new mask on every response), CSP nonces (new on every response) and ``/readyz``'s ``"ms"`` (how
 long each check took: the wall clock, which does not freeze). Nothing else: the clock is frozen for
 the whole run, the session and CSRF cookies are headers, not bodies, ids are deterministic on a
-fresh database, and the canary's guards follow the fixture's clock (:class:`ProbeGuards`). Left out of the requests:
+fresh database, and what expires on a clock the freeze does not stop follows the fixture's clock
+instead: the canary's guards (:class:`ProbeGuards`, Redis's clock) and ingest's node directory (the
+monotonic clock). Left out of the requests:
 ``/metrics`` (the process's CPU and memory), ``/admin/`` (Django's own pages), ``/favicon.ico`` (a
 redirect to a static file) and the routes that take POST only (ingest, the overrides, the decisions,
 ``accounts/logout/``). The one POST requested is the thresholds preview (it changes nothing: a replay of
@@ -41,6 +43,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -224,7 +227,7 @@ def build_fixture(traveller: Any) -> dict[str, Any]:
     from outlier_admin.control.canary import run_due_probes
     from outlier_admin.control.tick import run_tick
     from outlier_admin.fleet.roles import ROLES
-    from outlier_admin.ingest.pipeline import submit
+    from outlier_admin.ingest.pipeline import directory, submit
 
     admin = actions.do_create_user("admin", roles=list(ROLES), actor=ACTOR)
     admin.is_staff = admin.is_superuser = True
@@ -245,10 +248,17 @@ def build_fixture(traveller: Any) -> dict[str, Any]:
     names = {g: [n.name for n in ns] for g, ns in nodes.items()}
     rng = np.random.default_rng(SEED)
     guards = ProbeGuards(list(groups))
+    directory_at, directory_ttl_s, directory.ttl_s = T0.timestamp(), directory.ttl_s, math.inf
     with canary_through(canary_stand_in()):
         for k in range(TICKS):
             t = T0.timestamp() + k * TICK_EVERY_S
             traveller.move_to(datetime.fromtimestamp(t, UTC))
+            if t - directory_at >= directory_ttl_s:
+                # Ingest's node directory is cached for ttl_s on the monotonic clock, which the frozen
+                # clock does not stop: a run's refusals of the retired node's records depended on its
+                # speed. It is reloaded after ttl_s of the fixture's clock instead (and never on its own).
+                directory.clear()
+                directory_at = t
             _feed("llama", names["llama"], t, rng, {3: 3.0} if 4 <= k < 22 else {})
             _feed("qwen", names["qwen"], t, rng, {2: 2.5} if k >= 6 else {})
             _operator_step(k, groups, nodes)
