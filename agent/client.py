@@ -293,50 +293,15 @@ class GatewayClient:
         not hammered, nor its logs flooded, by every heartbeat version), at once when the content
         changes (a new decision may be one the gateway takes); the loop itself never dies.
         """
-        last_key: tuple[Any, ...] | None = None
-        last_version: int | None = None
-        last_delivery = -math.inf
-        failures = 0
-        failed_key: tuple[Any, ...] | None = None
-        retry_at = -math.inf
+        deliver = _Delivery(self, on_update, resync_interval_s=resync_interval_s, retry_backoff_s=retry_backoff_s,
+                            max_retry_backoff_s=max_retry_backoff_s)
         pubsub = None
         next_poll = 0.0
-
-        def deliver() -> None:
-            nonlocal last_key, last_version, last_delivery, failures, failed_key, retry_at
-            eff = self.effective()
-            if eff is None:
-                return
-            due = resync_interval_s is not None and self.clock() - last_delivery >= resync_interval_s
-            if eff.key() == last_key and eff.version == last_version and not due:
-                return
-            if failures and eff.key() == failed_key and self.clock() < retry_at:
-                return  # backing off: this content failed moments ago
-            try:
-                on_update(eff)
-            except Exception as exc:  # an applier failure must not kill the watcher
-                failures += 1
-                failed_key = eff.key()
-                delay = min(max_retry_backoff_s, retry_backoff_s * 2 ** (failures - 1))
-                retry_at = self.clock() + delay
-                log.warning("weights update for group %s not applied (failure %d; retry in %.1f s): %s",
-                            self.group, failures, delay, exc)
-                log.debug("update handler traceback", exc_info=True)
-                last_key = None  # force a retry
-                return
-            failures = 0
-            last_key, last_version, last_delivery = eff.key(), eff.version, self.clock()
-
         while not stop.is_set():
             if pubsub is None:
-                try:
-                    pubsub = _Notifications(self.redis_client, self.group, self.channel)
+                pubsub = self._subscribe()
+                if pubsub is not None:
                     next_poll = 0.0  # notifications sent while unsubscribed are lost: pull once now
-                except redis.RedisError as exc:
-                    self.stats.redis_errors += 1
-                    self.stats.last_error = f"{type(exc).__name__}: {exc}"
-                    log.warning("cannot subscribe to %s: %s (polling only)", self.channel, exc)
-                    pubsub = None
             now = self.clock()
             if now >= next_poll:
                 self.refresh()
@@ -362,12 +327,69 @@ class GatewayClient:
             deliver()
         _close(pubsub)
 
+    def _subscribe(self) -> _Notifications | None:
+        """Subscribe to the group's notifications; None (polling only, counted and logged) when Redis
+        refuses."""
+        try:
+            return _Notifications(self.redis_client, self.group, self.channel)
+        except redis.RedisError as exc:
+            self.stats.redis_errors += 1
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"
+            log.warning("cannot subscribe to %s: %s (polling only)", self.channel, exc)
+            return None
+
     def _time_to_stale(self) -> float:
         if self.document is None:
             return math.inf
         remaining = self.document.generated_at + self.document.stale_after_s - self.clock()
         # Wake just after the deadline so the fail-open transition is applied promptly.
         return max(0.0, remaining) + 0.01 if remaining > 0 else math.inf
+
+
+class _Delivery:
+    """What :meth:`GatewayClient.run` hands to the gateway, and when: the effective weights when they
+    changed since the last delivery (new version, new content, the live -> fail-open transition) or a
+    resync is due; after ``on_update`` raised, the same content again only after a backoff
+    (``retry_backoff_s`` doubling up to ``max_retry_backoff_s``), other content at once."""
+
+    def __init__(self, client: GatewayClient, on_update: Callable[[EffectiveWeights], None], *,
+                 resync_interval_s: float | None, retry_backoff_s: float, max_retry_backoff_s: float) -> None:
+        self.client = client
+        self.on_update = on_update
+        self.resync_interval_s = resync_interval_s
+        self.retry_backoff_s = retry_backoff_s
+        self.max_retry_backoff_s = max_retry_backoff_s
+        self.last_key: tuple[Any, ...] | None = None
+        self.last_version: int | None = None
+        self.last_delivery = -math.inf
+        self.failures = 0
+        self.failed_key: tuple[Any, ...] | None = None
+        self.retry_at = -math.inf
+
+    def __call__(self) -> None:
+        client = self.client
+        eff = client.effective()
+        if eff is None:
+            return
+        due = self.resync_interval_s is not None and client.clock() - self.last_delivery >= self.resync_interval_s
+        if eff.key() == self.last_key and eff.version == self.last_version and not due:
+            return
+        if self.failures and eff.key() == self.failed_key and client.clock() < self.retry_at:
+            return  # backing off: this content failed moments ago
+        try:
+            self.on_update(eff)
+        except Exception as exc:  # an applier failure must not kill the watcher
+            self.failures += 1
+            self.failed_key = eff.key()
+            delay = min(self.max_retry_backoff_s, self.retry_backoff_s * 2 ** (self.failures - 1))
+            self.retry_at = client.clock() + delay
+            log.warning("weights update for group %s not applied (failure %d; retry in %.1f s): %s",
+                        client.group, self.failures, delay, exc)
+            log.debug("update handler traceback", exc_info=True)
+            self.last_key = None  # force a retry
+            return
+        self.failures = 0
+        self.last_key, self.last_version, self.last_delivery = eff.key(), eff.version, client.clock()
 
 
 class _Notifications:

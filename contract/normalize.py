@@ -9,8 +9,11 @@ when the gateway learned its latency; ``ts - total_ms`` is when it was dispatche
      "total_ms": float, "status": int, "request_id": "<optional>"}
 
 :func:`normalize` returns the canonical dict (``ts`` as float epoch seconds, ``ttft_ms`` None when
-unknown) or raises :class:`RecordError` with a machine-readable reason code. The rules match
-``detector.samples.validate`` so a record accepted here is never refused by the detector.
+unknown) or raises :class:`RecordError` with a machine-readable reason code. The numeric rules are
+the rows of :data:`contract.records.FIELDS`, read in order (cross-field bounds and the fields a
+field needs included), the same table :func:`contract.records.fields_ok` reads for a batch, so a
+record accepted here is never refused by the detector (``tests/contract/test_records_validators.py``
+ties the two).
 
 **Latency-only records.** Most gateways' default logs (nginx ``combined``, HAProxy ``httplog``,
 Envoy's default text format) carry no token counts. Such a record is kept, not refused: unless
@@ -39,17 +42,14 @@ from typing import Any
 
 from contract.names import NameError_, validate_group_name, validate_node_id
 from contract.records import (
-    CACHED,
-    COMPLETION,
     DEFAULT_STATUS,
+    FIELDS,
     HTTP_STATUS,
     MIN_LATENCY_MS,
-    PROMPT,
-    QUEUE,
     REQUEST_ID_MAX,
     REQUIRED,
-    TOTAL,
-    TTFT,
+    STATUS,
+    TOKENS,
     Field,
     request_id_ok,
     status_ok,
@@ -117,10 +117,10 @@ def parse_ts(value: Any) -> float:
     return ts
 
 
-def _number(rec: dict[str, Any], field: Field, high: float) -> float:
-    """``rec[field.name]`` as a number within the contract's bounds for ``field`` (up to ``high``)."""
+def _number(value: Any, field: Field, high: float) -> float:
+    """``value`` (a record's ``field``) as a number within the contract's bounds for ``field`` (up to
+    ``high``)."""
     key = field.name
-    value = rec.get(key)
     kind = type(value)
     if kind is not int and kind is not float:  # bool is its own type: refused below
         if isinstance(value, str) and len(value) <= 40:
@@ -146,6 +146,50 @@ def _number(rec: dict[str, Any], field: Field, high: float) -> float:
             raise RecordError(f"bad_{key}", f"{key} must be {zero}>= {field.low:g}, got {str(value)[:40]}")
         raise RecordError(f"bad_{key}", f"{key} must be an integer, got {value}")
     return value
+
+
+#: What :func:`_numbers` reads of each numeric field of the table, in the table's order (``status``
+#: has a rule of its own: an int, never a numeric string, with a default).
+_PLAN = tuple((f, f.name, f.kind, f.high, f.needs, f.over, f.ceiling())
+              for f in FIELDS.values() if f is not STATUS)
+_PROMPT, _COMPLETION = TOKENS
+
+
+def _numbers(rec: dict[str, Any], out: dict[str, Any], max_latency_ms: float, max_prompt_tokens: int,
+             max_completion_tokens: int) -> dict[str, Any]:
+    """Every numeric field of :data:`contract.records.FIELDS` but ``status``, checked in the table's
+    order (a record's first failing rule is its reason), its canonical value (the field's type, or
+    ``None``) put in ``out``; returns the values as read, by name. A field is ``None`` where the
+    record does not give it or a field it :attr:`~contract.records.Field.needs` is absent (cached
+    tokens without both counts, a queue wait without TTFT). A count given is checked even when its
+    partner is missing: a bad value is refused, never hidden by the record becoming latency-only. A
+    bound naming another field is that field's value as read (cached <= prompt, queue <= TTFT); a
+    field whose excess has a reason of its own (:attr:`~contract.records.Field.over`) is first held
+    to its :meth:`~contract.records.Field.ceiling` (TTFT: ``max_latency_ms``), then refused under
+    that reason (``total_below_ttft``) past the field it names."""
+    # Limits and values share one namespace: a row's ``high`` names either (a limit's ``max_`` prefix).
+    got: dict[str, Any] = {"max_latency_ms": max_latency_ms, "max_prompt_tokens": max_prompt_tokens,
+                           "max_completion_tokens": max_completion_tokens}
+    for field, name, kind, high, needs, over, ceiling in _PLAN:
+        value = rec.get(name)
+        if needs and value is not None:
+            for need in needs:
+                if got[need] is None:  # not read without it
+                    value = None
+                    break
+        if value is None:
+            got[name] = out[name] = None
+            continue
+        bound = got[high] if type(high) is str else high
+        if over is None:
+            value = _number(value, field, bound)
+        else:
+            value = _number(value, field, got[ceiling] if type(ceiling) is str else ceiling)
+            if bound < value:
+                raise RecordError(over, f"{high} {bound} < {name} {value}")
+        got[name] = value
+        out[name] = kind(value)
+    return got
 
 
 def normalize(
@@ -183,28 +227,12 @@ def normalize(
             group = validate_group_name(group.strip() if isinstance(group, str) else group)
     except NameError_ as exc:
         raise RecordError(exc.reason, exc.detail) from None
-    # A count that is given is checked even when its partner is missing: a bad value is refused,
-    # never hidden by the record becoming latency-only.
-    prompt = None if rec.get("prompt_tokens") is None else _number(rec, PROMPT, max_prompt_tokens)
-    completion = None if rec.get("completion_tokens") is None else _number(rec, COMPLETION, max_completion_tokens)
-    if prompt is None or completion is None:
-        prompt = completion = None
-    cached = None
-    if prompt is not None and rec.get("cached_tokens") is not None:
-        # Cached prompt tokens are a part of the prompt: never more than it.
-        cached = _number(rec, CACHED, prompt)
-    total = _number(rec, TOTAL, max_latency_ms)
-    ttft = None
-    if rec.get("ttft_ms") is not None:
-        # TTFT is bounded by the total (the contract's bound) under a reason of its own.
-        ttft = _number(rec, TTFT, max_latency_ms)
-        if total < ttft:
-            raise RecordError("total_below_ttft", f"total_ms {total} < ttft_ms {ttft}")
-    queue = None
-    if ttft is not None and rec.get("queue_ms") is not None:
-        # The wait for a batch slot is a part of TTFT: never more than it.
-        queue = _number(rec, QUEUE, ttft)
-    if prompt == 0 and completion == 0:  # both None (latency-only) is not this case
+    out = {"ts": ts, "node": node, "group": group or None}
+    got = _numbers(rec, out, max_latency_ms, max_prompt_tokens, max_completion_tokens)
+    prompt, completion = got[_PROMPT], got[_COMPLETION]
+    if prompt is None or completion is None:  # latency-only: a lone count was checked, and is dropped
+        out[_PROMPT] = out[_COMPLETION] = None
+    elif prompt == 0 and completion == 0:
         raise RecordError("no_tokens", "a request with no prompt and no completion tokens carries no signal")
     status = rec.get("status", DEFAULT_STATUS)
     if not status_ok(status):
@@ -213,16 +241,6 @@ def normalize(
     if not request_id_ok(request_id):
         raise RecordError("bad_request_id",
                           f"request_id must be a printable string of at most {REQUEST_ID_MAX} characters")
-    return {
-        "ts": ts,
-        "node": node,
-        "group": group or None,
-        "prompt_tokens": None if prompt is None else int(prompt),
-        "completion_tokens": None if completion is None else int(completion),
-        "cached_tokens": None if cached is None else int(cached),
-        "ttft_ms": None if ttft is None else float(ttft),
-        "queue_ms": None if queue is None else float(queue),
-        "total_ms": float(total),
-        "status": status,
-        "request_id": request_id or None,
-    }
+    out["status"] = status
+    out["request_id"] = request_id or None
+    return out

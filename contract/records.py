@@ -25,8 +25,10 @@ field                  type   required  least                  most             
 
 A bound named ``max_*`` is one of :class:`Limits` (the ``INGEST_*`` settings); a bound naming another
 field is that field's value (cached tokens are a part of the prompt, the wait for a batch slot a part
-of TTFT, TTFT a part of the total). ``cached_tokens`` is only read with both token counts,
-``queue_ms`` only with ``ttft_ms`` (:attr:`Field.needs`). Plain Python (no numpy): the log parsers
+of TTFT, TTFT a part of the total). ``cached_tokens`` is only read with both token counts
+(:data:`TOKENS`: a record without both is latency-only), ``queue_ms`` only with ``ttft_ms``
+(:attr:`Field.needs`). A TTFT past the total is refused as ``total_below_ttft`` (:attr:`Field.over`),
+every other value out of bounds as ``bad_<field>``. Plain Python (no numpy): the log parsers
 that import ``contract.normalize`` run on gateway hosts with redis-py only; the bound
 checks (:meth:`Field.within`) use operators only, so the same expression judges a number and a numpy
 column.
@@ -90,14 +92,32 @@ class Field:
     high: float | str = float("inf")
     #: 0 is accepted below ``low`` (status 0: no answer; a latency under the gateway's resolution).
     zero_ok: bool = False
-    #: Read only when this field is given too (``"tokens"``: both token counts).
-    needs: str | None = None
+    #: Read only when these fields are given too (each earlier in :data:`FIELDS`).
+    needs: tuple[str, ...] = ()
+    #: The reason code of a value within its own bounds but above the field ``high`` names, when that
+    #: rule has a name of its own (``total_below_ttft``); otherwise such a value is ``bad_<name>``.
+    over: str | None = None
 
-    def high_of(self, limits: Limits, values: dict[str, Any]) -> Any:
+    @property
+    def bounded_by_field(self) -> bool:
+        """Whether ``high`` names another field (not a number, not a :class:`Limits` attribute)."""
+        return isinstance(self.high, str) and not self.high.startswith("max_")
+
+    def high_of(self, limits: Limits, values: Mapping[str, Any]) -> Any:
         """The upper bound: a number, the limit it names, or the value of the field it names."""
         if isinstance(self.high, str):
-            return getattr(limits, self.high) if self.high.startswith("max_") else values[self.high]
+            return values[self.high] if self.bounded_by_field else getattr(limits, self.high)
         return self.high
+
+    def ceiling(self) -> float | str:
+        """The bound ``high`` comes to when a field it names is followed to that field's own bound
+        (``queue_ms`` <= ``ttft_ms`` <= ``total_ms`` <= ``max_latency_ms``): a number or a limit's name.
+        Within it and at most the named field's value is the same as within ``[low, high]`` (the
+        named field is within its own bounds, or the record is refused for it)."""
+        f = self
+        while f.bounded_by_field:
+            f = FIELDS[str(f.high)]
+        return f.high
 
     def within(self, x: Any, high: Any) -> Any:
         """``x`` within ``[low, high]`` (or 0 where allowed), integral for an int field: a bool for a
@@ -115,15 +135,18 @@ class Field:
         return f"{zero}in [{self.low:g}, {self.high if isinstance(self.high, str) else format(self.high, 'g')}]"
 
 
+#: A record's size: both token counts, or neither. A record without both is latency-only (a lone
+#: count is checked, then dropped: half a size is no size), and 0 and 0 carry no signal.
+TOKENS = ("prompt_tokens", "completion_tokens")
 #: The numeric fields, in the order their rules are checked (a record's first failing rule is its
 #: reason): ``ts`` is bounded by the time of ingest (:func:`ts_window`), not here.
 FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("prompt_tokens", int, high="max_prompt_tokens"),
     Field("completion_tokens", int, high="max_completion_tokens"),
-    Field("cached_tokens", int, high="prompt_tokens", needs="tokens"),
+    Field("cached_tokens", int, high="prompt_tokens", needs=TOKENS),
     Field("total_ms", float, required=True, low=MIN_LATENCY_MS, high="max_latency_ms"),
-    Field("ttft_ms", float, low=MIN_LATENCY_MS, high="total_ms", zero_ok=True),
-    Field("queue_ms", float, low=MIN_LATENCY_MS, high="ttft_ms", zero_ok=True, needs="ttft_ms"),
+    Field("ttft_ms", float, low=MIN_LATENCY_MS, high="total_ms", zero_ok=True, over="total_below_ttft"),
+    Field("queue_ms", float, low=MIN_LATENCY_MS, high="ttft_ms", zero_ok=True, needs=("ttft_ms",)),
     Field("status", int, low=HTTP_STATUS[0], high=HTTP_STATUS[1], zero_ok=True),
 )}
 PROMPT, COMPLETION, CACHED = FIELDS["prompt_tokens"], FIELDS["completion_tokens"], FIELDS["cached_tokens"]
@@ -137,15 +160,16 @@ def fields_ok(values: Mapping[str, Any], given: Mapping[str, Any], limits: Limit
     """Where every numeric field of :data:`FIELDS` but ``status`` (its own reason) is within its
     bounds: a required field given and good, an optional one absent or good. ``values`` and ``given``
     (and ``odd``: a value that was no plain number) are numpy columns by field name; a field is read
-    only with the fields it :attr:`~Field.needs`. The one spelling of the table's rules, cross-field
-    bounds included, for a batch (``outlier_admin.ingest.columns``, :func:`detector.samples.validate`)."""
-    read = dict(given)
-    read["tokens"] = read["prompt_tokens"] & read["completion_tokens"]
+    only with the fields it :attr:`~Field.needs`. The table's rules, cross-field bounds included, for
+    a batch (``outlier_admin.ingest.columns``, :func:`detector.samples.validate`); the per-record
+    spelling is :func:`contract.normalize.normalize` (a test ties the two)."""
     ok: Any = True
     for name, f in FIELDS.items():
         if f is STATUS:
             continue
-        where = read[name] & read[f.needs] if f.needs else read[name]
+        where = given[name]
+        for need in f.needs:
+            where = where & given[need]
         good = f.within(values[name], f.high_of(limits, values))
         if odd is not None:
             good = ~odd[name] & good
@@ -177,9 +201,7 @@ def json_schema(limits: Limits) -> dict[str, dict[str, Any]]:
     in words beside it (:func:`bound_in_words`)."""
     out: dict[str, dict[str, Any]] = {}
     for name, f in FIELDS.items():
-        high: Any = f.high
-        while isinstance(high, str) and not high.startswith("max_"):
-            high = FIELDS[high].high
+        high: Any = f.ceiling()
         high = getattr(limits, high) if isinstance(high, str) else high
         low: Any = int(f.low) if f.kind is int else f.low
         bounds = {"minimum": low} if high == _INF else {"minimum": low, "maximum": high}
@@ -192,4 +214,4 @@ def json_schema(limits: Limits) -> dict[str, dict[str, Any]]:
 def bound_in_words(name: str) -> str:
     """The rule of a field bounded by another (``"at most `total_ms`"``), or ``""``."""
     f = FIELDS[name]
-    return f"at most `{f.high}`" if isinstance(f.high, str) and not f.high.startswith("max_") else ""
+    return f"at most `{f.high}`" if f.bounded_by_field else ""

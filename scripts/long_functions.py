@@ -19,7 +19,7 @@ def long_functions(paths: list[Path], limit: int) -> list[tuple[int, str]]:
     for path in paths:
         if "migrations" in path.parts:
             continue
-        where = path.relative_to(ROOT)
+        where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
         todo: list[tuple[ast.AST, str]] = [(ast.parse(path.read_text(), str(path)), "")]
         while todo:
             node, prefix = todo.pop()

@@ -1,6 +1,7 @@
 """The house's import graph, every import counted (a function's lazy import too): no package imports
 another that imports it back, and the layers hold (``contract`` at the bottom, the gateway side on
-``contract`` alone, nothing shipped or benchmarked imports the tests).
+``contract`` alone, the API and the dashboard at the top, nothing shipped or benchmarked imports the
+tests).
 
 A *package* here is a top-level package, or a Django app of ``outlier_admin`` (``outlier_admin.api``,
 ``outlier_admin.control``, ...; a module at the root of ``outlier_admin``, such as ``settings`` or
@@ -21,6 +22,14 @@ ALLOWED = {
     "contract": set(),
     "agent": {"contract"},
     "detector": {"contract"},
+}
+#: The top: the two faces of the control plane, and who may import each. The URL conf and the settings
+#: name them (by dotted path, no import needed); no other app does: what the API and the dashboard
+#: share (read models, filter sets, actions) lives in the apps below them, so the dashboard never
+#: reaches into the API, nor the API into the dashboard.
+IMPORTED_ONLY_BY = {
+    "outlier_admin.api": {"outlier_admin.urls", "outlier_admin.settings"},
+    "outlier_admin.dashboard": {"outlier_admin.urls", "outlier_admin.settings"},
 }
 
 
@@ -131,6 +140,13 @@ def test_the_bottom_layers_import_only_what_they_may(package: str) -> None:
     graph = package_graph()
     extra = {dst: where[:3] for dst, where in graph.get(package, {}).items() if dst not in ALLOWED[package]}
     assert extra == {}, f"{package} imports {extra}"
+
+
+@pytest.mark.parametrize("top", sorted(IMPORTED_ONLY_BY))
+def test_the_top_is_imported_by_nothing_but_the_url_conf(top: str) -> None:
+    graph = package_graph()
+    found = {src: graph[src][top][:3] for src in graph if top in graph[src] and src not in IMPORTED_ONLY_BY[top]}
+    assert found == {}, f"{top} is imported by {found}"
 
 
 def test_nothing_but_the_tests_imports_the_tests() -> None:

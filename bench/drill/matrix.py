@@ -130,6 +130,30 @@ def backfill_probes(matrix: dict[str, Any], raw_dir: Path) -> int:
     return n
 
 
+def backfill_weight_after_cut(matrix: dict[str, Any], raw_dir: Path) -> int:
+    """Runs recorded before the drill kept ``faulty_max_weight_after_cut``: computed from the run's raw
+    file (its published documents and transitions), where ``raw_dir`` still has it. Returns how many."""
+    from bench.drill.report import is_cut, is_quarantine, max_weight_after_cut
+
+    raws = {}
+    for raw in raw_dir.glob("*.json"):
+        full = json.loads(raw.read_text())
+        raws[full.get("group")] = full
+    n = 0
+    for run in matrix["runs"]:
+        f = run.get("figures")
+        full = raws.get(run.get("group"))
+        if not f or "faulty_max_weight_after_cut" in f or full is None:
+            continue
+        faulty, onset = full["faulty"]["address"], full["fault"]["onset"]
+        mine = [t for t in full["transitions"] if t["address"] == faulty and t["at"] >= onset]
+        cut = next((t["at"] for t in mine if is_cut(t["to"])), None)
+        q = next((t["at"] for t in mine if is_quarantine(t["to"])), None)
+        f["faulty_max_weight_after_cut"] = max_weight_after_cut(full["weights_changes"], faulty, cut, q)
+        n += 1
+    return n
+
+
 def set_autogroup_nice(value: int | None) -> int | None:
     """This session's CPU group weight (module docstring); returns what it is, ``None`` where unknown."""
     path = Path("/proc/self/autogroup")
@@ -235,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     out, raw_dir = Path(args.out), Path(args.raw_dir)
     raw_dir.mkdir(parents=True, exist_ok=True)
     matrix = load_matrix(out)
-    if backfill_probes(matrix, raw_dir):
+    if backfill_probes(matrix, raw_dir) + backfill_weight_after_cut(matrix, raw_dir):
         save_matrix(out, matrix)
     new = 0
     for k in range(1, args.runs + 1):

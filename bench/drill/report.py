@@ -189,6 +189,21 @@ def faulty_tokens_split(requests: list[dict[str, Any]], faulty: str, onset: floa
             "probes_and_other": max(0.0, counted - before_cut - after_cut)}
 
 
+def max_weight_after_cut(weights_changes: list[dict[str, Any]], faulty: str, cut_at: float | None,
+                         quarantine_at: float | None) -> float | None:
+    """The largest weight, as a fraction of its weight before the fault, that the published documents
+    gave the faulty server after its first cut and before its quarantine (or the end): over 0.5 is a
+    node that flapped back over half its traffic (issue 33's ``quota:0.5`` target). ``None`` uncut."""
+    if cut_at is None:
+        return None
+    base = next((c["nodes"][faulty][0] for c in weights_changes if faulty in c["nodes"]), None)
+    seen = [c["nodes"][faulty][0] for c in weights_changes
+            if faulty in c["nodes"] and c["seen_at"] >= cut_at and (quarantine_at is None or c["seen_at"] < quarantine_at)]
+    if not base or not seen:
+        return None
+    return round(max(seen) / base, 3)
+
+
 def faulty_busy_from(requests: list[dict[str, Any]], faulty: str, onset: float) -> float | None:
     """Seconds from ``onset`` until ``faulty`` had work (module docstring); ``None``: never."""
     mine = [r for r in requests if r["served_by"] == faulty and r["latency_s"] is not None]
@@ -268,4 +283,6 @@ def summarise(*, requests: list[dict[str, Any]], transitions: list[dict[str, Any
         "per_node_after": per_node(after),
         "states_at_onset": states_at_onset,
         "weights_changes_seen": len(weights_changes),
+        "faulty_max_weight_after_cut": max_weight_after_cut(weights_changes, faulty, first_cut["at"] if first_cut else None,
+                                                            first_q["at"] if first_q else None),
     }

@@ -97,6 +97,11 @@ def figure(run: dict[str, Any], name: str) -> Any:
         "last_tokens": f.get("faulty_last_tokens_s"), "busy_before": f.get("fleet_busy_before"),
         "load": run["host"].get("loadavg_start", [None])[0],
         "p99_before": f["latency_before_onset"]["p99_s"], "p50_before": f["latency_before_onset"]["p50_s"],
+        # The throttled server's client tokens after the onset by when their request was sent (where the
+        # router names the server that answered: report.faulty_tokens_split).
+        "tok_before_cut": (f.get("faulty_tokens_after_onset") or {}).get("sent_before_cut"),
+        "tok_after_cut": (f.get("faulty_tokens_after_onset") or {}).get("sent_after_cut"),
+        "weight_after_cut": f.get("faulty_max_weight_after_cut"),
     }[name]
 
 
@@ -114,7 +119,8 @@ def cells(matrix: dict[str, Any]) -> dict[tuple[str, str, str], list[dict[str, A
 
 def cell_stats(runs: list[dict[str, Any]]) -> dict[str, Any]:
     names = ("p50", "p90", "p95", "p99", "n_after", "failed", "harmed", "share", "client_share", "cut", "quarantine", "busy",
-             "cut_busy", "healthy_cut", "healthy_q", "last_tokens", "busy_before", "load", "p99_before", "p50_before")
+             "cut_busy", "healthy_cut", "healthy_q", "last_tokens", "busy_before", "load", "p99_before", "p50_before",
+             "tok_before_cut", "tok_after_cut", "weight_after_cut")
     return {name: stats([figure(r, name) for r in runs]) for name in names} | {"runs": len(runs)}
 
 
@@ -192,9 +198,11 @@ def superseded_lines(matrix: dict[str, Any]) -> list[str]:
 def targets_table(st: dict[tuple[str, str, str], dict[str, Any]], found: dict[tuple[str, str, str], Any]) -> list[str]:
     """Issue 33's targets for outlier-admin on each router, measured (medians; ranges above)."""
     lines = ["#### Targets (issue 33), outlier-admin on top of each router", "",
-             "| fault | router | share of the clients' tokens after the onset (target) | harmed vs alone (target) | P99 vs alone (target: no worse) | "
-             "P99 vs no-fault floor (target <= 1.2x) | healthy quarantined (target 0) | quarantine s |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| fault | router | share of the clients' tokens after the onset (target) | of which tokens of requests sent before / after the cut | "
+             "harmed vs alone (target) | P99 vs alone (target: no worse) | "
+             "P99 vs no-fault floor (target <= 1.2x) | healthy quarantined (target 0) | quarantine s | "
+             "next work -> cut s | largest weight between cut and quarantine |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     targets = {"quota:0.2": (0.01, 0.5), "quota:0.5": (0.02, 0.7)}
     rows = 0
     for fault in _faults(found):
@@ -231,12 +239,21 @@ def targets_table(st: dict[tuple[str, str, str], dict[str, Any]], found: dict[tu
                 vs_floor = verdict(r <= 1.2, f"{r:.2f}x of its healthy minute*")
             hq = on["healthy_q"]
             hq_txt = verdict(None if hq is None else hq["hi"] == 0, fmt(hq, digits=0))
-            lines.append(f"| `{fault}` | {LABELS.get(gw, gw).split(' `')[0].split(',')[0]} | {share_txt} | {harm} | {p99} | "
-                         f"{vs_floor} | {hq_txt} | {fmt(on['quarantine'], digits=1)} |")
+            split = (f"{fmt(on['tok_before_cut'], digits=0)} / {fmt(on['tok_after_cut'], digits=0)}"
+                     if on["tok_before_cut"] else "-")
+            lines.append(f"| `{fault}` | {LABELS.get(gw, gw).split(' `')[0].split(',')[0]} | {share_txt} | {split} | {harm} | {p99} | "
+                         f"{vs_floor} | {hq_txt} | {fmt(on['quarantine'], digits=1)} | {fmt(on['cut_busy'], digits=1)} | "
+                         f"{fmt(on['weight_after_cut'], pct=True)} |")
     if not rows:
         return []
     return [*lines, "", "\\* no no-fault run of that router yet: the P99 of the minute before the onset in the same "
-                        "runs (about 70 requests) stands in for its floor.", ""]
+                        "runs (about 70 requests) stands in for its floor. *Before / after the cut*: the throttled "
+                        "server's client tokens after the onset, by when their request was sent, in the runs where "
+                        "the router names the server that answered (not the SGLang and vLLM routers, Traefik, "
+                        "LiteLLM): a request sent before the cut is work the server had already accepted, which no "
+                        "weight takes back. *Largest weight between cut and quarantine*: of its weight before the "
+                        "fault, in the published documents (over 50 % is a node that flapped back over half its "
+                        "traffic; `quota:0.5`'s target is never).", ""]
 
 
 def drill_table(matrix: dict[str, Any]) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import django_filters as filters
 from django.core.exceptions import ValidationError as FormValidationError
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
@@ -23,22 +22,10 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from outlier_admin.api.filters import UTCIsoDateTimeField, UTCIsoDateTimeFilter
 from outlier_admin.api.views import ApiView
+from outlier_admin.history.filters import RejectedInputFilter, UTCIsoDateTimeField
 from outlier_admin.ingest.models import RejectedInput
 from outlier_admin.ingest.rejected import counts_by_reason, window_start
-
-
-class RejectedInputFilter(filters.FilterSet):
-    since = UTCIsoDateTimeFilter(field_name="received_at", lookup_expr="gte")
-    until = UTCIsoDateTimeFilter(field_name="received_at", lookup_expr="lt")
-    reason = filters.CharFilter(field_name="reason")
-    looks_like = filters.CharFilter(field_name="looks_like")
-    source = filters.CharFilter(field_name="source")
-
-    class Meta:
-        model = RejectedInput
-        fields = ["reason", "looks_like", "source"]
 
 
 class RejectedInputSerializer(serializers.ModelSerializer):

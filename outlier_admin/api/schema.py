@@ -153,7 +153,7 @@ _RECORD_NUMBERS: dict[str, tuple[bool, str]] = {
 
 def _record_numbers(bounds: dict[str, Any]) -> dict[str, Any]:
     """The record's numeric properties: the contract's table, with :data:`_RECORD_NUMBERS`'s words."""
-    from contract.records import Limits, bound_in_words, json_schema
+    from contract.records import DEFAULT_STATUS, Limits, bound_in_words, json_schema
 
     generated = json_schema(Limits(**bounds))
     out = {}
@@ -162,7 +162,7 @@ def _record_numbers(bounds: dict[str, Any]) -> dict[str, Any]:
         if nullable:
             prop["nullable"] = True
         if name == "status":
-            prop["default"] = 200
+            prop["default"] = DEFAULT_STATUS
         prop["description"] = text.format(rule=bound_in_words(name))
         out[name] = prop
     return out

@@ -12,9 +12,6 @@ Silences are created by ``POST /api/v1/proposals/{id}/reject/`` (``silence_s``, 
 
 from __future__ import annotations
 
-import django_filters as filters
-from django.db.models import QuerySet
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
@@ -25,22 +22,8 @@ from rest_framework.response import Response
 from outlier_admin.api.serializers import ReasonSerializer
 from outlier_admin.api.views import ApiView, CanDecide, _valid, actor_of
 from outlier_admin.control import actions
-from outlier_admin.control.models import ProposalSource, Silence
-
-
-class SilenceFilter(filters.FilterSet):
-    active = filters.BooleanFilter(method="filter_active", help_text="true: in force now; false: ended")
-    node = filters.NumberFilter(field_name="node_id")
-    group = filters.CharFilter(field_name="node__group__name")
-    cause = filters.ChoiceFilter(choices=ProposalSource.choices)
-
-    class Meta:
-        model = Silence
-        fields = ["node", "group", "cause"]
-
-    def filter_active(self, queryset: QuerySet, name: str, value: bool) -> QuerySet:
-        now = timezone.now()
-        return queryset.filter(expires_at__gt=now) if value else queryset.filter(expires_at__lte=now)
+from outlier_admin.control.models import Silence
+from outlier_admin.history.filters import SilenceFilter
 
 
 class SilenceSerializer(serializers.ModelSerializer):

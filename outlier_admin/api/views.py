@@ -26,7 +26,6 @@ from rest_framework.response import Response
 from contract.names import NODE_ID_MAX, NODE_ID_RE
 from detector.signals import SIGNALS
 from detector.thresholds import Thresholds
-from outlier_admin.api import filters
 from outlier_admin.api import serializers as s
 from outlier_admin.api.errors import PROBLEM_CONTENT_TYPE, problem_response
 from outlier_admin.api.inputs import PARSERS, Pagination
@@ -43,7 +42,7 @@ from outlier_admin.control.models import (
 )
 from outlier_admin.fleet.models import ApiToken, ModelGroup, Node
 from outlier_admin.fleet.roles import may_preview, preview_roles
-from outlier_admin.history import queries
+from outlier_admin.history import filters, queries
 from outlier_admin.history.preview import PreviewThrottled, preview_thresholds
 from outlier_admin.history.timeline import MAX_POINTS, RangeError, group_baseline, node_timeline, parse_range
 from outlier_admin.ingest.models import GpuReading

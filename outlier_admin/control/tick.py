@@ -75,7 +75,7 @@ import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import redis
@@ -443,9 +443,19 @@ def _tick_locked(r: redis.Redis, store: TickStore, name: str, now: float | None,
         fence.close()
 
 
-def _tick_fenced(r: redis.Redis, store: TickStore, fence: Fence, group: ModelGroup, nodes: list[Node], name: str,
-                 now: float, consumer: str, started: float, skey: str, hkey: str) -> TickResult | None:
-    # Everything the tick reads from Redis, in one round trip after the fence's WATCH.
+class _Reads(NamedTuple):
+    """What a tick reads of Redis in its one round trip after the fence's WATCH (:func:`_read_group`)."""
+
+    lock_value: Any  # the lease's value, or the state's: the fence's commit checks it is still ours
+    state: list[Any]  # the group's state hash, laid out as _STATE_FIELDS
+    marks_raw: Any  # the actions' count of operator inputs waiting in SQL (None: none)
+    outbox_waits: int  # writes queued while PostgreSQL was down (how many of its keys exist)
+    entries: tuple[Any, Any, Any]  # the stream's claimed, own pending and new entries: raw replies
+
+
+def _read_group(r: redis.Redis, fence: Fence, name: str, skey: str, hkey: str, consumer: str) -> _Reads:
+    """Everything the tick reads from Redis, in one round trip after the fence's WATCH. A failed reply
+    raises, but the entries' (a stream without its consumer group is answered by :func:`_new_entries`)."""
     pipe = r.pipeline(transaction=False)
     pipe.get(fence.lock.key if fence.lock is not None else hkey)
     pipe.hmget(hkey, _STATE_FIELDS)
@@ -456,64 +466,69 @@ def _tick_fenced(r: redis.Redis, store: TickStore, fence: Fence, group: ModelGro
     for reply in (lock_value, state, marks_raw, outbox_waits):
         if isinstance(reply, Exception):
             raise reply
-    rev, _last_id, _tv, stored_slot, stored_version, checkpoint_at = state
-    if store.outage and rev is None and not r.hexists(hkey, "detector"):
-        log.warning("tick of %s skipped: PostgreSQL is down and Redis has no detector state yet", name)
-        return None
-    if outbox_waits:
-        store.drain(r, group)
-    held_before = name in _HELD and _HELD[name].rev == rev and rev is not None
-    gd, applied, replay = _restore(r, group, now, state)
-    fresh_state = applied == b"0-0" and not gd.nodes
-    by_name = {n.name: n for n in nodes}
-    _sync_nodes(gd, nodes, now, fresh_state)
+    return _Reads(lock_value, state, marks_raw, outbox_waits, (claimed, own, got))
 
-    if replay:  # entries after the checkpoint (this process had no current copy): applied first
-        applied = replay[-1][0]
-    if _is_nogroup(got):  # a new stream, or a Redis that lost it: create the consumer group, read again
+
+def _new_entries(r: redis.Redis, skey: str, consumer: str, replies: tuple[Any, Any, Any], applied: bytes,
+                 replay: list[tuple[bytes, dict]]) -> tuple[list[tuple[bytes, dict]], list[bytes]]:
+    """The entries this tick applies and the ids it acknowledges: the replay first (the entries after
+    the checkpoint, when this process had no current copy of the detector), then those read after the
+    WATCH, past the last one applied. A new stream, or a Redis that lost it, gets its consumer group
+    and is read again."""
+    after = replay[-1][0] if replay else applied
+    claimed, own, got = replies
+    if _is_nogroup(got):
         _ensure_consumer_group(r, skey)
-        entries, ack_ids = _read_entries(r, skey, consumer, applied, retry=False)
+        entries, ack_ids = _read_entries(r, skey, consumer, after, retry=False)
     else:
-        entries, ack_ids = _entries_of(claimed, own, got, applied)
-    entries = replay + entries
-    result = TickResult(group=name, at=now, entries=len(entries), sql_outage=store.outage)
+        entries, ack_ids = _entries_of(claimed, own, got, after)
+    return replay + entries, ack_ids
+
+
+def _ingest_entries(gd: GroupDetector, store: TickStore, group: ModelGroup, entries: list[tuple[bytes, dict]],
+                    nodes: list[Node], by_name: dict[str, Node], now: float, result: TickResult) -> dict[str, float]:
+    """Feed the entries' request records to the detector (``result.samples``: how many it accepted).
+    A node the records name that was registered after this tick's membership sync (by a concurrent
+    ingest) joins the detector, ``nodes`` and ``by_name``, and its records are applied again.
+    Returns each node's newest record time (``TickOutput.last_seen``)."""
     rows: list[list[Any]] = []
     for _eid, fields in entries:
         rows.extend(decode_requests(fields))
     last_seen: dict[str, float] = {}
-    if rows:
-        batch = _batch(rows)
-        res = gd.ingest(batch)
-        result.samples = res.accepted
-        if res.unknown_nodes:
-            # Registered after our membership sync (by a concurrent ingest): add and re-apply.
-            late = store.late_nodes(group, list(res.unknown_nodes))
-            for node_name, node in late.items():
-                gd.add_node(node_name, base_weight=float(node.base_weight), now=now)
-                by_name[node_name] = node
-                nodes.append(node)
-            mask = np.isin(batch.node, list(late))
-            if mask.any():
-                result.samples += gd.ingest(batch.take(mask)).accepted
-        get = last_seen.get
-        for node_name, t in zip(batch.node.tolist(), batch.ts.tolist(), strict=True):
-            if t > get(node_name, 0.0):
-                last_seen[node_name] = t
-    result.progress = apply_progress(gd, entries)
-    if entries:
-        applied = entries[-1][0]
+    if not rows:
+        return last_seen
+    batch = _batch(rows)
+    res = gd.ingest(batch)
+    result.samples = res.accepted
+    if res.unknown_nodes:
+        late = store.late_nodes(group, list(res.unknown_nodes))
+        for node_name, node in late.items():
+            gd.add_node(node_name, base_weight=float(node.base_weight), now=now)
+            by_name[node_name] = node
+            nodes.append(node)
+        mask = np.isin(batch.node, list(late))
+        if mask.any():
+            result.samples += gd.ingest(batch.take(mask)).accepted
+    get = last_seen.get
+    for node_name, t in zip(batch.node.tolist(), batch.ts.tolist(), strict=True):
+        if t > get(node_name, 0.0):
+            last_seen[node_name] = t
+    return last_seen
 
-    history_slot = int(now // settings.HISTORY_EVERY_S)
-    write_all = stored_slot is None or int(stored_slot) != history_slot
-    marks = int(marks_raw or 0)
-    # Operator inputs are SQL rows: look only when the actions marked some, when a node waits for an
-    # approval (or for its silence to release it), or once per history slot (a lost mark's bound).
+
+def _operator_inputs(store: TickStore, gd: GroupDetector, group: ModelGroup, now: float, *, marks: int,
+                     write_all: bool) -> tuple[list, list, list]:
+    """Apply the operators' inputs (overrides, approvals, silences: SQL rows) to the detector, and
+    whether to look at all: only when the actions marked some, when a node waits for an approval (or
+    for its silence to release it), or once per history slot (the bound on a lost mark)."""
     waiting = bool(np.any(np.asarray(gd.a.state) == int(NodeState.PENDING_APPROVAL)))
-    inputs = store.apply_inputs(gd, group, now) if (marks > 0 or waiting or write_all) else ([], [], [])
-    ev = gd.evaluate(now)
-    decided_at = time.perf_counter()
+    return store.apply_inputs(gd, group, now) if (marks > 0 or waiting or write_all) else ([], [], [])
 
-    view = published_view(ev, group, by_name)
+
+def _next_document(r: redis.Redis, name: str, group: ModelGroup, ev: Any, view: list[dict[str, Any]],
+                   stored_version: Any, now: float) -> tuple[int, WeightsDocument]:
+    """The version and the weights document this tick publishes: one more than the stored version
+    (state written before the version field: the published document's) and the group's in SQL."""
     if stored_version is None:  # state written before the version field: continue from the document
         current = r.get(keys.weights(name))
         stored_version = WeightsDocument.from_json(current).version if current else None
@@ -521,25 +536,26 @@ def _tick_fenced(r: redis.Redis, store: TickStore, fence: Fence, group: ModelGro
                                    group.weights_version)
     doc = publish.build_document(name, version, view, safeguard=bool(ev.safeguard), now=now,
                                  stale_after_s=settings.WEIGHTS_STALE_AFTER_S)
-    transitions = [t for t in ev.transitions if t.node in by_name]
-    states = dict(zip(ev.nodes, [_LABELS[c] for c in np.asarray(ev.states).astype(np.int64).tolist()], strict=True))
-    out = TickOutput(group=group, nodes=nodes, by_name=by_name, ev=ev, view=view, states=states,
-                     transitions=transitions, version=version, now=now, write_all=write_all,
-                     shadow=group.policy == Policy.SHADOW, last_seen=last_seen, inputs=inputs, marks=marks,
-                     node_ids={n: node.pk for n, node in by_name.items()})
-    last_checkpoint = float(checkpoint_at or 0.0)
-    checkpoint = _checkpoint_due(held_before, now, last_checkpoint,
-                                 decided=bool(ev.transitions) or any(inputs), new_slot=write_all)
-    out.checkpoint = checkpoint
+    return version, doc
+
+
+def _commit(r: redis.Redis, store: TickStore, fence: Fence, reads: _Reads, out: TickOutput, doc: WeightsDocument,
+            gd: GroupDetector, *, name: str, hkey: str, applied: bytes, history_slot: int,
+            last_checkpoint: float) -> None:
+    """Write the tick's Redis state in one fenced MULTI: the document and its notification, the state hash (with the detector when ``out.checkpoint``), the canary
+    probes due, and the store's own part; then wait for the replicas (raises ``NotReplicated``) and
+    keep the detector in this process under the new ``rev``. Raises ``LeaseLost`` when another tick
+    took the group while this one ran (a stalled tick must not overwrite its successor's)."""
+    ev, by_name, checkpoint = out.ev, out.by_name, out.checkpoint
     new_rev = secrets.token_hex(8).encode()
 
     def queue(p: Any) -> None:
         # Redis first: the document (and its notification) go out before any SQL write.
         publish.queue_document(p, doc)
-        mapping: dict[str, Any] = {"rev": new_rev, "version": version, "thresholds_version": group.thresholds_version,
-                                   "history_slot": history_slot}
+        mapping: dict[str, Any] = {"rev": new_rev, "version": out.version,
+                                   "thresholds_version": out.group.thresholds_version, "history_slot": history_slot}
         if checkpoint:
-            mapping.update(detector=gd.to_bytes(), last_id=applied, checkpoint_at=now)
+            mapping.update(detector=gd.to_bytes(), last_id=applied, checkpoint_at=out.now)
         p.hset(hkey, mapping=mapping)
         # Canary probes due now, for the canary task, which takes each one out as it sends it: a probe is
         # due in one tick only, and a tick that replaced the list could drop it before the canary's
@@ -549,27 +565,78 @@ def _tick_fenced(r: redis.Redis, store: TickStore, fence: Fence, group: ModelGro
             p.expire(keys.probes(name), PROBES_KEEP_S)
         store.queue(p, out)
 
-    # Only while this tick still holds the group (a stalled tick must not overwrite its successor's).
-    fence.commit(lock_value, rev, queue)
+    fence.commit(reads.lock_value, reads.state[0], queue)
     # Durable before anything acts on it (REDIS_MIN_REPLICAS_ACK; no round trip when 0): raises NotReplicated.
     require_replicas(r)
-    _hold(name, _Held(rev=new_rev, gd=gd, applied=applied, checkpoint_at=now if checkpoint else last_checkpoint))
+    _hold(name, _Held(rev=new_rev, gd=gd, applied=applied, checkpoint_at=out.now if checkpoint else last_checkpoint))
+
+
+def _acknowledge(r: redis.Redis, skey: str, ack_ids: list[bytes], checkpoint: bool, applied: bytes) -> None:
+    """Acknowledge the entries read, and at a checkpoint trim the stream up to ``applied``: the
+    checkpoint covers every entry up to it, the stream no longer needs them."""
+    pipe = r.pipeline(transaction=False)
+    if ack_ids:
+        pipe.xack(skey, CONSUMER_GROUP, *ack_ids)
+    if checkpoint and applied != b"0-0":
+        ms, seq = _id_tuple(applied)
+        pipe.xtrim(skey, minid=f"{ms}-{seq + 1}", approximate=False)
+    pipe.execute()
+
+
+def _tick_fenced(r: redis.Redis, store: TickStore, fence: Fence, group: ModelGroup, nodes: list[Node], name: str,
+                 now: float, consumer: str, started: float, skey: str, hkey: str) -> TickResult | None:
+    """One tick inside the fence: read, restore the detector, apply the new entries and the operators'
+    inputs, evaluate, publish (Redis, fenced), then write SQL and acknowledge the entries."""
+    reads = _read_group(r, fence, name, skey, hkey, consumer)
+    rev, _last_id, _tv, stored_slot, stored_version, checkpoint_at = reads.state
+    if store.outage and rev is None and not r.hexists(hkey, "detector"):
+        log.warning("tick of %s skipped: PostgreSQL is down and Redis has no detector state yet", name)
+        return None
+    if reads.outbox_waits:
+        store.drain(r, group)
+    held_before = name in _HELD and _HELD[name].rev == rev and rev is not None
+    gd, applied, replay = _restore(r, group, now, reads.state)
+    fresh_state = applied == b"0-0" and not gd.nodes
+    by_name = {n.name: n for n in nodes}
+    _sync_nodes(gd, nodes, now, fresh_state)
+
+    entries, ack_ids = _new_entries(r, skey, consumer, reads.entries, applied, replay)
+    result = TickResult(group=name, at=now, entries=len(entries), sql_outage=store.outage)
+    last_seen = _ingest_entries(gd, store, group, entries, nodes, by_name, now, result)
+    result.progress = apply_progress(gd, entries)
+    if entries:
+        applied = entries[-1][0]
+
+    history_slot = int(now // settings.HISTORY_EVERY_S)
+    write_all = stored_slot is None or int(stored_slot) != history_slot
+    marks = int(reads.marks_raw or 0)
+    inputs = _operator_inputs(store, gd, group, now, marks=marks, write_all=write_all)
+    ev = gd.evaluate(now)
+    decided_at = time.perf_counter()
+
+    view = published_view(ev, group, by_name)
+    version, doc = _next_document(r, name, group, ev, view, stored_version, now)
+    transitions = [t for t in ev.transitions if t.node in by_name]
+    states = dict(zip(ev.nodes, [_LABELS[c] for c in np.asarray(ev.states).astype(np.int64).tolist()], strict=True))
+    out = TickOutput(group=group, nodes=nodes, by_name=by_name, ev=ev, view=view, states=states,
+                     transitions=transitions, version=version, now=now, write_all=write_all,
+                     shadow=group.policy == Policy.SHADOW, last_seen=last_seen, inputs=inputs, marks=marks,
+                     node_ids={n: node.pk for n, node in by_name.items()})
+    last_checkpoint = float(checkpoint_at or 0.0)
+    out.checkpoint = _checkpoint_due(held_before, now, last_checkpoint,
+                                     decided=bool(ev.transitions) or any(inputs), new_slot=write_all)
+    _commit(r, store, fence, reads, out, doc, gd, name=name, hkey=hkey, applied=applied,
+            history_slot=history_slot, last_checkpoint=last_checkpoint)
+
     result.publish_latency_ms = (time.perf_counter() - decided_at) * 1000.0
     if entries:  # an entry id's first part is its XADD time (Redis clock, ms)
         result.lag_ms = max(time.time() * 1000.0 - min(_id_tuple(e[0])[0] for e in entries), 0.0)
-    result.version, result.safeguard, result.checkpoint = version, bool(ev.safeguard), checkpoint
+    result.version, result.safeguard, result.checkpoint = version, bool(ev.safeguard), out.checkpoint
     result.weights = {v["node"]: v["weight"] for v in view}
     result.states = states
     result.transitions = len(transitions)
 
     store.write(r, out)
-    pipe = r.pipeline(transaction=False)
-    if ack_ids:
-        pipe.xack(skey, CONSUMER_GROUP, *ack_ids)
-    if checkpoint and applied != b"0-0":
-        # The checkpoint covers every entry up to ``applied``: the stream no longer needs them.
-        ms, seq = _id_tuple(applied)
-        pipe.xtrim(skey, minid=f"{ms}-{seq + 1}", approximate=False)
-    pipe.execute()
+    _acknowledge(r, skey, ack_ids, out.checkpoint, applied)
     result.tick_ms = (time.perf_counter() - started) * 1000.0
     return result

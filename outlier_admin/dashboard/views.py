@@ -24,7 +24,6 @@ from django.views.decorators.http import require_http_methods
 from detector.signals import SIGNALS, unit_of
 from detector.states import CANARY_STATES
 from detector.thresholds import ThresholdError
-from outlier_admin.api.filters import AuditFilter
 from outlier_admin.control import actions
 from outlier_admin.control.incidents import CANARY_CYCLE
 from outlier_admin.control.incidents import story as incident_story
@@ -56,6 +55,7 @@ from outlier_admin.fleet.models import ModelGroup, Node
 from outlier_admin.fleet.roles import CAPABILITIES, capabilities_of, may_preview, preview_roles, user_can
 from outlier_admin.history import queries
 from outlier_admin.history.audit import fold
+from outlier_admin.history.filters import AuditFilter, RejectedInputFilter, TransitionFilter
 from outlier_admin.history.preview import (
     PreviewThrottled,
     PreviewTooLarge,
@@ -476,7 +476,6 @@ def audit_csv(request: HttpRequest) -> HttpResponse:
 def transitions_csv(request: HttpRequest) -> HttpResponse:
     """Every node's state changes as CSV, newest first (``group``, ``node``, ``since``, ``until``,
     ``reason``, ``to_state`` as the API's transitions list): the fleet-wide history for a review."""
-    from outlier_admin.api.filters import TransitionFilter
     from outlier_admin.history.export import TRANSITION_COLUMNS, transition_rows
 
     return _export(request, TransitionFilter, Transition, "transitions", TRANSITION_COLUMNS, transition_rows)
@@ -491,7 +490,6 @@ def rejected_input(request: HttpRequest) -> HttpResponse:
 
     from django.utils import timezone
 
-    from outlier_admin.api.rejected import RejectedInputFilter
     from outlier_admin.ingest.models import RejectedInput
     from outlier_admin.ingest.rejected import counts_by_reason, window_start
 

@@ -356,26 +356,17 @@ def main() -> int:
 
 
 def run(cfg: Any, client: Any, httpd: Any) -> int:
-    """The demo itself, serving on ``httpd`` (bound by :func:`bind_web`) until ``DEMO_SECONDS`` or Ctrl-C."""
+    """The demo itself, serving on ``httpd`` (bound by :func:`bind_web`) until ``DEMO_SECONDS`` or Ctrl-C:
+    the simulated fleet and its canaries started, the groups seeded, then one :func:`_demo_round` every
+    ``tick_s``, with the canary and the event scan on threads of their own."""
     from django.db import close_old_connections
 
     from agent.client import GatewayClient
     from outlier_admin.control.models import Transition
     from outlier_admin.control.tasks import run_due_canaries
-    from outlier_admin.control.tick import run_tick
-    from outlier_admin.demo.fleet import (
-        LARGE,
-        PCIE_NODE,
-        SMALL,
-        THERMAL_NODE,
-        CanaryServer,
-        SimulatedFleet,
-        node_name,
-    )
-    from outlier_admin.ingest.pipeline import directory, submit
-    from outlier_admin.ingest.scraper import scrape_round as scrape_model_servers
+    from outlier_admin.demo.fleet import CanaryServer, SimulatedFleet
+    from outlier_admin.ingest.pipeline import directory
     from outlier_admin.observability.events import scan_events
-    from outlier_admin.observability.hooks import observe_ingest, observe_tick
 
     gateways: list[GatewayClient] = []
 
@@ -392,19 +383,7 @@ def run(cfg: Any, client: Any, httpd: Any) -> int:
     directory.clear()
     gateways.extend(GatewayClient(client, g.name) for g in groups)
     serve_web(httpd)
-    base = f"http://127.0.0.1:{cfg.port}"
-    api_token = demo_api_token()
-    say(f"  dashboard: {base}/   login: demo / {password}   (admin: {base}/admin/)")
-    say(f"  api token: {api_token}   (roles of demo; e.g. curl -H 'Authorization: Bearer {api_token}' "
-        f"{base}/api/v1/nodes/?state=quarantined)")
-    say(f"  manage.py: DATABASE_URL={os.environ['DATABASE_URL']} DJANGO_DEBUG=1 python manage.py ... "
-        "(the demo's database, e.g. create_token, create_user)")
-    say(f"  metrics  : {base}/metrics   health: {base}/healthz   ready: {base}/readyz")
-    say(f"  faults   : thermal throttle on {LARGE}/{node_name(0, THERMAL_NODE)} at +{cfg.fault_at_s:g}s, "
-        f"PCIe downgrade on {SMALL}/{node_name(1, PCIE_NODE)} at +{cfg.pcie_at_s:g}s, both heal at +{cfg.heal_at_s:g}s")
-    say(f"  policy   : {LARGE} auto; {SMALL} {cfg.small_policy}"
-        + (" (approve its quarantine proposal in the dashboard)" if cfg.small_policy == "approval" else ""))
-    say("  " + (f"stops after {cfg.seconds:g} s (DEMO_SECONDS)" if cfg.seconds else "Ctrl-C to stop"))
+    _print_banner(cfg, password)
 
     stop = threading.Event()
     threads = [
@@ -417,19 +396,7 @@ def run(cfg: Any, client: Any, httpd: Any) -> int:
     try:
         while not stop.is_set() and time.time() < deadline:
             loop_started = time.time()
-            for group, records in fleet.advance().items():
-                outcome = submit([(i + 1, rec, None) for i, rec in enumerate(records)], source=f"demo-gateway:{group}")
-                observe_ingest(outcome, source=f"demo-gateway:{group}")
-                counts["records"] += outcome.accepted
-            counts["scrapes"] += scrape_model_servers()  # each node's /metrics: its engine's counters
-            for group in groups:
-                observe_tick(run_tick(group.name, consumer="demo"))
-                counts["ticks"] += 1
-            for gw in gateways:
-                gw.refresh()
-                eff = gw.effective()
-                if eff is not None:  # the simulated gateway applies at once; it reports like an agent does
-                    gw.report_applied("demo-gateway", eff.version, time.time(), eff.mode)
+            _demo_round(fleet, groups, gateways, counts)
             last_seen = _print_transitions(last_seen, fleet.rel())
             close_old_connections()
             time.sleep(max(0.0, cfg.tick_s - (time.time() - loop_started)))
@@ -444,6 +411,52 @@ def run(cfg: Any, client: Any, httpd: Any) -> int:
             c.stop()
     say(_summary(counts))
     return 0
+
+
+def _print_banner(cfg: Any, password: str) -> None:
+    """What the demo tells its user once it serves: the dashboard and its login, an API token (made
+    now), the ``manage.py`` line for its database, the metrics and health URLs, which faults it
+    injects and when, each group's policy, and when it stops."""
+    from outlier_admin.demo.fleet import LARGE, PCIE_NODE, SMALL, THERMAL_NODE, node_name
+
+    base = f"http://127.0.0.1:{cfg.port}"
+    api_token = demo_api_token()
+    say(f"  dashboard: {base}/   login: demo / {password}   (admin: {base}/admin/)")
+    say(f"  api token: {api_token}   (roles of demo; e.g. curl -H 'Authorization: Bearer {api_token}' "
+        f"{base}/api/v1/nodes/?state=quarantined)")
+    say(f"  manage.py: DATABASE_URL={os.environ['DATABASE_URL']} DJANGO_DEBUG=1 python manage.py ... "
+        "(the demo's database, e.g. create_token, create_user)")
+    say(f"  metrics  : {base}/metrics   health: {base}/healthz   ready: {base}/readyz")
+    say(f"  faults   : thermal throttle on {LARGE}/{node_name(0, THERMAL_NODE)} at +{cfg.fault_at_s:g}s, "
+        f"PCIe downgrade on {SMALL}/{node_name(1, PCIE_NODE)} at +{cfg.pcie_at_s:g}s, both heal at +{cfg.heal_at_s:g}s")
+    say(f"  policy   : {LARGE} auto; {SMALL} {cfg.small_policy}"
+        + (" (approve its quarantine proposal in the dashboard)" if cfg.small_policy == "approval" else ""))
+    say("  " + (f"stops after {cfg.seconds:g} s (DEMO_SECONDS)" if cfg.seconds else "Ctrl-C to stop"))
+
+
+def _demo_round(fleet: Any, groups: list[Any], gateways: list[Any], counts: dict[str, int]) -> None:
+    """One round, through the production paths: each simulated gateway's records pushed to ingest,
+    every model server's ``/metrics`` scraped (its engine's counters), one tick per group, and each
+    gateway reading its weights document and reporting it applied (a simulated gateway applies at
+    once, and reports as an agent does). ``counts`` adds the records accepted, scrapes and ticks."""
+    from outlier_admin.control.tick import run_tick
+    from outlier_admin.ingest.pipeline import submit
+    from outlier_admin.ingest.scraper import scrape_round as scrape_model_servers
+    from outlier_admin.observability.hooks import observe_ingest, observe_tick
+
+    for group, records in fleet.advance().items():
+        outcome = submit([(i + 1, rec, None) for i, rec in enumerate(records)], source=f"demo-gateway:{group}")
+        observe_ingest(outcome, source=f"demo-gateway:{group}")
+        counts["records"] += outcome.accepted
+    counts["scrapes"] += scrape_model_servers()
+    for group in groups:
+        observe_tick(run_tick(group.name, consumer="demo"))
+        counts["ticks"] += 1
+    for gw in gateways:
+        gw.refresh()
+        eff = gw.effective()
+        if eff is not None:
+            gw.report_applied("demo-gateway", eff.version, time.time(), eff.mode)
 
 
 def _print_alerts(scan: Any) -> Any:

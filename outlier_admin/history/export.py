@@ -1,6 +1,6 @@
 """CSV exports of the audit log, the transitions and the incidents, for the post-incident review and the
 spreadsheet an SRE attaches to it. The same filters as the pages and the API (``group``, ``node`` by id
-or name, ``since``/``until``, ...: :mod:`outlier_admin.api.filters`), streamed with the standard
+or name, ``since``/``until``, ...: :mod:`outlier_admin.history.filters`), streamed with the standard
 library's :mod:`csv` (Django's "streaming large CSV files" recipe), at most :data:`EXPORT_MAX_ROWS` rows.
 
 **Formula injection.** A cell is text a spreadsheet may run: node names and addresses come from

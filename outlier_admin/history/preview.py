@@ -335,46 +335,69 @@ def replay(f: Frames, t: Thresholds, node_count: int, *, signal: str = "decode",
         if not len(cols):
             continue  # a write of other signals only: no step of the deciding signal's history
         i = slot[f.col_node[cols]]
-        recorded = f.state[cols]
-        rec_judged = _JUDGED[recorded]
-        cur_judged = _JUDGED[a.state[i]]
-        # Warming, forced by an operator, or in the detector's quarantine path: follow the record,
-        # except that a node the replay keeps in service stays there.
-        follow = ~seen[i] | (~rec_judged & (~cur_judged | _FOLLOWED[recorded]))
-        # Taken out by the detector at this write (its row is the evaluation that did it) while the
-        # replay still has it in service: judged on that row, its persistence as the detector
-        # recorded it (see _as_recorded).
-        entering = _QUARANTINE[recorded] & _JUDGED[last[i]] & cur_judged & seen[i]
-        a.state[i[follow]] = recorded[follow]
-        seen[i] = True
-        last[i] = recorded
-        has = np.zeros(len(a), dtype=bool)
-        has[i[rec_judged | entering]] = True
-        p50, p99, evidence = (np.full(len(a), np.nan) for _ in range(3))
-        p50[i], p99[i] = f.p50[cols], f.p99[cols]
-        # Rows from before evidence was recorded: not gated.
-        evidence[i] = np.where(np.isnan(f.evidence[cols]), np.inf, f.evidence[cols])
-        judged = has & (a.state != S.QUARANTINED)
+        has, entering = _follow_records(a, seen, last, i, f.state[cols])
+        judged, p50, p99 = _load_figures(a, f, t, cols, i, has, when)
         peers = judged & ((a.state == S.HEALTHY) | (a.state == S.DEGRADED))
         view = f.view(k, signals, judged, int(peers.sum()), slot)
-        a.evidence = np.where(judged, evidence, a.evidence)
-        # The strength half of the time rule (the CUSUM over the quarantine line) is not recorded: the
-        # recorded evidence over the degrade line, which is never smaller, stands in for it.
-        a.evidence_q = np.where(judged, evidence, a.evidence_q)
-        a.new_samples = judged.astype(np.int64)  # one sample per history step
-        with np.errstate(invalid="ignore"):
-            a.new_drained = (judged & (when >= a.cut_at + t.queue_drain_s)).astype(np.int64)
         _as_recorded(a, t, i[entering], when, timed)
         moves = Moves(a.state)
         # Errors are not recorded in the history: the replay's detectors are the latency ones.
         evaluate(a, t, when, view, (ZScoreDetector(), RecordedTail(p50, p99, judged & np.isfinite(p50)),
                                     CrossP50Detector()), moves)
-        at = datetime.fromtimestamp(when, tz=UTC)
-        for m in moves.taken:
-            if not a.ids[m.i].startswith(_PAD):
-                rule = "safeguard_blocked" if m.safeguard_hold else m.reason.value
-                out.append(SimTransition(a.ids[m.i], at, m.src.label, m.dst.label, rule))
+        out += _transitions(a, moves, when)
     return out
+
+
+def _follow_records(a: NodeArrays, seen: np.ndarray, last: np.ndarray, i: np.ndarray,
+                    recorded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The replay's states at one history write (nodes ``i`` of ``a``, recorded in states
+    ``recorded``): a node seen for the first time, warming, forced by an operator or in the
+    detector's quarantine path follows its record, except that a node the replay keeps in service
+    stays there. Returns ``(has, entering)``: where a node is judged on this write's row (recorded in
+    a judged state, or entering), and which of ``i`` the detector took out at this write (its row
+    is the evaluation that did it) while the replay still has it in service: judged on that row, its
+    persistence as the detector recorded it (:func:`_as_recorded`). Updates ``seen`` and ``last``
+    (each node's recorded state at its previous row)."""
+    rec_judged = _JUDGED[recorded]
+    cur_judged = _JUDGED[a.state[i]]
+    follow = ~seen[i] | (~rec_judged & (~cur_judged | _FOLLOWED[recorded]))
+    entering = _QUARANTINE[recorded] & _JUDGED[last[i]] & cur_judged & seen[i]
+    a.state[i[follow]] = recorded[follow]
+    seen[i] = True
+    last[i] = recorded
+    has = np.zeros(len(a), dtype=bool)
+    has[i[rec_judged | entering]] = True
+    return has, entering
+
+
+def _load_figures(a: NodeArrays, f: Frames, t: Thresholds, cols: np.ndarray, i: np.ndarray, has: np.ndarray,
+                  when: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The recorded figures of one history write (rows ``cols`` of ``f``, nodes ``i`` of ``a``) as the
+    evaluation reads them: the evidence (a row from before evidence was recorded is not gated), one
+    new sample per judged node, the queue drained ``queue_drain_s`` after a cut. Returns
+    ``(judged, p50, p99)``: the nodes judged (those with a row, but the quarantined) and the recorded
+    percentiles for the tail and cross-P50 verdicts."""
+    p50, p99, evidence = (np.full(len(a), np.nan) for _ in range(3))
+    p50[i], p99[i] = f.p50[cols], f.p99[cols]
+    evidence[i] = np.where(np.isnan(f.evidence[cols]), np.inf, f.evidence[cols])
+    judged = has & (a.state != S.QUARANTINED)
+    a.evidence = np.where(judged, evidence, a.evidence)
+    # The strength half of the time rule (the CUSUM over the quarantine line) is not recorded: the
+    # recorded evidence over the degrade line, which is never smaller, stands in for it.
+    a.evidence_q = np.where(judged, evidence, a.evidence_q)
+    a.new_samples = judged.astype(np.int64)  # one sample per history step
+    with np.errstate(invalid="ignore"):
+        a.new_drained = (judged & (when >= a.cut_at + t.queue_drain_s)).astype(np.int64)
+    return judged, p50, p99
+
+
+def _transitions(a: NodeArrays, moves: Any, when: float) -> list[SimTransition]:
+    """The moves an evaluation took, as transitions (the padding nodes' left out; a move the safeguard
+    held, as ``safeguard_blocked``)."""
+    at = datetime.fromtimestamp(when, tz=UTC)
+    return [SimTransition(a.ids[m.i], at, m.src.label, m.dst.label,
+                          "safeguard_blocked" if m.safeguard_hold else m.reason.value)
+            for m in moves.taken if not a.ids[m.i].startswith(_PAD)]
 
 
 def _as_recorded(a: NodeArrays, t: Thresholds, nodes: np.ndarray, now: float, timed: bool) -> None:

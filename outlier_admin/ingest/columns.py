@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
@@ -19,7 +20,9 @@ from contract.names import NameError_, validate_group_name, validate_node_id
 from contract.normalize import MISSING, NOT_AN_OBJECT, REQUIRED, RecordError, normalize
 from contract.records import (
     DEFAULT_STATUS,
+    FIELDS,
     STATUS,
+    TOKENS,
     Limits,
     fields_ok,
     request_id_ok,
@@ -50,6 +53,8 @@ _NUMBER_OR_NONE = frozenset((int, float, type(None)))
 _NAME_OR_NONE = frozenset((str, type(None)))
 _NONE = {type(None)}
 _BAD = object()  # a name that is not valid (or not a string): the record goes through normalize
+#: The numeric fields read as float columns (``status`` has its own: ints, :func:`_statuses_ok`).
+_NUMBERS = tuple(name for name, f in FIELDS.items() if f is not STATUS)
 
 
 def limits() -> dict[str, float]:
@@ -159,6 +164,128 @@ def _statuses_ok(status: list[Any]) -> np.ndarray:
     return STATUS.within(code, STATUS.high)
 
 
+@dataclass
+class _Columns:
+    """A batch read column by column: the names validated, each numeric field of the table as
+    :func:`_floats` reads it (``x``, ``given``, ``odd`` by field name), the statuses (default
+    filled in), the request ids (an empty one as None) and where each is one the contract accepts
+    (None: the batch has none)."""
+
+    node_column: list[Any]
+    nodes: list[Any]
+    nodes_ok: np.ndarray
+    groups: list[Any]
+    groups_ok: np.ndarray
+    ts: np.ndarray
+    ts_given: np.ndarray
+    ts_odd: np.ndarray
+    x: dict[str, np.ndarray]
+    given: dict[str, np.ndarray]
+    odd: dict[str, np.ndarray]
+    status: list[Any]
+    request_ids: list[Any]
+    request_ids_ok: np.ndarray | None
+
+
+def _columns(recs: Sequence[Any]) -> _Columns:
+    """Every field of the batch as a column (a record that is not an object: every field missing)."""
+    empty: dict[str, Any] = {}
+    dicts = [rec if type(rec) is dict else empty for rec in recs]
+
+    def column(key: str) -> list[Any]:
+        return list(map(dict.get, dicts, repeat(key)))
+
+    node_column = column("node")
+    nodes, nodes_ok = _names(node_column, validate_node_id, required=True)
+    groups, groups_ok = _names(column("group"), validate_group_name, required=False)
+    ts, ts_given, ts_odd = _floats(column("ts"))
+    x, given, odd = {}, {}, {}
+    for name in _NUMBERS:
+        x[name], given[name], odd[name] = _floats(column(name))
+    request_ids, request_ids_ok = column("request_id"), None
+    if set(map(type, request_ids)) != {type(None)}:
+        request_ids_ok = np.fromiter(map(request_id_ok, request_ids), bool, len(recs))
+        request_ids = [rid or None for rid in request_ids]
+    return _Columns(
+        node_column=node_column, nodes=nodes, nodes_ok=nodes_ok, groups=groups, groups_ok=groups_ok, ts=ts,
+        ts_given=ts_given, ts_odd=ts_odd, x=x, given=given, odd=odd,
+        status=list(map(dict.get, dicts, repeat("status"), repeat(DEFAULT_STATUS))), request_ids=request_ids,
+        request_ids_ok=request_ids_ok)
+
+
+def _screen(cols: _Columns, now: float, limits: Limits) -> np.ndarray:
+    """Where a record is shown to be accepted, with exactly :func:`normalize`'s values: ``ts`` a plain
+    number within the window, every numeric field within the table's bounds (:func:`fields_ok`,
+    cross-field rules included; an odd value is left to normalize), not 0 and 0 tokens, a status and
+    a request id the contract accepts, valid names."""
+    tokens = _tokens(cols)
+    prompt, completion = (cols.x[name] for name in TOKENS)
+    with np.errstate(invalid="ignore"):  # NaN compares False: an absent or non-finite value fails its rule
+        earliest, latest = ts_window(now, limits)
+        ok = cols.ts_given & ~cols.ts_odd & (cols.ts <= latest) & (cols.ts >= earliest)
+        # A count that is given is checked even when its partner is missing (normalize's rule).
+        ok &= fields_ok(cols.x, cols.given, limits, cols.odd)
+        ok &= ~(tokens & (prompt == 0) & (completion == 0))
+    ok &= _statuses_ok(cols.status)
+    if cols.request_ids_ok is not None:
+        ok &= cols.request_ids_ok
+    return ok & cols.nodes_ok & cols.groups_ok
+
+
+def _tokens(cols: _Columns) -> np.ndarray:
+    """Where a record gives both token counts (:data:`contract.records.TOKENS`; else it is latency-only)."""
+    first, second = TOKENS
+    return cols.given[first] & cols.given[second]
+
+
+def _canonical_rows(cols: _Columns, ok: np.ndarray) -> list[tuple[Any, ...] | RecordError]:
+    """Each record's canonical tuple (:data:`CANONICAL_FIELDS`), read off the columns: exact where
+    ``ok``, to be replaced by :func:`_refusals` elsewhere."""
+    x, given = cols.x, cols.given
+    tokens = _tokens(cols)
+    with_cached = tokens & given["cached_tokens"]
+    with_queue = given["ttft_ms"] & given["queue_ms"]
+    return list(zip(
+        cols.nodes, cols.ts.tolist(), _ints(x["prompt_tokens"], tokens & ok), _ints(x["completion_tokens"], tokens & ok),
+        _opt_floats(x["ttft_ms"], given["ttft_ms"]), x["total_ms"].tolist(), cols.status,
+        _ints(x["cached_tokens"], with_cached & ok), _opt_floats(x["queue_ms"], with_queue), cols.groups,
+        cols.request_ids, strict=True))
+
+
+def _refusals(recs: Sequence[Any], cols: _Columns, ok: np.ndarray, out: list[tuple[Any, ...] | RecordError],
+              now: float, bounds: dict[str, Any]) -> None:
+    """Put in ``out`` the error of each record the screen did not accept. What normalize would refuse
+    first is read off the columns: not an object, or a required field absent (in normalize's order),
+    a ``ts`` outside the window. No exception raised per record (one shared error for the first two):
+    a garbage line costs less than a valid one. The rest go through normalize for their reason (or
+    are accepted by it: the screen leaves anything unusual to it)."""
+    n = len(recs)
+    ts = cols.ts
+    given = {"ts": cols.ts_given, "total_ms": cols.given["total_ms"],
+             "node": np.fromiter((v is not None for v in cols.node_column), bool, n)}
+    shared = [(np.fromiter((type(rec) is not dict for rec in recs), bool, n), RecordError(*NOT_AN_OBJECT))]
+    shared += [(~given[key], RecordError(*MISSING[key])) for key in REQUIRED]
+    # Then a plain number for ts outside the window: normalize's next refusal, with its detail.
+    earliest, latest = ts_window(now, Limits(**bounds))
+    with np.errstate(invalid="ignore"):
+        plain_ts = cols.ts_given & ~cols.ts_odd & np.isfinite(ts)
+        future, old = plain_ts & (ts > latest), plain_ts & (ts < earliest)
+    for i in np.flatnonzero(~ok).tolist():
+        for refused, error in shared:
+            if refused[i]:
+                out[i] = error
+                break
+        else:
+            if future[i]:
+                out[i] = RecordError("ts_in_future", f"ts is {ts[i] - now:.0f} s in the future "
+                                     f"(limit {bounds['max_future_s']:.0f} s)")
+            elif old[i]:
+                out[i] = RecordError("ts_too_old", f"ts is {now - ts[i]:.0f} s old "
+                                     f"(retention {bounds['retention_s']:.0f} s)")
+            else:
+                out[i] = _one(recs[i], now, bounds)
+
+
 def normalize_many(
     recs: Sequence[Any],
     *,
@@ -171,82 +298,16 @@ def normalize_many(
 ) -> list[tuple[Any, ...] | RecordError]:
     """:func:`normalize` of every record of a batch: per record, its canonical tuple
     (:data:`CANONICAL_FIELDS`) or the :class:`RecordError` that refused it. Same rules, reasons and
-    values as :func:`normalize` (see the comment above), at a fraction of the cost."""
+    values as :func:`normalize` (see the comment above), at a fraction of the cost: the batch read as
+    columns, screened, laid out as canonical tuples, and the records the screen did not accept given
+    their reason."""
     bounds = {"max_future_s": max_future_s, "retention_s": retention_s, "max_latency_ms": max_latency_ms,
               "max_prompt_tokens": max_prompt_tokens, "max_completion_tokens": max_completion_tokens}
-    n = len(recs)
-    if n < _SCREEN_MIN:
+    if len(recs) < _SCREEN_MIN:
         return [_one(rec, now, bounds) for rec in recs]
-    empty: dict[str, Any] = {}
-    dicts = [rec if type(rec) is dict else empty for rec in recs]  # not an object: missing fields below
-
-    def column(key: str) -> list[Any]:
-        return list(map(dict.get, dicts, repeat(key)))
-
-    node_column = column("node")
-    nodes, nodes_ok = _names(node_column, validate_node_id, required=True)
-    groups, groups_ok = _names(column("group"), validate_group_name, required=False)
-    ts, ts_given, ts_odd = _floats(column("ts"))
-    prompt, p_given, p_odd = _floats(column("prompt_tokens"))
-    completion, c_given, c_odd = _floats(column("completion_tokens"))
-    cached, k_given, k_odd = _floats(column("cached_tokens"))
-    total, total_given, total_odd = _floats(column("total_ms"))
-    ttft, t_given, t_odd = _floats(column("ttft_ms"))
-    queue, q_given, q_odd = _floats(column("queue_ms"))
-    status = list(map(dict.get, dicts, repeat("status"), repeat(DEFAULT_STATUS)))
-    request_ids = column("request_id")
-
-    limits = Limits(**bounds)
-    tokens = p_given & c_given
-    with_cached = tokens & k_given
-    with_queue = t_given & q_given
-    # Each number, where the record gives it, and where it is odd (left to normalize).
-    values = {"prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": cached,
-              "total_ms": total, "ttft_ms": ttft, "queue_ms": queue}
-    given_at = {"prompt_tokens": p_given, "completion_tokens": c_given, "cached_tokens": k_given,
-                "total_ms": total_given, "ttft_ms": t_given, "queue_ms": q_given}
-    odd_at = {"prompt_tokens": p_odd, "completion_tokens": c_odd, "cached_tokens": k_odd,
-              "total_ms": total_odd, "ttft_ms": t_odd, "queue_ms": q_odd}
-    with np.errstate(invalid="ignore"):  # NaN compares False: an absent or non-finite value fails its rule
-        earliest, latest = ts_window(now, limits)
-        ok = ts_given & ~ts_odd & (ts <= latest) & (ts >= earliest)
-        # A count that is given is checked even when its partner is missing (normalize's rule).
-        ok &= fields_ok(values, given_at, limits, odd_at)
-        ok &= ~(tokens & (prompt == 0) & (completion == 0))
-    ok &= _statuses_ok(status)
-    if set(map(type, request_ids)) != {type(None)}:
-        ok &= np.fromiter(map(request_id_ok, request_ids), bool, n)
-        request_ids = [rid or None for rid in request_ids]
-    ok &= nodes_ok & groups_ok
-
-    out: list[tuple[Any, ...] | RecordError] = list(zip(
-        nodes, ts.tolist(), _ints(prompt, tokens & ok), _ints(completion, tokens & ok), _opt_floats(ttft, t_given),
-        total.tolist(), status, _ints(cached, with_cached & ok), _opt_floats(queue, with_queue), groups, request_ids,
-        strict=True))
+    cols = _columns(recs)
+    ok = _screen(cols, now, Limits(**bounds))
+    out = _canonical_rows(cols, ok)
     if not ok.all():
-        # What normalize would refuse first, read off the columns: not an object, or a required field
-        # absent (in normalize's order), a ts outside the window. No exception raised per record (one
-        # shared error for the first two): a garbage line costs less than a valid one. The rest go
-        # through normalize for their reason.
-        given = {"ts": ts_given, "total_ms": total_given,
-                 "node": np.fromiter((v is not None for v in node_column), bool, n)}
-        shared = [(np.fromiter((type(rec) is not dict for rec in recs), bool, n), RecordError(*NOT_AN_OBJECT))]
-        shared += [(~given[key], RecordError(*MISSING[key])) for key in REQUIRED]
-        # Then a plain number for ts outside the window: normalize's next refusal, with its detail.
-        with np.errstate(invalid="ignore"):
-            plain_ts = ts_given & ~ts_odd & np.isfinite(ts)
-            future, old = plain_ts & (ts > latest), plain_ts & (ts < earliest)
-        for i in np.flatnonzero(~ok).tolist():
-            for refused, error in shared:
-                if refused[i]:
-                    out[i] = error
-                    break
-            else:
-                if future[i]:
-                    out[i] = RecordError("ts_in_future", f"ts is {ts[i] - now:.0f} s in the future "
-                                         f"(limit {max_future_s:.0f} s)")
-                elif old[i]:
-                    out[i] = RecordError("ts_too_old", f"ts is {now - ts[i]:.0f} s old (retention {retention_s:.0f} s)")
-                else:
-                    out[i] = _one(recs[i], now, bounds)
+        _refusals(recs, cols, ok, out, now, bounds)
     return out

@@ -424,23 +424,13 @@ def resend_interval() -> float:
     return float(getattr(settings, "ALERT_RESEND_S", 60))
 
 
-def sync_alerts(now: float | None = None, *, receivers: list[Receiver] | None = None,
-                client: httpx.Client | None = None) -> SyncResult:
-    """Bring every receiver up to date with :func:`active_alerts` (see module docstring).
-
-    Call under the event scan's lock (one caller at a time). Alertmanager receivers get the whole
-    active set when ``ALERT_RESEND_S`` has passed since the last full send or an alert started, and
-    every resolved alert; a failed POST is not kept (the next send carries the state again), a
-    resolved alert stays in ``ACTIVE_KEY`` until a resolve was delivered. Webhook receivers get the
-    started and resolved alerts through :func:`deliver`."""
-    from outlier_admin.control.redis_conn import get_redis
-
-    now = time.time() if now is None else now
-    r = get_redis()
-    result = SyncResult()
-    wanted = {a.fingerprint(): a for a in active_alerts(now)}
-    kept = {k.decode(): orjson.loads(v) for k, v in r.hgetall(ACTIVE_KEY).items()}
-    at = rfc3339(now)
+def _compare(wanted: dict[str, Alert], kept: dict[str, Any], at: str,
+             result: SyncResult) -> tuple[dict[str, Alert], dict[str, Alert]]:
+    """The active alerts (``wanted``) against those stored (``kept``, by fingerprint): ``(firing,
+    resolving)``. A firing alert keeps the start it was stored with, or starts ``at`` (new, or firing
+    again after a resolve: in ``result.started``). A stored alert no longer active resolves with
+    exactly the labels it fired with, ending ``at`` or when it was first marked resolved (only then,
+    in ``result.resolved``: its resolve is news)."""
     firing: dict[str, Alert] = {}
     for fp, alert in wanted.items():
         old = kept.get(fp)
@@ -459,6 +449,70 @@ def sync_alerts(now: float | None = None, *, receivers: list[Receiver] | None = 
         resolving[fp] = alert
         if not old.get("resolved_at"):
             result.resolved.append(alert)
+    return firing, resolving
+
+
+def _post_to_alertmanagers(to_am: list[Receiver], body: list[dict[str, Any]], client: httpx.Client | None,
+                           result: SyncResult) -> bool:
+    """POST ``body`` to every Alertmanager receiver (``ALERT_RETRIES`` retries each), counted in
+    ``result.delivered`` and the metrics, a failure logged. Returns whether every one took it (then
+    the resolves it carries were delivered)."""
+    delivered = True
+    retries = int(getattr(settings, "ALERT_RETRIES", 2))
+    own = client is None
+    http = client or httpx.Client(timeout=float(getattr(settings, "ALERT_TIMEOUT_S", 5)))
+    try:
+        for receiver in to_am:
+            error = _post(http, receiver.url, body, retries)
+            outcome = "sent" if error is None else "failed"
+            result.delivered[outcome] += 1
+            metrics.ALERTS.labels(receiver.kind, outcome).inc()
+            if error is not None:
+                delivered = False
+                log.error("alert delivery to %s failed: %s", receiver.url, error,
+                          extra={"event": {"kind": "alert_failed", "receiver": receiver.url, "error": error}})
+    finally:
+        if own:
+            http.close()
+    return delivered
+
+
+def _store_active(r: Any, firing: dict[str, Alert], resolving: dict[str, Alert], kept: dict[str, Any], *,
+                  resolves_delivered: bool, resent: bool, now: float) -> None:
+    """Write the new active set to ``ACTIVE_KEY`` in one transaction: every firing alert; a resolved
+    one removed once its resolve was delivered, else kept, marked resolved, to be sent again; the
+    time of a full send (``RESENT_KEY``)."""
+    pipe = r.pipeline()
+    for fp, alert in firing.items():
+        pipe.hset(ACTIVE_KEY, fp, orjson.dumps({"alert": asdict(alert)}))
+    for fp, alert in resolving.items():
+        if resolves_delivered:
+            pipe.hdel(ACTIVE_KEY, fp)
+        else:  # told nobody yet: keep it, marked, and send the resolve again at the next sync
+            old = kept[fp]["alert"]
+            pipe.hset(ACTIVE_KEY, fp, orjson.dumps({"alert": old, "resolved_at": alert.ends_at}))
+    if resent:
+        pipe.set(RESENT_KEY, repr(now))
+    pipe.execute()
+
+
+def sync_alerts(now: float | None = None, *, receivers: list[Receiver] | None = None,
+                client: httpx.Client | None = None) -> SyncResult:
+    """Bring every receiver up to date with :func:`active_alerts` (see module docstring).
+
+    Call under the event scan's lock (one caller at a time). Alertmanager receivers get the whole
+    active set when ``ALERT_RESEND_S`` has passed since the last full send or an alert started, and
+    every resolved alert; a failed POST is not kept (the next send carries the state again), a
+    resolved alert stays in ``ACTIVE_KEY`` until a resolve was delivered. Webhook receivers get the
+    started and resolved alerts through :func:`deliver`."""
+    from outlier_admin.control.redis_conn import get_redis
+
+    now = time.time() if now is None else now
+    r = get_redis()
+    result = SyncResult()
+    wanted = {a.fingerprint(): a for a in active_alerts(now)}
+    kept = {k.decode(): orjson.loads(v) for k, v in r.hgetall(ACTIVE_KEY).items()}
+    firing, resolving = _compare(wanted, kept, rfc3339(now), result)
     resend = resend_interval()
     last = float(r.get(RESENT_KEY) or 0)
     result.resent = bool(firing) and (bool(result.started) or now - last >= resend or now < last)
@@ -469,39 +523,12 @@ def sync_alerts(now: float | None = None, *, receivers: list[Receiver] | None = 
     body = [alertmanager_alert(a) for a in (list(firing.values()) if result.resent else []) + list(resolving.values())]
     resolves_delivered = not to_am
     if body and to_am:
-        resolves_delivered = True
-        retries = int(getattr(settings, "ALERT_RETRIES", 2))
-        own = client is None
-        http = client or httpx.Client(timeout=float(getattr(settings, "ALERT_TIMEOUT_S", 5)))
-        try:
-            for receiver in to_am:
-                error = _post(http, receiver.url, body, retries)
-                outcome = "sent" if error is None else "failed"
-                result.delivered[outcome] += 1
-                metrics.ALERTS.labels(receiver.kind, outcome).inc()
-                if error is not None:
-                    resolves_delivered = False
-                    log.error("alert delivery to %s failed: %s", receiver.url, error,
-                              extra={"event": {"kind": "alert_failed", "receiver": receiver.url, "error": error}})
-        finally:
-            if own:
-                http.close()
+        resolves_delivered = _post_to_alertmanagers(to_am, body, client, result)
     edges = result.started + result.resolved
     others = [x for x in receivers if x.kind != "alertmanager"]
     if edges and others:
         for k, v in deliver(edges, others, client=client).items():
             result.delivered[k] += v
-    pipe = r.pipeline()
-    for fp, alert in firing.items():
-        pipe.hset(ACTIVE_KEY, fp, orjson.dumps({"alert": asdict(alert)}))
-    for fp, alert in resolving.items():
-        if resolves_delivered:
-            pipe.hdel(ACTIVE_KEY, fp)
-        else:  # told nobody yet: keep it, marked, and send the resolve again at the next sync
-            old = kept[fp]["alert"]
-            pipe.hset(ACTIVE_KEY, fp, orjson.dumps({"alert": old, "resolved_at": alert.ends_at}))
-    if result.resent:
-        pipe.set(RESENT_KEY, repr(now))
-    pipe.execute()
+    _store_active(r, firing, resolving, kept, resolves_delivered=resolves_delivered, resent=result.resent, now=now)
     result.active = len(firing)
     return result

@@ -148,3 +148,15 @@ def test_the_clients_token_share_leaves_out_the_control_planes_canary_probes():
               {"at": 50, "address": "127.0.0.1:1", "completion_tokens": 99}]  # after the last sample: not in it
     assert client_token_share(samples, "s0", 0, probes, names) == 0.1  # (40 - 30) / (10 + 90)
     assert client_token_share(samples, "s0", 0, [], names) == round(40 / 140, 4)
+
+
+def test_max_weight_after_cut_is_the_largest_share_of_its_weight_between_cut_and_quarantine():
+    from bench.drill.report import max_weight_after_cut
+
+    a = "127.0.0.1:18944"
+    docs = [{"seen_at": t, "nodes": {a: [w, st], "127.0.0.1:18940": [100, "healthy"]}}
+            for t, w, st in [(0.0, 100, "healthy"), (65.0, 5, "degraded"), (70.0, 87, "degraded"),
+                             (80.0, 100, "healthy"), (90.0, 0, "quarantined"), (95.0, 100, "recovering")]]
+    assert max_weight_after_cut(docs, a, 64.0, 90.0) == 1.0  # flapped back to full weight at +80
+    assert max_weight_after_cut(docs, a, 64.0, 75.0) == 0.87
+    assert max_weight_after_cut(docs, a, None, None) is None  # never cut
