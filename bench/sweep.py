@@ -186,6 +186,29 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def earlier(path: Path, meta: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
+    """The rows and CPU seconds of the sweep already in ``path`` (``[], 0`` if none), to resume it;
+    ``ValueError`` if it was measured with other :data:`SETTINGS` than ``meta``'s."""
+    if not path.exists():
+        return [], 0.0
+    doc = json.loads(path.read_text())
+    differ = [k for k in SETTINGS if doc["meta"].get(k) != meta[k]]
+    if differ:
+        raise ValueError(f"{path} was measured with other {', '.join(differ)}: --fresh to start over, or another --out")
+    print(f"resuming {path}: {len(doc['rows'])} rows kept", flush=True)
+    return doc["rows"], float(doc["meta"].get("cpu_s") or 0.0)
+
+
+def progress_line(r: dict[str, Any]) -> str:
+    """One row as the sweep prints it when it finishes."""
+    head = f"{r['constant']:26s} x{r['factor']:<4g} = {r['value']:<8g}"
+    if r.get("refused"):
+        return f"{head} refused: {r['refused']}"
+    return (f"{head} detected {r['detected']} cut {r['median_cut_s']} quarantine {r['median_quarantine_s']} "
+            f"({r['quarantined']}) share {r['median_detector_s']} false-cut nodes/1000h {_rate(r['false_cut_nodes'])} "
+            f"false q {r['false_quarantines']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.sweep", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -217,16 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "sweep.json"
-    rows: list[dict[str, Any]] = []
-    cpu_before = 0.0
-    if path.exists() and not args.fresh:
-        earlier = json.loads(path.read_text())
-        differ = [k for k in SETTINGS if earlier["meta"].get(k) != meta[k]]
-        if differ:
-            ap.error(f"{path} was measured with other {', '.join(differ)}: --fresh to start over, or another --out")
-        rows, cpu_before = earlier["rows"], float(earlier["meta"].get("cpu_s") or 0.0)
-        meta["cpu_s"] = cpu_before
-        print(f"resuming {path}: {len(rows)} rows kept", flush=True)
+    try:
+        rows, cpu_before = ([], 0.0) if args.fresh else earlier(path, meta)
+    except ValueError as exc:
+        ap.error(str(exc))
+    meta["cpu_s"] = cpu_before
     done = {(r["constant"], r["factor"]) for r in rows}
     c0 = time.process_time()
 
@@ -234,13 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"constant": constant, "factor": factor, "value": value, **res})
         meta["cpu_s"] = round(cpu_before + time.process_time() - c0, 1)
         path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-        r = rows[-1]
-        if r.get("refused"):
-            print(f"{constant:26s} x{factor:<4g} = {value:<8g} refused: {r['refused']}", flush=True)
-            return
-        print(f"{constant:26s} x{factor:<4g} = {value:<8g} detected {r['detected']} cut {r['median_cut_s']} "
-              f"quarantine {r['median_quarantine_s']} ({r['quarantined']}) share {r['median_detector_s']} "
-              f"false-cut nodes/1000h {_rate(r['false_cut_nodes'])} false q {r['false_quarantines']}", flush=True)
+        print(progress_line(rows[-1]), flush=True)
 
     fleet = healthy if args.healthy_node_hours > 0 else None
 
