@@ -169,6 +169,7 @@ def peers_table(matrix: dict[str, Any]) -> str:
                          f"{fmt(s['p99'])} | {fmt(s['failed'], digits=0)} | {fmt(s['busy_before'], pct=True)} |")
         lines.append("")
     lines += targets_table(st, found)
+    lines += paired_table(found)
     commits = sorted({r.get("source", {}).get("commit", "")[:7] for runs in found.values() for r in runs} - {""})
     loads = [figure(r, "load") for runs in found.values() for r in runs]
     n_requests = [figure(r, "n_after") for runs in found.values() for r in runs]
@@ -183,6 +184,38 @@ def peers_table(matrix: dict[str, Any]) -> str:
                                                        if n_requests and max(n_requests) < P99_MIN_REQUESTS else ".")]
     lines += superseded_lines(matrix)
     return "\n".join(lines) + "\n"
+
+
+def paired_table(found: dict[tuple[str, str, str], list[dict[str, Any]]]) -> list[str]:
+    """Each router with outlier-admin on against the same router alone, run for run: the same seed
+    (the same arrivals and prompts) in the same boot of the host (``host.boot``: a restart brought a
+    slower host, the healthy minute's P50 went from 0.6-0.9 s to 0.9-1.1 s). The ratios of a pair
+    cancel what the host adds to both arms; their median and range over the pairs."""
+    lines = ["#### Run for run (same seed, same boot of the host), outlier-admin on / the router alone", "",
+             "| fault | router | pairs | P99 on / alone | P95 on / alone | harmed on / alone | clients' token share on, alone |",
+             "|---|---|---|---|---|---|---|"]
+    rows = 0
+    for fault in _faults(found):
+        for gw in _gateways(found):
+            ons, offs = found.get((gw, "on", fault), []), found.get((gw, "off", fault), [])
+            pairs = [(a, b) for a in ons for b in offs if a["config"]["seed"] == b["config"]["seed"]
+                     and a["host"].get("boot") is not None and a["host"].get("boot") == b["host"].get("boot")]
+            if not pairs:
+                continue
+            rows += 1
+
+            shares = [f"{100 * (figure(a, 'client_share') or 0):.1f} %, {100 * (figure(b, 'client_share') or 0):.1f} %"
+                      for a, b in pairs]
+            lines.append(f"| `{fault}` | {LABELS.get(gw, gw).split(' `')[0].split(',')[0]} | {len(pairs)} | "
+                         f"{_pair_ratio(pairs, 'p99')} | {_pair_ratio(pairs, 'p95')} | {_pair_ratio(pairs, 'harmed')} | "
+                         f"{'; '.join(shares)} |")
+    return [*lines, ""] if rows else []
+
+
+def _pair_ratio(pairs: list[tuple[dict[str, Any], dict[str, Any]]], name: str) -> str:
+    """Median and range of ``on / alone`` of figure ``name`` over the pairs where both exist."""
+    vals = [figure(a, name) / figure(b, name) for a, b in pairs if figure(a, name) is not None and figure(b, name)]
+    return fmt(stats(vals)) + ("x" if vals else "")
 
 
 def superseded_lines(matrix: dict[str, Any]) -> list[str]:
