@@ -197,9 +197,7 @@ def paired_table(found: dict[tuple[str, str, str], list[dict[str, Any]]]) -> lis
     rows = 0
     for fault in _faults(found):
         for gw in _gateways(found):
-            ons, offs = found.get((gw, "on", fault), []), found.get((gw, "off", fault), [])
-            pairs = [(a, b) for a in ons for b in offs if a["config"]["seed"] == b["config"]["seed"]
-                     and a["host"].get("boot") is not None and a["host"].get("boot") == b["host"].get("boot")]
+            pairs = _pairs(found, gw, fault)
             if not pairs:
                 continue
             rows += 1
@@ -210,6 +208,14 @@ def paired_table(found: dict[tuple[str, str, str], list[dict[str, Any]]]) -> lis
                          f"{_pair_ratio(pairs, 'p99')} | {_pair_ratio(pairs, 'p95')} | {_pair_ratio(pairs, 'harmed')} | "
                          f"{'; '.join(shares)} |")
     return [*lines, ""] if rows else []
+
+
+def _pairs(found: dict[tuple[str, str, str], list[dict[str, Any]]], gw: str,
+           fault: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """``(on, alone)`` runs of router ``gw`` under ``fault`` with the same seed in the same boot."""
+    ons, offs = found.get((gw, "on", fault), []), found.get((gw, "off", fault), [])
+    return [(a, b) for a in ons for b in offs if a["config"]["seed"] == b["config"]["seed"]
+            and a["host"].get("boot") is not None and a["host"].get("boot") == b["host"].get("boot")]
 
 
 def _pair_ratio(pairs: list[tuple[dict[str, Any], dict[str, Any]]], name: str) -> str:
@@ -327,11 +333,12 @@ def readme_summary(matrix: dict[str, Any]) -> str:
     fault = "quota:0.2"
     lines = [f"The real-engine drill (5 llama.cpp servers, one put at 20 % of a core, `{fault}`), each router "
              "with its own slow-backend defence, alone and with outlier-admin on top; median (range) over the "
-             "runs; where the ranges overlap, \"no difference\". Method, every figure and the targets: "
-             "[docs/peers.md](docs/peers.md).", "",
+             "runs; where the ranges overlap, \"no difference\"; *run for run*: on top / alone over the pairs of "
+             "runs with the same seed on the same boot of the host (the host changed across a restart). Method, "
+             "every figure and the targets: [docs/peers.md](docs/peers.md).", "",
              "| router | runs alone / on top | P99 after the onset, alone -> on top (s) | on top vs alone | "
-             "throttled server's share of the tokens after the onset, alone -> on top |",
-             "|---|---|---|---|---|"]
+             "P99 run for run (pairs) | throttled server's share of the tokens after the onset, alone -> on top |",
+             "|---|---|---|---|---|---|"]
     for gw in _gateways(found):
         off, on = st.get((gw, "off", fault)), st.get((gw, "on", fault))
         if off is None:
@@ -340,7 +347,9 @@ def readme_summary(matrix: dict[str, Any]) -> str:
         runs = f"{off['runs']} / {on['runs'] if on else 0}"
         p99 = f"{fmt(off['p99'])} -> {fmt(on['p99']) if on else 'not run'}"
         share = f"{fmt(off['client_share'], pct=True)} -> {fmt(on['client_share'], pct=True) if on else 'not run'}"
-        lines.append(f"| {label} | {runs} | {p99} | {compare(on['p99'], off['p99']) if on else '-'} | {share} |")
+        pairs = _pairs(found, gw, fault)
+        paired = f"{_pair_ratio(pairs, 'p99')} ({len(pairs)})" if pairs else "-"
+        lines.append(f"| {label} | {runs} | {p99} | {compare(on['p99'], off['p99']) if on else '-'} | {paired} | {share} |")
     return "\n".join(lines) + "\n"
 
 
