@@ -65,6 +65,10 @@ class NodeRefFilter(filters.CharFilter):
     within a group only: a name several groups share without ``?group=`` is refused by
     :class:`NodeRefForm` (a 400 naming the groups), never answered with the rows of whichever node."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("help_text", "the node's id, or its name (within ?group= when names repeat across groups)")
+        super().__init__(*args, **kwargs)
+
     def filter(self, qs: QuerySet, value: Any) -> QuerySet:
         if value in (None, ""):
             return qs
@@ -120,7 +124,7 @@ class _TimeFilter(filters.FilterSet):
 
 class TransitionFilter(_TimeFilter):
     group = filters.CharFilter(field_name="group__name")
-    node = NodeRefFilter(help_text="the node's id, or its name (within ?group= when names repeat across groups)")
+    node = NodeRefFilter()
     reason = filters.CharFilter(field_name="reason")
     to_state = filters.CharFilter(field_name="to_state")
 
@@ -135,7 +139,7 @@ class IncidentFilter(filters.FilterSet):
     still open at or after it, ``until`` those started before it."""
 
     group = filters.CharFilter(field_name="group__name")
-    node = NodeRefFilter(help_text="the node's id, or its name (within ?group= when names repeat across groups)")
+    node = NodeRefFilter()
     open = filters.BooleanFilter(field_name="ended_at", lookup_expr="isnull",
                                  help_text="true: open incidents only; false: ended ones only")
     outcome = filters.ChoiceFilter(choices=IncidentOutcome.choices)
@@ -156,7 +160,7 @@ class IncidentFilter(filters.FilterSet):
 
 class ProposalFilter(filters.FilterSet):
     group = filters.CharFilter(field_name="group__name")
-    node = NodeRefFilter(help_text="the node's id, or its name (within ?group= when names repeat across groups)")
+    node = NodeRefFilter()
 
     class Meta:
         model = QuarantineProposal
@@ -164,9 +168,14 @@ class ProposalFilter(filters.FilterSet):
         fields = ["group", "node", "status", "source"]
 
 
-class OverrideFilter(filters.FilterSet):
+class _NodeRowFilter(filters.FilterSet):
+    """Rows that belong to a node (not to a group): the group is the node's."""
+
     group = filters.CharFilter(field_name="node__group__name")
-    node = NodeRefFilter(help_text="the node's id, or its name (within ?group= when names repeat across groups)")
+    node = NodeRefFilter()
+
+
+class OverrideFilter(_NodeRowFilter):
 
     class Meta:
         model = Override
@@ -174,9 +183,7 @@ class OverrideFilter(filters.FilterSet):
         fields = ["group", "node", "kind"]
 
 
-class ProbeFilter(_TimeFilter):
-    group = filters.CharFilter(field_name="node__group__name")
-    node = NodeRefFilter(help_text="the node's id, or its name (within ?group= when names repeat across groups)")
+class ProbeFilter(_TimeFilter, _NodeRowFilter):
 
     class Meta:
         model = CanaryProbe
@@ -184,9 +191,7 @@ class ProbeFilter(_TimeFilter):
         fields = ["group", "node", "ok", "passed"]
 
 
-class GpuReadingFilter(_TimeFilter):
-    group = filters.CharFilter(field_name="node__group__name")
-    node = NodeRefFilter(help_text="the node's id, or its name (within ?group= when names repeat across groups)")
+class GpuReadingFilter(_TimeFilter, _NodeRowFilter):
 
     class Meta:
         model = GpuReading
@@ -196,8 +201,7 @@ class GpuReadingFilter(_TimeFilter):
 
 class AuditFilter(_TimeFilter):
     group = filters.CharFilter(field_name="group__name", label="Group")
-    node = NodeRefFilter(label="Node (id or name)",
-                         help_text="the node's id, or its name (within ?group= when names repeat across groups)")
+    node = NodeRefFilter(label="Node (id or name)")
     actor = filters.CharFilter(field_name="actor", label="Actor",
                                help_text="exactly: a username, `token:<name>` or `system:<part>`")
     action = filters.CharFilter(field_name="action", lookup_expr="startswith", label="Action (prefix)")
