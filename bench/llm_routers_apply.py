@@ -48,6 +48,26 @@ def _summary(ms: list[float]) -> dict:
             "min_ms": round(min(ms), 1) if ms else None, "max_ms": round(max(ms), 1) if ms else None}
 
 
+def toggle_and_time(redis_client, group: str, addresses: dict[str, str], n: int, gap_s: float,
+                    shows_out, *, timeout_s: float, poll_s: float) -> list[float]:
+    """Publish ``n`` documents that alternately quarantine and restore :data:`OUT` and, after each, poll
+    ``shows_out()`` (does the consumer now leave ``OUT`` out?) every ``poll_s`` until it agrees, for at
+    most ``timeout_s``: the milliseconds from each document's ``generated_at`` to the agreement."""
+    seen: list[float] = []
+    for version in range(1, n + 1):
+        out = version % 2 == 1
+        doc = weights_document(group, version, addresses, quarantined=(OUT,) if out else ())
+        publish(redis_client, doc)
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if shows_out() == out:
+                seen.append((time.time() - doc["generated_at"]) * 1000)
+                break
+            time.sleep(poll_s)
+        time.sleep(gap_s)
+    return seen
+
+
 def measure_router(kind: str, redis_client, addresses: dict[str, str], n: int, gap_s: float) -> dict:
     workdir = make_workdir(f"oa-bench-{kind}-")
     router = start_router(kind, addresses, workdir, defence=False)
@@ -58,21 +78,11 @@ def measure_router(kind: str, redis_client, addresses: dict[str, str], n: int, g
     stop = threading.Event()
     thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
     thread.start()
-    seen: list[float] = []
     try:
         time.sleep(0.3)  # subscribed
-        for version in range(1, n + 1):
-            out = version % 2 == 1
-            doc = weights_document(group, version, addresses, quarantined=(OUT,) if out else ())
-            publish(redis_client, doc)
-            deadline = time.time() + gap_s + 15
-            while time.time() < deadline:
-                routable = router.routable() or set()
-                if (addresses[OUT] in routable) != out:
-                    seen.append((time.time() - doc["generated_at"]) * 1000)
-                    break
-                time.sleep(0.005)
-            time.sleep(gap_s)
+        seen = toggle_and_time(redis_client, group, addresses, n, gap_s,
+                               lambda: addresses[OUT] not in (router.routable() or set()),
+                               timeout_s=gap_s + 15, poll_s=0.005)
     finally:
         stop.set()
         thread.join(timeout=10)
@@ -89,22 +99,12 @@ def measure_litellm(redis_url: str, redis_client, addresses: dict[str, str], n: 
                    for name, addr in addresses.items()]
     publish(redis_client, weights_document(group, 0, addresses))
     filt = DeploymentFilter(redis_url=redis_url, groups={"llama": group})
-    seen: list[float] = []
     try:
         filt.filter("llama", deployments)  # the watcher started
         time.sleep(0.3)
-        for version in range(1, n + 1):
-            out = version % 2 == 1
-            doc = weights_document(group, version, addresses, quarantined=(OUT,) if out else ())
-            publish(redis_client, doc)
-            deadline = time.time() + 10
-            while time.time() < deadline:
-                kept = {d["model_info"]["id"] for d in filt.filter("llama", deployments)}
-                if (OUT in kept) != out:
-                    seen.append((time.time() - doc["generated_at"]) * 1000)
-                    break
-                time.sleep(0.001)
-            time.sleep(gap_s)
+        seen = toggle_and_time(redis_client, group, addresses, n, gap_s,
+                               lambda: OUT not in {d["model_info"]["id"] for d in filt.filter("llama", deployments)},
+                               timeout_s=10, poll_s=0.001)
     finally:
         filt.close()
         redis_client.delete(keys.weights(group), keys.legacy_weights(group))
