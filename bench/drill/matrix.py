@@ -130,21 +130,25 @@ def backfill_probes(matrix: dict[str, Any], raw_dir: Path) -> int:
     return n
 
 
+def raw_name(started_at: float, key: str, k: int) -> str:
+    """The file of a run's full result in ``--raw-dir``: its start (UTC), cell and run number."""
+    return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(started_at))}-{key.replace(':', '_')}-{k}.json"
+
+
 def backfill_weight_after_cut(matrix: dict[str, Any], raw_dir: Path) -> int:
     """Runs recorded before the drill kept ``faulty_max_weight_after_cut``: computed from the run's raw
     file (its published documents and transitions), where ``raw_dir`` still has it. Returns how many."""
     from bench.drill.report import is_cut, is_quarantine, max_weight_after_cut
 
-    raws = {}
-    for raw in raw_dir.glob("*.json"):
-        full = json.loads(raw.read_text())
-        raws[full.get("group")] = full
     n = 0
     for run in matrix["runs"]:
         f = run.get("figures")
-        full = raws.get(run.get("group"))
-        if not f or "faulty_max_weight_after_cut" in f or full is None:
+        if not f or "faulty_max_weight_after_cut" in f:
             continue
+        raw = raw_dir / raw_name(run["started_at"], run["cell"], run["run"])
+        if not raw.exists():  # a run older than the raw directory: nothing to fill it from
+            continue
+        full = json.loads(raw.read_text())
         faulty, onset = full["faulty"]["address"], full["fault"]["onset"]
         mine = [t for t in full["transitions"] if t["address"] == faulty and t["at"] >= onset]
         cut = next((t["at"] for t in mine if is_cut(t["to"])), None)
@@ -234,8 +238,7 @@ def _run_one(cell: tuple[str, bool, str], k: int, args: argparse.Namespace, out:
         save_matrix(out, matrix)
         return
     result["host"]["autogroup_nice"] = autogroup
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(t0))
-    (raw_dir / f"{stamp}-{key.replace(':', '_')}-{k}.json").write_text(json.dumps(result, default=str))
+    (raw_dir / raw_name(t0, key, k)).write_text(json.dumps(result, default=str))
     matrix = load_matrix(out)
     matrix["runs"].append({"cell": key, "run": k, "started_at": t0, **compact(result)})
     save_matrix(out, matrix)
