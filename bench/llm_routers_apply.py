@@ -24,7 +24,6 @@ import os
 import platform
 import shutil
 import statistics
-import threading
 import time
 import uuid
 
@@ -35,7 +34,7 @@ from agent.smg import SmgApplier
 from agent.vllm_router import VllmRouterApplier
 from bench.agent import write_report
 from contract import keys
-from harness.gateways import FakeInferenceServer, make_workdir, publish, weights_document
+from harness.gateways import FakeInferenceServer, make_workdir, publish, run_agent, weights_document
 from harness.routers_llm import start_router
 
 #: Seconds between documents: smg drains a removed worker for 5 s before it may be registered again.
@@ -75,9 +74,7 @@ def measure_router(kind: str, redis_client, addresses: dict[str, str], n: int, g
     applier = cls(router.url, router_workers=[f"http://{a}" for a in addresses.values()])
     group = f"bench-{kind}-{uuid.uuid4().hex[:8]}"
     agent = Agent(GatewayClient(redis_client, group, poll_interval_s=5.0), applier)
-    stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
-    thread.start()
+    stop, thread = run_agent(agent, resync_interval_s=30.0)
     try:
         time.sleep(0.3)  # subscribed
         seen = toggle_and_time(redis_client, group, addresses, n, gap_s,

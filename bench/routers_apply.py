@@ -23,7 +23,6 @@ import os
 import platform
 import shutil
 import statistics
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -35,7 +34,7 @@ from agent.envoy import EnvoyApplier
 from agent.traefik import TraefikApplier
 from bench.agent import write_report
 from contract import keys
-from harness.gateways import FakeInferenceServer, make_workdir, publish, weights_document
+from harness.gateways import FakeInferenceServer, make_workdir, publish, run_agent, weights_document
 from harness.routers import CaddyRouter, EnvoyRouter, TraefikRouter, router_unavailable
 
 #: Seconds between documents per router: Traefik applies a provider's change at most every 2 s.
@@ -55,9 +54,7 @@ def measure(kind: str, redis_client, addresses: dict[str, str], n: int, gap_s: f
         applier = CaddyApplier(router.admin_url, "outlier-llm")
     group = f"bench-{kind}-{uuid.uuid4().hex[:8]}"
     agent = Agent(GatewayClient(redis_client, group, poll_interval_s=5.0), applier)
-    stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
-    thread.start()
+    stop, thread = run_agent(agent, resync_interval_s=30.0)
     try:
         time.sleep(0.3)  # subscribed
         for version in range(1, n + 1):

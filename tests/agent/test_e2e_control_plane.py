@@ -50,6 +50,7 @@ from harness.gateways import (
     HAProxyProcess,
     NginxProcess,
     TrafficLoop,
+    run_agent,
     weights_document,
 )
 from outlier_admin.control.actions import do_create_group, do_register_node, do_update_thresholds
@@ -92,9 +93,7 @@ def control_plane(redis_client, settings, tmp_path, group, token_servers):
 
 def start_agent(redis_client, group, applier) -> tuple[Agent, threading.Event, threading.Thread]:
     agent = Agent(GatewayClient(redis_client, group, poll_interval_s=1.0), applier)
-    stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(stop,), kwargs={"resync_interval_s": 60}, daemon=True)
-    thread.start()
+    stop, thread = run_agent(agent, resync_interval_s=60)
     return agent, stop, thread
 
 

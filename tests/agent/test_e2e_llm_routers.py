@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -25,7 +24,7 @@ from agent.metrics import APPLY_FAILURES
 from agent.smg import SmgApplier
 from agent.vllm_router import VllmRouterApplier
 from agent.worker_set import WorkerSetApplier
-from harness.gateways import FakeInferenceServer, free_port, publish, weights_document
+from harness.gateways import FakeInferenceServer, free_port, publish, run_agent, weights_document
 from harness.routers_llm import RouterProcess, start_router
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(120)]
@@ -67,9 +66,7 @@ def test_router_follows_the_weights(tmp_path, redis_client, group, servers, kind
     router = start_router(kind, addresses, tmp_path, defence=False)  # round robin: shares are exact
     applier = APPLIERS[kind](router.url, router_workers=[f"http://{a}" for a in addresses.values()])
     agent = Agent(GatewayClient(redis_client, group, poll_interval_s=1.0), applier)
-    stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(stop,), kwargs={"resync_interval_s": 60}, daemon=True)
-    thread.start()
+    stop, thread = run_agent(agent, resync_interval_s=60)
     routable = router.routable
     try:
         publish(redis_client, weights_document(group, 1, addresses))
