@@ -253,6 +253,7 @@ class GroupDetector(NodeActions, ProgressIngest):
                                   judged=self.signals.ewma["norm"].count > t.min_samples,
                                   explain=lambda r, i: explain.detail(r, a, i, t))
         d, ej, due = out.decision, out.ejection, out.probes_due
+        weighing.hold_cut(a, t, d.cut_z)
         weights, fallback_reason = weighing.with_fallback(a, t, d.weight_z, self.signals.ewma["norm"].mean)
         counts = {s: e.count for s, e in self.signals.ewma.items()}
         records = self._pending + explain.transitions(moves.taken, a, t, now, view, d, counts, weights)

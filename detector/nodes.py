@@ -20,7 +20,10 @@ Columns, by the part of the detector that owns them:
   (the CUSUM over the quarantine line: strength, next to that duration), ``over_d``, ``evidence``
   (the CUSUM on decode, or on norm when the group has no queue-free signal), ``evidence_prefill`` (on
   the queue-free prefill time), ``flaps``, ``cut_at``, ``clear_since`` (when a degraded or pending
-  node's deciding signal last went under the exit line and stayed there; NaN: it is not under it);
+  node's deciding signal last went under the exit line and stayed there; NaN: it is not under it),
+  ``cut_weight`` (the least weight, a fraction of base, a degraded node's deciding Z has allowed in its
+  current stretch of DEGRADED: its weight never rises above it before it leaves,
+  :func:`detector.weights.hold_cut`; NaN: not degraded);
 - the engine: ``heavy_since``, ``heavy_last`` (the first and last row of the node's current episode
   of rows with more prompt work per decode token than the decode curve covers; NaN: none),
   ``preempted_at`` (the last row in which the node preempted a request; NaN: none seen),
@@ -118,6 +121,7 @@ class NodeArrays:
     pool_at: Annotated[np.ndarray, Column(np.float64, NAN)]
     stall_from: Annotated[np.ndarray, Column(np.float64, NAN)]
     clear_since: Annotated[np.ndarray, Column(np.float64, NAN)]
+    cut_weight: Annotated[np.ndarray, Column(np.float64, NAN)]
     heavy_since: Annotated[np.ndarray, Column(np.float64, NAN)]
     heavy_last: Annotated[np.ndarray, Column(np.float64, NAN)]
     preempted_at: Annotated[np.ndarray, Column(np.float64, NAN)]

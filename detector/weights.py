@@ -7,7 +7,14 @@ What a state means for traffic is :data:`detector.states.TRAFFIC`; within ``WEIG
   :data:`~detector.thresholds.WEIGHT_HALVING_Z`), clipped to ``[min_weight_fraction * base,
   base / degrade_materiality]``: strictly under base while the node is held degraded. ``Z`` is
   the largest of any signal, so a node judged slow that also built a queue gets little new work
-  until it drains (why, with figures: :mod:`detector.detectors.zscore`);
+  until it drains (why, with figures: :mod:`detector.detectors.zscore`). What the **deciding**
+  (queue-free) Z allows **falls at once and never rises while the node stays DEGRADED**
+  (:func:`hold_cut`, ``cut_weight``): it rises only when the node leaves, after the exit dwell that
+  already governs the state. A cut node runs a smaller batch and reads less slow than it is, so a
+  weight that followed its Z back up fed it work until it looked slow again: a real llama.cpp server
+  at half a core behind nginx, held DEGRADED from +13 s to +67 s, was published at 5, 87, 42, 87, 31,
+  87, 22, 77 and 28 % of base in that time (``docs/peers.md``, ``quota:0.5``). A queue still deepens a
+  cut only while it lasts: a drained queue gives back what the queue took, never more than the hold;
 - WARMING: a linear ramp from ``warmup_min_weight_fraction`` to 1 over ``warmup_samples`` (slow start);
 - RECOVERING: ``recovery_steps[step] * base``;
 
@@ -35,16 +42,31 @@ _DRAIN = lookup(s for s, rule in TRAFFIC.items() if rule is Traffic.DRAIN)
 _FORCED = lookup((S.FORCED_QUARANTINE, S.FORCED_ACTIVE))
 
 
+def degraded_fraction(t: Thresholds, z: np.ndarray) -> np.ndarray:
+    """``2^-(Z - degrade_z)`` (halving per ``WEIGHT_HALVING_Z``) as a fraction of base, clipped to
+    ``[min_weight_fraction, 1 / degrade_materiality]``; an unknown Z gives the ceiling."""
+    factor = np.power(2.0, -(np.nan_to_num(z, nan=t.degrade_z) - t.degrade_z) / WEIGHT_HALVING_Z)
+    # At most 1 / materiality (thresholds.degrade_materiality): a degraded node whose Z dips under
+    # the degrade line while it is held is still cut, never back at full weight before it leaves.
+    ceiling = 1.0 / t.degrade_materiality
+    return np.clip(factor, min(t.min_weight_fraction, ceiling), ceiling)
+
+
+def hold_cut(a: NodeArrays, t: Thresholds, cut_z: np.ndarray) -> None:
+    """Lower each DEGRADED node's ``cut_weight`` to what its deciding Z allows now, if that is less
+    (the module docstring); every other node forgets its hold. Called once per evaluation, before
+    :func:`weights`."""
+    deg = a.state == S.DEGRADED
+    a.cut_weight = np.where(deg, np.fmin(a.cut_weight, degraded_fraction(t, cut_z)), np.nan)
+
+
 def weights(a: NodeArrays, t: Thresholds, score: np.ndarray) -> np.ndarray:
+    """Every node's weight from its state; ``score``: the largest Z of any signal (module docstring)."""
     base, state = a.base, a.state
     w = base.copy()
     floor = t.min_weight_fraction * base
     deg = state == S.DEGRADED
-    factor = np.power(2.0, -(np.nan_to_num(score, nan=t.degrade_z) - t.degrade_z) / WEIGHT_HALVING_Z)
-    # At most base / materiality (thresholds.degrade_materiality): a degraded node whose Z dips under
-    # the degrade line while it is held is still cut, never back at full weight before it leaves.
-    ceiling = base / t.degrade_materiality
-    w[deg] = np.clip(base * factor, np.minimum(floor, ceiling), ceiling)[deg]
+    w[deg] = (base * np.fmin(degraded_fraction(t, score), a.cut_weight))[deg]
     warming = state == S.WARMING
     ramp = t.warmup_min_weight_fraction + (1 - t.warmup_min_weight_fraction) * np.minimum(
         a.warm_samples / max(t.warmup_samples, 1), 1.0

@@ -49,11 +49,11 @@ class TestAtThePeersLoad:
         from tests.outlier_admin.control.test_probe_load import NODES, MiniFleet, faulty_probes
 
         fleet = MiniFleet(peer_load, {"kind": "thermal_throttle", "slowdown": 2.0})
-        limits: list[float] = []
+        limits = []
         record = fleet.gd.record_probe
 
         def judged(*args, **kw):
-            limits.append(fleet.gd.probe_limit().limit)
+            limits.append(fleet.gd.probe_limit())
             return record(*args, **kw)
 
         fleet.gd.record_probe = judged
@@ -68,4 +68,7 @@ class TestAtThePeersLoad:
         healed = [a for a in after if a[0] > MiniFleet.HEAL_S + 2]
         assert [p for _, p, _ in healed][:3] == [True, True, True], after  # healed: it passes
         assert fleet.gd.state_of(NODES[MiniFleet.FAULTY]) in (NodeState.RECOVERING, NodeState.HEALTHY)
-        assert limits and all(1.0 <= x <= 1.5 * 1.2 for x in limits), limits  # never below 1x expected
+        # Never below 1x expected, never over the quarantine line at the peers' level (1.5x it): the
+        # peers carry the throttled node's share while it is held out and read up to ~1.45x expected.
+        assert limits and all(x.healthy >= 1.0 and 1.0 <= x.limit <= T.quarantine_materiality * x.healthy + 1e-9
+                              for x in limits), limits

@@ -155,6 +155,40 @@ def test_the_demos_flapping_sequence_holds_the_node_and_never_gives_it_full_weig
         assert w < 100.0, (k, z, w)
 
 
+def test_a_degraded_nodes_weight_falls_at_once_and_never_rises_until_it_leaves():
+    """Issue 33, ``quota:0.5``: a real server at half a core, held DEGRADED for 54 s, was published at
+    5, 87, 42, 87, 31, 87, 22, 77, 28 % of base, its weight following its Z, which a cut node's smaller
+    batch brings down. Replaying the demo's series: the weight is the least the deciding Z allowed in
+    the stretch (5 after the first reading at Z 12, however low Z goes); a queue (the largest Z of any
+    signal over the deciding one) deepens it while it lasts; a node that left DEGRADED after the dwell
+    starts its next stretch from the formula again."""
+    from detector.weights import hold_cut, weights
+
+    t = Thresholds()
+    floor = 100.0 * t.min_weight_fraction
+    a = NodeArrays(["a100-02"])
+    a.base[:] = 100.0
+    a.state[:] = S.DEGRADED
+
+    def tick(now: float, z: float, queue_z: float | None = None) -> float:
+        _soft_step(a, t, now, [z], excess=1.0 + 0.05 * z)
+        hold_cut(a, t, np.array([z]))
+        return float(weights(a, t, np.array([max(z, queue_z or z)]))[0])
+
+    assert [tick(1000.0 + 5.0 * k, z) for k, z in enumerate([12.0, 2.5, 1.8, 2.99, 6.0])] == [floor] * 5
+    # Clearly under the line for the dwell: the node leaves, and the next stretch is cut afresh.
+    for now in np.arange(1100.0, 1100.0 + t.degrade_exit_dwell_s + 1.0, 5.0):
+        tick(now, 1.0)
+    assert NodeState(int(a.state[0])) == S.HEALTHY and math.isnan(a.cut_weight[0])
+    assert float(weights(a, t, np.array([1.0]))[0]) == 100.0
+    a.state[:] = S.DEGRADED
+    assert math.isclose(tick(1200.0, 2.5), 100 * 2 ** -0.5)  # the spec's own example
+    assert tick(1205.0, 2.5, queue_z=12.0) == floor  # a queue deepens the cut while it lasts
+    assert math.isclose(tick(1210.0, 2.5), 100 * 2 ** -0.5)  # drained: back to what Z 2.5 allows
+    assert math.isclose(tick(1215.0, 3.5), 100 * 2 ** -1.5)
+    assert math.isclose(tick(1220.0, 2.5), 100 * 2 ** -1.5)  # never back up while DEGRADED
+
+
 def test_a_node_that_recovered_leaves_after_the_dwell_and_a_relapse_restarts_it():
     """Under the exit line for the dwell, without a break: a reading back over it restarts the count."""
     t = Thresholds()

@@ -49,16 +49,24 @@ def test_degrade_weight_is_base_times_two_to_minus_z_minus_2():
     gd = GroupDetector(Thresholds(quarantine_persistence=10_000), fleet.nodes)
     run(gd, fleet, 0, 20)
     fleet.slow[3] = 1.2
-    checked = 0
+    checked, held = 0, math.inf
+
+    def allowed(z: float) -> float:
+        return min(max(100 * 2 ** -(z - 2.0), 5.0), 100.0)  # floored at min_weight_fraction
+
     for ev in run(gd, fleet, 20, 20):
         z = np.nanmax([v[3] for v in ev.z_by_signal.values()])  # a degraded node's cut: its largest Z
         if ev.states[3] == S.DEGRADED:
-            expected = min(max(100 * 2 ** -(z - 2.0), 5.0), 100.0)  # floored at min_weight_fraction
-            assert math.isclose(ev.weights[3], expected, rel_tol=1e-9)
+            # never above what its deciding Z (Evaluation.z) allowed earlier in this stretch
+            held = min(held, allowed(ev.z[3]))
+            assert math.isclose(ev.weights[3], min(allowed(z), held), rel_tol=1e-9)
             checked += 1
+        else:
+            held = math.inf
     assert checked > 0
     # The spec's own example: Z = 2.5 -> base * 2^-0.5.
     gd.a.state[3] = S.DEGRADED
+    gd.a.cut_weight[3] = math.nan  # new to DEGRADED: no hold yet
     score = np.zeros(16)
     score[3] = 2.5
     assert math.isclose(__import__("detector.weights").weights.weights(gd.a, gd.thresholds, score)[3], 100 * 2**-0.5)
@@ -364,7 +372,7 @@ def test_without_ttft_a_queue_that_drains_is_not_quarantined_but_a_slow_gpu_is()
 def test_the_queue_free_signal_decides_and_a_queue_only_deepens_a_cut():
     """One rule, stated in detectors.zscore: the decode Z decides (and is ``Evaluation.z``); a queue
     alone never cuts a node; a node judged slow that also built a queue is cut by the largest Z of any
-    signal until the queue drains, then by its decode Z."""
+    signal until the queue drains, then by the least its decode Z allowed since the cut."""
     fleet = Fleet(12, seed=4)
     gd = GroupDetector(nodes=fleet.nodes, now=0.0)
     run(gd, fleet, 0.0, 30.0)
@@ -382,8 +390,11 @@ def test_the_queue_free_signal_decides_and_a_queue_only_deepens_a_cut():
     ev = run(gd, fleet, 60.0, 30.0)[-1]
     z_dec = ev.z_by_signal["decode"][s]
     assert NodeState(int(ev.states[s])) is NodeState.DEGRADED
-    assert ev.weights[s] == pytest.approx(min(100.0, max(5.0, 100 * 2 ** -(max(z_dec, ev.z_by_signal["norm"][s],
-                                                                             ev.z_by_signal["prefill"][s]) - 2))))
+    # ... held at the least its decode Z allowed since it was cut (detector.weights.hold_cut)
+    held = 100 * gd.a.cut_weight[s]
+    assert held <= min(100.0, max(5.0, 100 * 2 ** -(z_dec - 2))) + 1e-9
+    assert ev.weights[s] == pytest.approx(min(held, 100 * 2 ** -(max(z_dec, ev.z_by_signal["norm"][s],
+                                                                   ev.z_by_signal["prefill"][s]) - 2)))
     assert ev.weights[s] > 5
 
 
