@@ -50,6 +50,15 @@ LABELS = {
     "litellm": "LiteLLM 1.108 `latency-based-routing`, `allowed_fails 1`, `cooldown_time 10`, `num_retries 2`",
 }
 ORDER = list(LABELS)
+#: Issue 33's targets for outlier-admin on top of a router, per fault: the throttled server's share of the
+#: clients' tokens after the onset (median), harmed requests against the router alone (median ratio),
+#: and for the 2x fault also: quarantined within ``quarantine_s`` in every run, never published over
+#: ``weight`` of its base between the cut and the quarantine (no flapping back), at most
+#: ``healthy_cut`` healthy servers cut in any run.
+TARGETS: dict[str, dict[str, float]] = {
+    "quota:0.2": {"share": 0.01, "harm": 0.5},
+    "quota:0.5": {"share": 0.02, "harm": 0.7, "quarantine_s": 30.0, "weight": 0.5, "healthy_cut": 1},
+}
 #: Fewer requests than this after the onset and P99 is the second or third largest: P95 beside it.
 P99_MIN_REQUESTS = 300
 
@@ -239,13 +248,13 @@ def targets_table(st: dict[tuple[str, str, str], dict[str, Any]], found: dict[tu
     lines = ["#### Targets (issue 33), outlier-admin on top of each router", "",
              "| fault | router | share of the clients' tokens after the onset (target) | of which tokens of requests sent before / after the cut | "
              "harmed vs alone (target) | P99 vs alone (target: no worse) | "
-             "P99 vs no-fault floor (target <= 1.2x) | healthy quarantined (target 0) | quarantine s | "
+             "P99 vs no-fault floor (target <= 1.2x) | healthy quarantined (target 0) | healthy cut | quarantine s | "
              "next work -> cut s | largest weight between cut and quarantine |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    targets = {"quota:0.2": (0.01, 0.5), "quota:0.5": (0.02, 0.7)}
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = 0
     for fault in _faults(found):
-        share_t, harm_t = targets.get(fault, (None, None))
+        target = TARGETS.get(fault, {})
+        share_t, harm_t = target.get("share"), target.get("harm")
         for gw in _gateways(found):
             on, off, floor = st.get((gw, "on", fault)), st.get((gw, "off", fault)), st.get((gw, "off", "none"))
             if on is None:
@@ -278,11 +287,20 @@ def targets_table(st: dict[tuple[str, str, str], dict[str, Any]], found: dict[tu
                 vs_floor = verdict(r <= 1.2, f"{r:.2f}x of its healthy minute*")
             hq = on["healthy_q"]
             hq_txt = verdict(None if hq is None else hq["hi"] == 0, fmt(hq, digits=0))
+            hc, hc_t = on["healthy_cut"], target.get("healthy_cut")
+            hc_txt = verdict(None if hc is None or hc_t is None else hc["hi"] <= hc_t,
+                             fmt(hc, digits=0) + (f" (<= {hc_t:g})" if hc_t is not None else ""))
+            q, q_t = on["quarantine"], target.get("quarantine_s")
+            # Every run quarantined in time: a run never quarantined (k/n runs) misses it.
+            q_txt = verdict(None if q_t is None else q is not None and q["n"] == q["of"] and q["hi"] <= q_t,
+                            fmt(q, digits=1) + (f" (<= {q_t:g})" if q_t is not None else ""))
+            wt, wt_t = on["weight_after_cut"], target.get("weight")
+            wt_txt = verdict(None if wt is None or wt_t is None else wt["hi"] <= wt_t,
+                             fmt(wt, pct=True) + (f" (<= {100 * wt_t:.0f} %)" if wt_t is not None else ""))
             split = (f"{fmt(on['tok_before_cut'], digits=0)} / {fmt(on['tok_after_cut'], digits=0)}"
                      if on["tok_before_cut"] else "-")
             lines.append(f"| `{fault}` | {LABELS.get(gw, gw).split(' `')[0].split(',')[0]} | {share_txt} | {split} | {harm} | {p99} | "
-                         f"{vs_floor} | {hq_txt} | {fmt(on['quarantine'], digits=1)} | {fmt(on['cut_busy'], digits=1)} | "
-                         f"{fmt(on['weight_after_cut'], pct=True)} |")
+                         f"{vs_floor} | {hq_txt} | {hc_txt} | {q_txt} | {fmt(on['cut_busy'], digits=1)} | {wt_txt} |")
     if not rows:
         return []
     return [*lines, "", "\\* no no-fault run of that router yet: the P99 of the minute before the onset in the same "

@@ -33,3 +33,32 @@ def test_only_the_text_between_the_markers_is_replaced():
     out = render_between(page, "new table\n")
     assert out == f"# Peers\nprose\n{BEGIN}\nnew table\n{END}\nmore prose\n"
     assert render_between("# Peers\n", "t\n").endswith(f"{BEGIN}\nt\n{END}\n")
+
+
+def _run(weights: bool, *, harmed: float, quarantine: float | None, weight: float | None, healthy_cut: int) -> dict:
+    after = {"n": 150, "p50_s": 1.0, "p90_s": 3.0, "p95_s": 4.0, "p99_s": 6.0, "timeouts": 0, "errors": 0}
+    return {"config": {"gateway": "nginx-rr", "weights": weights, "fault": "quota:0.5", "seed": 1, "canaries": weights},
+            "host": {"boot": "b"},
+            "figures": {"latency_after_onset": after, "latency_before_onset": after, "harmed_fraction": harmed, "faulty_client_token_share_after": 0.015,
+                        "onset_to_first_cut_s": 10.0, "onset_to_quarantine_s": quarantine, "healthy_cut_nodes": healthy_cut,
+                        "healthy_quarantined_nodes": 0, "faulty_max_weight_after_cut": weight}}
+
+
+def test_the_2x_faults_targets_are_judged_quarantine_in_every_run_and_no_flap_over_half_weight():
+    """Issue 33's ``quota:0.5`` targets beside the share and harm: quarantined within 30 s in every run
+    (a run never quarantined misses it), never over half weight between cut and quarantine, at most one
+    healthy server cut."""
+    from bench.drill.tables import cell_stats, cells, targets_table
+
+    off = _run(False, harmed=0.10, quarantine=None, weight=None, healthy_cut=0)
+    good = _run(True, harmed=0.05, quarantine=22.0, weight=0.05, healthy_cut=1)
+    found = cells({"runs": [off, good]})
+    row = next(line for line in targets_table({k: cell_stats(v) for k, v in found.items()}, found) if "`quota:0.5`" in line)
+    assert "1.5 % (<= 2 %) met" in row and "0.50x (<= 0.7x) met" in row
+    assert "1 (<= 1) met" in row and "22.0 (<= 30) met" in row and "5.0 % (<= 50 %) met" in row
+    flapped = _run(True, harmed=0.05, quarantine=67.4, weight=0.87, healthy_cut=2)
+    unquarantined = _run(True, harmed=0.05, quarantine=None, weight=0.05, healthy_cut=0)
+    found = cells({"runs": [off, flapped, unquarantined]})
+    row = next(line for line in targets_table({k: cell_stats(v) for k, v in found.items()}, found) if "`quota:0.5`" in line)
+    assert "1 (0-2) (<= 1) **missed**" in row and "46.0 % (5.0 %-87.0 %) (<= 50 %) **missed**" in row
+    assert "67.4 [1/2 runs] (<= 30) **missed**" in row
