@@ -22,6 +22,7 @@ import os
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from contract.logformats import (
@@ -178,8 +179,10 @@ def tail_source(source: IngestSource, *, max_bytes: int = MAX_BYTES, node_map: d
         )
         IngestSource.objects.filter(pk=source.pk).update(
             last_ok_at=timezone.now(), **error,
-            accepted_total=source.accepted_total + total.accepted,
-            rejected_total=source.rejected_total + total.rejected,
+            # F(): the row's own count, not the one this ``source`` object was read with (a long-running
+            # tailer reads its sources once; counting from that copy set the total back every pass).
+            accepted_total=F("accepted_total") + total.accepted,
+            rejected_total=F("rejected_total") + total.rejected,
         )
     return total
 

@@ -7,15 +7,27 @@ seen at once, not in SQL. ``--format`` defaults to ``auto`` (each line's format 
 With ``--once``, a pass that found nothing new says so, with the file and the offset it read from
 (a second ``--once`` printed nothing at all, which looks like a hang or a wrong path); a missing file
 is said on stderr. Without ``--once`` an idle pass stays quiet: it would print every ``--interval``.
+
+Redis or PostgreSQL away (a restart, a failover, a timeout under load) does not end the tailer: the
+pass that failed is said on stderr and tried again after a backoff (the interval, doubling up to
+:data:`MAX_BACKOFF_S`), from the checkpoint, which only a pass that submitted its lines advances; the
+lines read again are accepted once (the pipeline drops duplicates). A tailer that died there was
+found in the routers' drill: one ``TimeoutError`` reading from Redis at a load average of 35 stopped
+it, and the group got no more samples. With ``--once`` the same failure is a clear error: nothing
+past the checkpoint was taken, and running it again reads the lines again.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
+import redis
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
+from django.db.models import QuerySet
 
 from contract.logformats import FORMATS, LABELS, LINE_TOO_LONG, parse_node_map
 from outlier_admin.control.actions import ActionError
@@ -24,6 +36,13 @@ from outlier_admin.ingest.actions import do_save_log_source
 from outlier_admin.ingest.models import Checkpoint, IngestSource
 from outlier_admin.ingest.pipeline import IngestOutcome
 from outlier_admin.ingest.tailer import tail_source
+from outlier_admin.outage import DB_OUTAGE_ERRORS
+
+#: The longest wait between two tries while Redis or PostgreSQL is away (a restart takes seconds;
+#: a longer wait only delays the samples once it is back).
+MAX_BACKOFF_S = 30.0
+#: What a pass may meet that the next pass can get past: the stores away, not a bug or bad input.
+TRANSIENT = (redis.RedisError, *DB_OUTAGE_ERRORS)
 
 
 def describe_idle(source: IngestSource, offset: int | None) -> str:
@@ -79,23 +98,52 @@ class Command(BaseCommand):
             sources = sources.filter(name=opts["source"] or opts["add"])
         if not sources.exists():
             raise CommandError("no enabled log source (create one with --add NAME --path P --format F)")
-        while True:
-            for source in sources:
-                out = tail_source(source)
-                if out.accepted or out.rejected or out.duplicates:
-                    for line in describe(source.name, out):
-                        self.stdout.write(line)
-                elif opts["once"]:
-                    if os.path.exists(source.location):
-                        # A pass that read no complete line leaves the checkpoint where it started reading
-                        # (0 after a rotation or truncation), so the checkpoint is the offset it read from.
-                        offset = Checkpoint.objects.filter(source=source).values_list("offset", flat=True).first()
-                        self.stdout.write(describe_idle(source, offset))
-                    else:
-                        self.stderr.write(f"{source.name}: {source.location}: no such file (nothing read)")
-                if out.rejected_by_reason.get((LINE_TOO_LONG, "")):  # the skip is said where it happened
-                    error = IngestSource.objects.filter(pk=source.pk).values_list("last_error", flat=True).first()
-                    self.stderr.write(f"{source.name}: {error}")
-            if opts["once"]:
-                return
-            time.sleep(opts["interval"])
+        if opts["once"]:
+            try:
+                self.one_pass(sources, once=True)
+            except TRANSIENT as exc:
+                raise CommandError(f"{type(exc).__name__}: {exc}. Nothing past the checkpoint was taken: run it "
+                                   "again once Redis and PostgreSQL answer.") from None
+            return
+        follow(lambda: self.one_pass(sources, once=False), opts["interval"], self.stderr.write)
+
+    def one_pass(self, sources: QuerySet[IngestSource], *, once: bool) -> None:
+        for source in sources.all():  # read afresh every pass: a source disabled meanwhile is left out
+            out = tail_source(source)
+            if out.accepted or out.rejected or out.duplicates:
+                for line in describe(source.name, out):
+                    self.stdout.write(line)
+            elif once:
+                if os.path.exists(source.location):
+                    # A pass that read no complete line leaves the checkpoint where it started reading
+                    # (0 after a rotation or truncation), so the checkpoint is the offset it read from.
+                    offset = Checkpoint.objects.filter(source=source).values_list("offset", flat=True).first()
+                    self.stdout.write(describe_idle(source, offset))
+                else:
+                    self.stderr.write(f"{source.name}: {source.location}: no such file (nothing read)")
+            if out.rejected_by_reason.get((LINE_TOO_LONG, "")):  # the skip is said where it happened
+                error = IngestSource.objects.filter(pk=source.pk).values_list("last_error", flat=True).first()
+                self.stderr.write(f"{source.name}: {error}")
+
+
+def follow(one_pass: Callable[[], None], interval_s: float, say: Callable[[str], Any], *,
+           passes: int | None = None, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Run ``one_pass`` every ``interval_s`` (``passes`` times, or for ever); a pass that meets
+    :data:`TRANSIENT` is said through ``say`` and tried again after a backoff (module docstring).
+    Returns how many passes failed."""
+    failed, wait, k = 0, interval_s, 0
+    while passes is None or k < passes:
+        k += 1
+        try:
+            one_pass()
+        except TRANSIENT as exc:
+            failed += 1
+            if isinstance(exc, DB_OUTAGE_ERRORS):
+                connection.close()  # a broken PostgreSQL connection is not reused by the next pass
+            wait = min(max(wait * 2, interval_s), MAX_BACKOFF_S)
+            say(f"tail_logs: the pass failed ({type(exc).__name__}: {exc}); trying again in {wait:g} s from the "
+                "checkpoint (nothing past it was taken)")
+        else:
+            wait = interval_s
+        sleep(wait)
+    return failed
