@@ -92,9 +92,20 @@ def compare(on: dict[str, Any] | None, off: dict[str, Any] | None) -> str:
     return f"{on['median'] / off['median']:.2f}x" if off["median"] else "-"
 
 
+def _per_node_after(run: dict[str, Any]) -> tuple[dict[str, Any], float | None]:
+    """The throttled server's ``{n, p50_s}`` after the onset and the median P50 of the others."""
+    per_node = run["figures"].get("per_node_after") or {}
+    faulty = (run.get("faulty") or {}).get("address")
+    peers = [v["p50_s"] for k, v in per_node.items() if k != faulty and v.get("p50_s") is not None]
+    return per_node.get(faulty) or {}, statistics.median(peers) if peers else None
+
+
 def figure(run: dict[str, Any], name: str) -> Any:
     f = run["figures"]
     after = f["latency_after_onset"]
+    if name in ("faulty_n", "faulty_p50", "peers_p50"):
+        mine, peers = _per_node_after(run)
+        return {"faulty_n": mine.get("n"), "faulty_p50": mine.get("p50_s"), "peers_p50": peers}[name]
     return {
         "p50": after["p50_s"], "p90": after.get("p90_s"), "p95": after.get("p95_s"), "p99": after["p99_s"],
         "n_after": after["n"], "failed": after["timeouts"] + after["errors"] + after.get("dropped", 0),
@@ -110,7 +121,7 @@ def figure(run: dict[str, Any], name: str) -> Any:
         # router names the server that answered: report.faulty_tokens_split).
         "tok_before_cut": (f.get("faulty_tokens_after_onset") or {}).get("sent_before_cut"),
         "tok_after_cut": (f.get("faulty_tokens_after_onset") or {}).get("sent_after_cut"),
-        "weight_after_cut": f.get("faulty_max_weight_after_cut"),
+        "weight_after_cut": f.get("faulty_max_weight_after_cut"), "busy_after": f.get("fleet_busy_after"),
     }[name]
 
 
@@ -129,7 +140,7 @@ def cells(matrix: dict[str, Any]) -> dict[tuple[str, str, str], list[dict[str, A
 def cell_stats(runs: list[dict[str, Any]]) -> dict[str, Any]:
     names = ("p50", "p90", "p95", "p99", "n_after", "failed", "harmed", "share", "client_share", "cut", "quarantine", "busy",
              "cut_busy", "healthy_cut", "healthy_q", "last_tokens", "busy_before", "load", "p99_before", "p50_before",
-             "tok_before_cut", "tok_after_cut", "weight_after_cut")
+             "tok_before_cut", "tok_after_cut", "weight_after_cut", "faulty_n", "faulty_p50", "peers_p50", "busy_after")
     return {name: stats([figure(r, name) for r in runs]) for name in names} | {"runs": len(runs)}
 
 
@@ -179,6 +190,7 @@ def peers_table(matrix: dict[str, Any]) -> str:
         lines.append("")
     lines += targets_table(st, found)
     lines += paired_table(found)
+    lines += work_table(st, found)
     commits = sorted({r.get("source", {}).get("commit", "")[:7] for runs in found.values() for r in runs} - {""})
     loads = [figure(r, "load") for runs in found.values() for r in runs]
     n_requests = [figure(r, "n_after") for runs in found.values() for r in runs]
@@ -216,6 +228,32 @@ def paired_table(found: dict[tuple[str, str, str], list[dict[str, Any]]]) -> lis
             lines.append(f"| `{fault}` | {LABELS.get(gw, gw).split(' `')[0].split(',')[0]} | {len(pairs)} | "
                          f"{_pair_ratio(pairs, 'p99')} | {_pair_ratio(pairs, 'p95')} | {_pair_ratio(pairs, 'harmed')} | "
                          f"{'; '.join(shares)} |")
+    return [*lines, ""] if rows else []
+
+
+def work_table(st: dict[tuple[str, str, str], dict[str, Any]], found: dict[tuple[str, str, str], Any]) -> list[str]:
+    """Where the work went after the onset, per fault other than ``quota:0.2`` (whose throttled server
+    is out within seconds): the throttled server's requests and P50 against the other servers' P50,
+    and how busy the fleet was. On two shared cores, taking a server out moves its work onto the
+    others' slots and CPU: the table shows what that cost them."""
+    lines = ["#### Where the work went after the onset (faults other than `quota:0.2`)", "",
+             "| fault | router | outlier-admin | runs | throttled server: requests, P50 s | the other servers' P50 s | "
+             "fleet busy after the onset (of 2 cores) | harmed |",
+             "|---|---|---|---|---|---|---|---|"]
+    rows = 0
+    for fault in _faults(found):
+        if fault == "quota:0.2":
+            continue
+        for gw in _gateways(found):
+            for arm in ("off", "on"):
+                s = st.get((gw, arm, fault))
+                if s is None:
+                    continue
+                rows += 1
+                lines.append(f"| `{fault}` | {LABELS.get(gw, gw).split(' `')[0].split(',')[0]} | "
+                             f"{'**on**' if arm == 'on' else 'alone'} | {s['runs']} | {fmt(s['faulty_n'], digits=0)}, "
+                             f"{fmt(s['faulty_p50'])} | {fmt(s['peers_p50'])} | {fmt(s['busy_after'], pct=True)} | "
+                             f"{fmt(s['harmed'], pct=True)} |")
     return [*lines, ""] if rows else []
 
 
