@@ -131,8 +131,10 @@ def backfill_probes(matrix: dict[str, Any], raw_dir: Path) -> int:
 
 
 def raw_name(started_at: float, key: str, k: int) -> str:
-    """The file of a run's full result in ``--raw-dir``: its start (UTC), cell and run number."""
-    return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(started_at))}-{key.replace(':', '_')}-{k}.json"
+    """The file of a run's full result in ``--raw-dir``: its start (UTC), cell and run number; a fault's
+    ``/`` (``stall:2/10``) becomes ``-``, never a folder (the first stall run's result was lost to it)."""
+    cell = key.replace(":", "_").replace("/", "-")
+    return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(started_at))}-{cell}-{k}.json"
 
 
 def backfill_weight_after_cut(matrix: dict[str, Any], raw_dir: Path) -> int:
@@ -238,10 +240,10 @@ def _run_one(cell: tuple[str, bool, str], k: int, args: argparse.Namespace, out:
         save_matrix(out, matrix)
         return
     result["host"]["autogroup_nice"] = autogroup
-    (raw_dir / raw_name(t0, key, k)).write_text(json.dumps(result, default=str))
-    matrix = load_matrix(out)
+    matrix = load_matrix(out)  # the figures first: a raw file that cannot be written costs only itself
     matrix["runs"].append({"cell": key, "run": k, "started_at": t0, **compact(result)})
     save_matrix(out, matrix)
+    (raw_dir / raw_name(t0, key, k)).write_text(json.dumps(result, default=str))
     print(format_table([row(result)]), flush=True)
 
 
