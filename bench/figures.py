@@ -137,9 +137,9 @@ def collect(args: argparse.Namespace) -> int:
     doc: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     doc["policy"] = POLICY
     if args.tuned:
-        doc["tuned"] = suite_figures(args.tuned, ROOT / "scenarios")
+        doc["tuned"] = suite_figures(args.tuned, ROOT / "scenarios") | {"at": args.at}
     if args.unseen:
-        doc["unseen"] = suite_figures(args.unseen, ROOT / "scenarios" / "unseen")
+        doc["unseen"] = suite_figures(args.unseen, ROOT / "scenarios" / "unseen") | {"at": args.at}
     missing = [k for k in ("tuned", "unseen") if k not in doc]
     if missing:
         print(f"error: no {' and no '.join(missing)} suite: --{' and --'.join(missing)}, or an --out that has "
@@ -149,10 +149,12 @@ def collect(args: argparse.Namespace) -> int:
         fast = json.loads(args.fast.read_text())
         doc["fast"] = {k: fast[k] for k in ("nodes", "hours", "node_hours", "tick_s", "rate_per_node", "cpu_s")}
         doc["fast"]["default"] = fast["policies"]["default"]
+        doc["fast"]["at"] = args.at
     if args.sweep:
         sweep = json.loads(args.sweep.read_text())
         doc["sweep"] = {"meta": sweep["meta"],
-                        "rows": [{k: v for k, v in r.items() if k != "scenarios"} for r in sweep["rows"]]}
+                        "rows": [{k: v for k, v in r.items() if k != "scenarios"} for r in sweep["rows"]],
+                        "at": args.at}
     if args.property_log:
         doc["property_test"] = args.property_log.read_text().strip()
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -220,6 +222,11 @@ def _rate(r: dict[str, Any]) -> str:
     return f"{r['per_1000h']:g} [{ci[0]:g}–{ci[1]:g}] ({r['events']})" if ci[0] is not None else "–"
 
 
+def _at(part: dict[str, Any]) -> str:
+    """Where a part was measured, as the page says it (parts may come from different trees)."""
+    return f" Measured at `{part['at']}`." if part.get("at") else " The tree it ran at was not recorded."
+
+
 def render_section(doc: dict[str, Any]) -> str:
     t, u = doc["tuned"], doc["unseen"]
     ts, us = t["settings"], u["settings"]
@@ -240,7 +247,7 @@ def render_section(doc: dict[str, Any]) -> str:
            "`default_logs` on 1), every run counted, that no cut comes before the first evidence."]
     if doc.get("property_test"):
         out += ["", f"Property test at this tree: {doc['property_test']}"]
-    out += ["", "Tuned suite (medians over the runs; \"(k/n)\" where not every run made it):", ""]
+    out += ["", "Tuned suite (medians over the runs; \"(k/n)\" where not every run made it)." + _at(t), ""]
     out += scenario_table(t, OLD["per_scenario"])
     out += ["", "### 2. Detection per incident, and 3. the capacity false cuts take", "",
             f"Before: {OLD['precision_recall']}. Now: a fault detected (its node cut or out at least once from "
@@ -256,7 +263,7 @@ def render_section(doc: dict[str, Any]) -> str:
         f, d = doc["fast"], doc["fast"]["default"]
         out += ["", f"Fast mode (`python -m sim fast --nodes {f['nodes']} --hours {f['hours']:g} --tick {f['tick_s']:g} "
                 f"--seed 1`: {f['node_hours']:g} healthy node-hours at the production cadence, {f['cpu_s']:g} CPU s). "
-                f"Before: {OLD['fast']}.", "",
+                f"Before: {OLD['fast']}." + _at(f), "",
                 "| fast mode, `default` | value |", "|---|---|",
                 f"| false cuts (entries from full weight) / 1,000 node-h [95 %] (count) | {_rate(d['false_cuts'])} |",
                 f"| nodes cut at least once / nodes | {d['nodes_cut']}/{f['nodes']} |",
@@ -266,7 +273,7 @@ def render_section(doc: dict[str, Any]) -> str:
                 f"| share of healthy capacity-time under base weight | {d['below_base_fraction']:.2e} |"]
     out += ["", "### Out of sample: `scenarios/unseen/`", "",
             "Generated once by `scenarios/unseen/generate.py` (seed 34; its docstring states the random process), "
-            "committed before it was scored, never tuned against.", ""]
+            "committed before it was scored, never tuned against." + _at(u), ""]
     out += scenario_table(u, None)
     if doc.get("sweep"):
         m, rows = doc["sweep"]["meta"], doc["sweep"]["rows"]
@@ -275,7 +282,7 @@ def render_section(doc: dict[str, Any]) -> str:
                 f"command again resumes it): "
                 f"{', '.join(m['scenarios'])} (60 s after the last onset) and {m['healthy']} for "
                 f"{m['healthy_node_hours']:g} healthy node-hours per run (a count of 0 then bounds the rate under 100 "
-                f"per 1,000 node-hours); {len(rows)} runs in {m['cpu_s']:g} CPU s.", ""]
+                f"per 1,000 node-hours); {len(rows)} runs in {m['cpu_s']:g} CPU s." + _at(doc["sweep"]), ""]
         lacking = sweep_lacks(m, rows)
         if lacking:
             out += [f"**Not finished: {len(rows)} of the {planned_runs(m)} planned runs are in, the sweep's first "
@@ -372,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--sweep", type=Path)
     c.add_argument("--property-log", type=Path, help="a one-line summary of the property test's run")
     c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--at", help="the commit the given parts ran at (shown beside each part: parts collected at "
+                   "different times may come from different trees)")
     r = sub.add_parser("render")
     r.add_argument("figures", type=Path)
     r.add_argument("--doc", type=Path, default=Path("docs/detector-sweep.md"))
