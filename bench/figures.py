@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -224,7 +225,10 @@ def _rate(r: dict[str, Any]) -> str:
 
 def _at(part: dict[str, Any]) -> str:
     """Where a part was measured, as the page says it (parts may come from different trees)."""
-    return f" Measured at `{part['at']}`." if part.get("at") else " The tree it ran at was not recorded."
+    at = part.get("at")
+    if not at:
+        return " The tree it ran at was not recorded."
+    return f" Measured at `{at}`." if re.fullmatch(r"[0-9a-f]{7,40}", at) else f" Measured at {at}."
 
 
 def render_section(doc: dict[str, Any]) -> str:
