@@ -26,11 +26,11 @@ from tests.browser.demo_run import LARGE, THROTTLED, log_in, running_demo, scree
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 #: A quarantined node's first probe waits the canary interval, and so does each probe after a failed
-#: one: at the groups' 10 s the third failed probe starts 30 s after the quarantine, at 2 s 6 s after.
+#: one: at the groups' 10 s the third failed probe starts 30 s after the quarantine, at 2 s, 6 s after.
 CANARY_INTERVAL_S = 2
-#: The faults heal once h100-05 has failed this many probes: one cycle after the third, which the
-#: first screen is read at, so no probe has passed by then, however busy the machine. (A heal at a
-#: fixed time waited 150 s, the room for three 10 s cycles and the checks on a busy machine.)
+#: The faults heal once h100-05 has failed this many probes, one more than the test reads the first
+#: screen at: the first probe that can pass comes a cycle after that read, at the machine's pace. (A
+#: heal at a fixed +150 s was the room for three 10 s cycles and the checks on a busy machine.)
 HEAL_AFTER_PROBES = 4
 HEAL_AT_S = 900  # no later than that, whatever the probes did (the waits below fail well before)
 
