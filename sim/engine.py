@@ -48,7 +48,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -678,6 +678,8 @@ class Simulation:
     def stall_event(self, fi: int, now: float) -> None:
         """A ``periodic_stall``: every stream of the node stops for ``stall_ms`` at once."""
         f = self.scn.faults[fi]
+        if not f.active(now):  # ended early (:meth:`end_fault`) after its stalls were scheduled
+            return
         gi = next(i for i, g in enumerate(self.scn.groups) if g.name == f.group)
         n = self.offset[gi] + (f.node or 0)
         if self.eng[n] is not None and not self.crashed[n]:
@@ -805,6 +807,23 @@ class Simulation:
         self.next_arrival = 0
         self.next_progress = 0.0
         return self
+
+    def end_fault(self, fi: int, t: float) -> bool:
+        """End fault ``fi`` of the scenario at ``t`` instead of at its ``end_s``: a heal decided while
+        the simulation runs (the demo's ``DEMO_HEAL_AFTER_PROBES``). ``t`` is not before the time
+        already simulated (:meth:`advance` has not passed it). Returns whether it changed the end (a
+        fault already over by ``t`` keeps its own). The scheduled end stays in the queue and finds
+        nothing to change, as an edge without a change in speed does."""
+        old = self.scn.faults[fi]
+        if t < self.now:
+            raise ValueError(f"cannot end a fault at {t:g} s: the simulation is at {self.now:g} s")
+        if old.end_s is not None and old.end_s <= t:
+            return False
+        new = replace(old, end_s=t)
+        self.scn = replace(self.scn, faults=(*self.scn.faults[:fi], new, *self.scn.faults[fi + 1:]))
+        self.node_faults = [[new if f is old else f for f in faults] for faults in self.node_faults]
+        self.push(t, EV_EDGE, fi)
+        return True
 
     def advance(self, until: float) -> Simulation:
         """Process every arrival, timeout and event up to time ``until`` (and not past ``end_all``).

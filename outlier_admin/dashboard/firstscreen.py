@@ -22,6 +22,7 @@ injected** (:func:`injected_faults`), so a newcomer tells them from the detector
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -258,15 +259,22 @@ ENDED_MAX = 20
 
 def injected_faults() -> list[InjectedFault]:
     """The faults the demo injected, from its audit events ``demo.fault`` (``detail``: kind, start and
-    end as epoch seconds); none outside the demo. Malformed details are skipped."""
+    end as epoch seconds); none outside the demo. A fault the demo healed early (``demo.heal``, after
+    ``DEMO_HEAL_AFTER_PROBES`` failed probes) ends at its heal. Malformed details are skipped."""
     out = []
     recent = timezone.now() - timedelta(days=1)  # an earlier run's faults (a kept database) are not these
+    heals: dict[tuple[int | None, str], list[float]] = {}
+    for a in AuditEvent.objects.filter(action="demo.heal", at__gte=recent).order_by("-at")[:20]:
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            heals.setdefault((a.node_id, str(a.detail["kind"])), []).append(float(a.detail["healed_at"]))
     for a in (AuditEvent.objects.filter(action="demo.fault", at__gte=recent).select_related("group", "node")
               .order_by("-at")[:20]):
         d = a.detail or {}
         try:
-            start = datetime.fromtimestamp(float(d["starts_at"]), UTC)
-            end = datetime.fromtimestamp(float(d["ends_at"]), UTC)
+            start_s = float(d["starts_at"])
+            healed = [h for h in heals.get((a.node_id, str(d.get("kind", "fault"))), []) if h >= start_s]
+            start = datetime.fromtimestamp(start_s, UTC)
+            end = datetime.fromtimestamp(min([float(d["ends_at"]), *healed]), UTC)
         except (KeyError, TypeError, ValueError, OverflowError, OSError):
             continue
         out.append(InjectedFault(a.group.name if a.group else "", a.node.name if a.node else str(d.get("node", "")),

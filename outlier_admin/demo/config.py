@@ -7,7 +7,12 @@
 ``DEMO_FAULT_AT_S``         60       thermal throttle (3x slower) on node 5 of the large group
 ``DEMO_PCIE_AT_S``          FAULT+15 PCIe downgrade (decode 2.5x, prefill 1.5x) on node 2 of the small group
 ``DEMO_HEAL_AT_S``          FAULT+180  both faults heal (canaries then pass, stepwise restore)
+``DEMO_HEAL_AFTER_PROBES``  -        both faults heal as soon as the throttled node has failed N canary
+                                     probes, if that is before DEMO_HEAL_AT_S (the first hour's faults)
 ``DEMO_TICK_S``             1.0      detector tick period of the demo loop
+``DEMO_CANARY_INTERVAL_S``  -        canary probe interval of both groups (unset: the ``canary_interval_s``
+                                     threshold); a quarantine's first probe waits it too, so a short one
+                                     shows the probe cycles in seconds
 ``DEMO_RATE_RPS``           128,16   client requests per second of the two groups (4 and 2 per node)
 ``DEMO_SMALL_POLICY``       approval policy of the small group (``approval``: its quarantine waits for you)
 ``DEMO_SEED``               7        random seed of the workload and node speeds
@@ -19,9 +24,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from detector.thresholds import ThresholdError, Thresholds
 
 
 class DemoConfigError(ValueError):
@@ -36,6 +44,8 @@ class DemoConfig:
     pcie_at_s: float = 75.0
     heal_at_s: float = 240.0
     tick_s: float = 1.0
+    canary_interval_s: float | None = None
+    heal_after_probes: int | None = None
     rate_large: float = 128.0
     rate_small: float = 16.0
     small_policy: str = "approval"
@@ -80,7 +90,18 @@ class DemoConfig:
         if port > 65535:
             raise DemoConfigError(f"PORT={port} must be <= 65535")
         tick = num("DEMO_TICK_S", 1.0, lo=0.1)
+        canary = num("DEMO_CANARY_INTERVAL_S", math.nan)
+        if not math.isnan(canary):
+            try:  # the threshold's own range, checked before anything starts
+                Thresholds(canary_interval_s=canary)
+            except ThresholdError as exc:
+                raise DemoConfigError(f"DEMO_CANARY_INTERVAL_S={canary:g}: {exc.message}") from None
+        probes = num("DEMO_HEAL_AFTER_PROBES", math.nan, lo=1)
+        if not (math.isnan(probes) or probes.is_integer()):
+            raise DemoConfigError(f"DEMO_HEAL_AFTER_PROBES={probes:g} must be a whole number of probes")
         return cls(port=port, seconds=num("DEMO_SECONDS", 0.0), fault_at_s=fault, pcie_at_s=pcie, heal_at_s=heal,
-                   tick_s=tick, rate_large=large, rate_small=small, small_policy=policy,
+                   tick_s=tick, canary_interval_s=None if math.isnan(canary) else canary,
+                   heal_after_probes=None if math.isnan(probes) else int(probes), rate_large=large,
+                   rate_small=small, small_policy=policy,
                    seed=int(num("DEMO_SEED", 7)), password=env.get("DEMO_PASSWORD") or None,
                    bind=env.get("DEMO_BIND") or "127.0.0.1")

@@ -164,6 +164,16 @@ class SimulatedFleet:
             out, self.pending = self.pending, {}
         return out
 
+    def heal(self, wall: float | None = None) -> float:
+        """End the injected faults now rather than at ``DEMO_HEAL_AT_S`` (``DEMO_HEAL_AFTER_PROBES``);
+        returns the demo time of the heal. This hour's simulation only: a later hour replays the
+        schedule, as it replays the workload."""
+        with self._lock:
+            now = self._to(self.rel(wall))
+            for fi in range(len(self.sim.scn.faults)):
+                self.sim.end_fault(fi, now)
+            return self.cycle * HORIZON_S + now
+
     def metrics_page(self, gi: int, local: int, wall: float | None = None) -> str:
         """The node's ``GET /metrics`` now: its engine's page (:meth:`EngineMetrics.render`)."""
         with self._lock:

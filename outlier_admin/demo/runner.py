@@ -12,7 +12,9 @@ the event scan (alerts and JSON events), and the main loop below, once per ``DEM
    resolution, Redis stream) — the function behind ``POST /api/v1/ingest/requests``;
 3. each group ticks (:func:`outlier_admin.control.tick.run_tick`: stream -> detector -> weights
    published to Redis -> history in SQL);
-4. the gateways re-read their group's weights document; new transitions are printed.
+4. the gateways re-read their group's weights document; new transitions are printed;
+5. with ``DEMO_HEAL_AFTER_PROBES``, the faults heal once the throttled node has failed that many
+   canary probes (:func:`heal_after_probes`).
 
 What the demo may touch on a shared machine. Before anything else it binds its port (``PORT``): a
 busy port is refused with one line and exit status 2, before the SQLite file or Redis is touched, so
@@ -178,7 +180,8 @@ def other_groups(r: Any) -> list[str]:
 
 
 def seed(cfg: Any, addresses: dict[tuple[int, int], str], password: str) -> list[Any]:
-    """Two groups (32 + 8 nodes) and the demo operator; idempotent (re-running reuses them)."""
+    """Two groups (32 + 8 nodes) and the demo operator; idempotent (re-running reuses them). With
+    ``DEMO_CANARY_INTERVAL_S`` set, both groups' canary interval is set to it."""
     from django.contrib.auth.models import User
 
     from outlier_admin.control.actions import (
@@ -187,6 +190,7 @@ def seed(cfg: Any, addresses: dict[tuple[int, int], str], password: str) -> list
         do_set_roles,
         do_unretire_node,
         do_update_node,
+        do_update_thresholds,
     )
     from outlier_admin.demo.fleet import LARGE, SMALL, node_name
     from outlier_admin.fleet.models import ModelGroup, Node
@@ -210,6 +214,11 @@ def seed(cfg: Any, addresses: dict[tuple[int, int], str], password: str) -> list
             changes = {k: v for k, v in (("address", address), ("metrics_url", metrics_url)) if getattr(node, k) != v}
             if changes:
                 do_update_node(node, changes, actor=ACTOR, reason="demo fleet (re-run)")
+        if cfg.canary_interval_s is not None and group.thresholds().canary_interval_s != cfg.canary_interval_s:
+            # Through the operator's path (versioned, audited), as a threshold change in the dashboard.
+            do_update_thresholds(group, {"canary_interval_s": cfg.canary_interval_s}, actor=ACTOR,
+                                 reason="demo: DEMO_CANARY_INTERVAL_S")
+            group.refresh_from_db()
         groups.append(group)
     user, _ = User.objects.get_or_create(username="demo", defaults={"is_staff": True})
     user.is_staff = True
@@ -219,6 +228,14 @@ def seed(cfg: Any, addresses: dict[tuple[int, int], str], password: str) -> list
     return groups
 
 
+def _faults(cfg: Any) -> list[tuple[int, int, str, float, str]]:
+    """The demo's injected faults: ``(group index, node index, kind, start in demo seconds, what)``."""
+    from outlier_admin.demo.fleet import PCIE_NODE, THERMAL_NODE
+
+    return [(0, THERMAL_NODE, "thermal_throttle", cfg.fault_at_s, "3x slower per step"),
+            (1, PCIE_NODE, "pcie_downgrade", cfg.pcie_at_s, "decode 2.5x, prefill 1.5x slower")]
+
+
 def mark_injected_faults(cfg: Any, started: float, groups: list[Any]) -> None:
     """One audit event ``demo.fault`` per fault the demo will inject (node, kind, start and end in epoch
     seconds): the first screen shows them as a banner and marks the node's incident, so a newcomer
@@ -226,17 +243,46 @@ def mark_injected_faults(cfg: Any, started: float, groups: list[Any]) -> None:
     from django.db import transaction
 
     from outlier_admin.control.actions import audit
-    from outlier_admin.demo.fleet import PCIE_NODE, THERMAL_NODE, node_name
+    from outlier_admin.demo.fleet import node_name
     from outlier_admin.fleet.models import Node
 
-    faults = [(0, THERMAL_NODE, "thermal_throttle", cfg.fault_at_s, "3x slower per step"),
-              (1, PCIE_NODE, "pcie_downgrade", cfg.pcie_at_s, "decode 2.5x, prefill 1.5x slower")]
     with transaction.atomic():
-        for gi, i, kind, at_s, what in faults:
+        for gi, i, kind, at_s, what in _faults(cfg):
             node = Node.objects.get(group=groups[gi], name=node_name(gi, i))
             audit("demo.fault", ACTOR, node=node, reason=f"injected by the demo, not a real fault: {what}",
                   detail={"kind": kind, "node": node.name, "starts_at": round(started + at_s, 3),
                           "ends_at": round(started + cfg.heal_at_s, 3)})
+
+
+def heal_after_probes(cfg: Any, fleet: Any, groups: list[Any]) -> float | None:
+    """``DEMO_HEAL_AFTER_PROBES``: once the throttled node has failed that many canary probes, end both
+    faults now (:meth:`SimulatedFleet.heal`) and record one audit event ``demo.heal`` per fault (node,
+    kind, when, epoch seconds: the first screen's banner ends the fault there). Returns the demo time
+    of the heal, or ``None`` while the probes are fewer."""
+    from datetime import UTC, datetime
+
+    from django.db import transaction
+
+    from outlier_admin.control.actions import audit
+    from outlier_admin.control.models import CanaryProbe
+    from outlier_admin.demo.fleet import THERMAL_NODE, node_name
+    from outlier_admin.fleet.models import Node
+
+    failed = CanaryProbe.objects.filter(  # this run's (a kept database holds an earlier run's too)
+        node__group=groups[0], node__name=node_name(0, THERMAL_NODE), passed=False,
+        at__gte=datetime.fromtimestamp(fleet.started, UTC)).count()
+    if failed < cfg.heal_after_probes:
+        return None
+    t_rel = fleet.heal()
+    with transaction.atomic():
+        for gi, i, kind, _, _ in _faults(cfg):
+            node = Node.objects.get(group=groups[gi], name=node_name(gi, i))
+            audit("demo.heal", ACTOR, node=node, reason=f"healed by the demo after {failed} failed probes of "
+                  f"{node_name(0, THERMAL_NODE)} (DEMO_HEAL_AFTER_PROBES)",
+                  detail={"kind": kind, "node": node.name, "healed_at": round(fleet.started + t_rel, 3)})
+    say(f"  +{t_rel:6.1f}s both faults healed: {node_name(0, THERMAL_NODE)} failed {failed} probes "
+        "(DEMO_HEAL_AFTER_PROBES)")
+    return t_rel
 
 
 def demo_api_token() -> str:
@@ -393,11 +439,14 @@ def run(cfg: Any, client: Any, httpd: Any) -> int:
     last_seen = Transition.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
     counts = {"records": 0, "scrapes": 0, "ticks": 0}
     deadline = fleet.started + cfg.seconds if cfg.seconds else float("inf")
+    healed = cfg.heal_after_probes is None
     try:
         while not stop.is_set() and time.time() < deadline:
             loop_started = time.time()
             _demo_round(fleet, groups, gateways, counts)
             last_seen = _print_transitions(last_seen, fleet.rel())
+            if not healed and fleet.rel() < cfg.heal_at_s:
+                healed = heal_after_probes(cfg, fleet, groups) is not None
             close_old_connections()
             time.sleep(max(0.0, cfg.tick_s - (time.time() - loop_started)))
     except KeyboardInterrupt:
@@ -428,7 +477,9 @@ def _print_banner(cfg: Any, password: str) -> None:
         "(the demo's database, e.g. create_token, create_user)")
     say(f"  metrics  : {base}/metrics   health: {base}/healthz   ready: {base}/readyz")
     say(f"  faults   : thermal throttle on {LARGE}/{node_name(0, THERMAL_NODE)} at +{cfg.fault_at_s:g}s, "
-        f"PCIe downgrade on {SMALL}/{node_name(1, PCIE_NODE)} at +{cfg.pcie_at_s:g}s, both heal at +{cfg.heal_at_s:g}s")
+        f"PCIe downgrade on {SMALL}/{node_name(1, PCIE_NODE)} at +{cfg.pcie_at_s:g}s, both heal at +{cfg.heal_at_s:g}s"
+        + (f" or once {node_name(0, THERMAL_NODE)} failed {cfg.heal_after_probes} canary probes"
+           if cfg.heal_after_probes is not None else ""))
     say(f"  policy   : {LARGE} auto; {SMALL} {cfg.small_policy}"
         + (" (approve its quarantine proposal in the dashboard)" if cfg.small_policy == "approval" else ""))
     say("  " + (f"stops after {cfg.seconds:g} s (DEMO_SECONDS)" if cfg.seconds else "Ctrl-C to stop"))

@@ -1,13 +1,15 @@
 """Issue 35's acceptance, in real headless Chromium over the demo (``python -m outlier_admin.demo``, its
-faults at +3 s): through three canary cycles of the throttled h100-05 the first screen's Since stays at
-the incident's start and its Cause names the deciding signal, with its latest probe beneath;
-``outlier_transitions_total{to_state="quarantined"}`` reads 1 for the incident; every probe row of
-the node page shows its limit; once the fault heals, the node passes its probes.
+faults at +3 s, its canary every 2 s, healed after 4 failed probes): through three canary cycles of the
+throttled h100-05 the first screen's Since stays at the incident's start and its Cause names the
+deciding signal, with its latest probe beneath; ``outlier_transitions_total{to_state="quarantined"}``
+reads 1 for the incident; every probe row of the node page shows its limit; once the fault heals, the
+node passes its probes.
 
 Screenshots (1400x900) go to ``reports/screenshots`` (``ISSUE35_SHOTS=<dir>`` for the docs' copies)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -23,7 +25,14 @@ from tests.browser.demo_run import LARGE, THROTTLED, log_in, running_demo, scree
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1200)]
 
-HEAL_AT_S = 150  # three probe cycles fit before it on a busy machine
+#: A quarantined node's first probe waits the canary interval, and so does each probe after a failed
+#: one: at the groups' 10 s the third failed probe starts 30 s after the quarantine, at 2 s, 6 s after.
+CANARY_INTERVAL_S = 2
+#: The faults heal once h100-05 has failed this many probes, one more than the test reads the first
+#: screen at: the first probe that can pass comes a cycle after that read, at the machine's pace. (A
+#: heal at a fixed +150 s was the room for three 10 s cycles and the checks on a busy machine.)
+HEAL_AFTER_PROBES = 4
+HEAL_AT_S = 900  # no later than that, whatever the probes did (the waits below fail well before)
 
 
 def _failed_probes(demo) -> int:
@@ -37,6 +46,12 @@ def _incident(demo) -> tuple | None:
     return rows[0] if rows else None
 
 
+def _healed_at(demo) -> float | None:
+    """When the demo healed its faults (epoch s): its audit events ``demo.heal``."""
+    rows = demo.query("SELECT detail FROM control_auditevent WHERE action = 'demo.heal'")
+    return min(json.loads(d)["healed_at"] for d, in rows) if rows else None
+
+
 def _quarantines(demo) -> float | None:
     text = httpx.get(demo.url + "/metrics", timeout=10).text
     series = f'outlier_transitions_total{{group="{LARGE}",to_state="quarantined"}} '
@@ -48,7 +63,8 @@ def test_one_incident_through_three_probe_cycles_and_a_healed_node_passes(tmp_pa
     # redis_client: an empty Redis database (the event scan's cursors of an earlier run would skip this one's rows)
     shots = Path(os.environ.get("ISSUE35_SHOTS") or SHOTS)
     with running_demo(tmp_path, settings.REDIS_URL, DEMO_FAULT_AT_S="3", DEMO_PCIE_AT_S="3",
-                      DEMO_HEAL_AT_S=str(HEAL_AT_S), DEMO_TICK_S="0.5") as demo, chromium_page() as page:
+                      DEMO_HEAL_AT_S=str(HEAL_AT_S), DEMO_HEAL_AFTER_PROBES=str(HEAL_AFTER_PROBES),
+                      DEMO_TICK_S="0.5", DEMO_CANARY_INTERVAL_S=str(CANARY_INTERVAL_S)) as demo, chromium_page() as page:
         page.set_viewport_size({"width": 1400, "height": 900})
         page.set_default_timeout(60_000)  # the demo shares the machine with its 40 simulated nodes
         demo.wait_for("h100-05's incident", lambda: _incident(demo), 240)
@@ -92,10 +108,11 @@ def test_one_incident_through_three_probe_cycles_and_a_healed_node_passes(tmp_pa
         screenshots(page, demo, shots, "after")
 
         # Healed: the node passes its probes at the peers' load.
+        healed_at = demo.wait_for(f"the heal after {HEAL_AFTER_PROBES} failed probes", lambda: _healed_at(demo), 240)
         demo.wait_for("a passed probe after the heal", lambda: demo.query(
             "SELECT count(*) FROM control_canaryprobe p JOIN fleet_node n ON n.id = p.node_id "
             "WHERE n.name = ? AND p.passed = 1 AND p.at > ?", THROTTLED,
-            datetime.fromtimestamp(demo.started + HEAL_AT_S + 3, UTC).strftime("%Y-%m-%d %H:%M:%S"))[0][0] >= 1, 300)
+            datetime.fromtimestamp(healed_at, UTC).strftime("%Y-%m-%d %H:%M:%S.%f"))[0][0] >= 1, 300)
         page.goto(f"{demo.url}/nodes/{demo.node_pk(THROTTLED)}/")
         page.locator("#incident-probes summary").click()
         first = page.locator("#incident-probes tr.probe").first

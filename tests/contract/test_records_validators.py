@@ -56,7 +56,10 @@ def _one_row_batch(numbers: dict[str, Any]) -> bool:
         return bool(fields_ok(values, given_at, LIMITS)[0])
 
 
-@settings(max_examples=3000, deadline=None)
+# 1,000 examples: each of seven one-rule mutants of the batch validator (needs ignored, the cross-field
+# bound dropped, a strict upper or lower bound, zero_ok dropped, the integer rule dropped, a required
+# field made optional) fails by the 152nd example of the suite's derandomized sequence (3,000 took 13 s).
+@settings(max_examples=1000, deadline=None)
 @given(records())
 def test_normalize_accepts_a_records_numbers_iff_the_batch_validator_does(numbers: dict[str, Any]) -> None:
     # Both counts 0 is a rule of the record, not of a field (``no_tokens``), refused by both paths

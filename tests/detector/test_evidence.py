@@ -93,9 +93,11 @@ def _cuts_of_a_flapping_node(seconds: float) -> list:
 
 
 def test_flap_damping_doubles_the_evidence_each_new_cut_needs(monkeypatch):
-    # Flap damping on its own: without the exit dwell (which alone spaces the cuts 30 s apart).
-    damped = _cuts_of_a_flapping_node(300)
+    # Flap damping on its own: without the exit dwell (which alone spaces the cuts 30 s apart). In 150 s
+    # the damped line doubles up to its cap (256, 70 s after the first cut) and cuts there three times:
+    # 8 cuts damped, 52 undamped (in 300 s: 13 and 102).
+    damped = _cuts_of_a_flapping_node(150)
     assert [c.detail.split("cut at ")[1].split(",")[0] for c in damped[:4]] == ["8", "16", "32", "64"]
     monkeypatch.setattr(ejection_module, "MAX_FLAP_DOUBLINGS", 0)  # no damping: the line stays at 8
-    undamped = _cuts_of_a_flapping_node(300)
+    undamped = _cuts_of_a_flapping_node(150)
     assert len(undamped) > 4 * len(damped) > 0

@@ -2,6 +2,7 @@
 
 import heapq
 import json
+import math
 
 import numpy as np
 import pytest
@@ -340,3 +341,25 @@ def test_sm_throttle_slows_the_clock_only_so_decode_slows_far_less_than_the_cloc
     assert (res.sm, res.hbm, res.net) == (2.86, 1.0, 1.0)
     ratio = _tokens_per_s(None, 32) / _tokens_per_s(lambda now: (res, 1.0, 1.0), 32)
     assert 1.2 < ratio < 1.6  # the memory-bound decode step: the old "thermal" of the step engine
+
+
+def _throttled(end_s: float) -> Simulation:
+    d = tiny_vllm(duration_s=50, faults=[{"group": "g", "node": 0, "kind": "thermal_throttle", "slowdown": 3,
+                                          "start_s": 10, "end_s": end_s}])
+    d["workload"][0]["rate_rps"] = 12
+    scn = parse_scenario(d)
+    return Simulation(scn, Precomputed.build(scn, build_requests(scn)), policy_factory("round_robin"))
+
+
+def test_a_fault_ended_while_the_simulation_runs_is_the_fault_scheduled_to_end_then():
+    """The demo's heal after N failed probes (``Simulation.end_fault``): every attempt of a run whose
+    throttle is ended at 25 s from 20 s on is the same as in the run that scheduled its end at 25 s."""
+    scheduled = _throttled(25.0).run().attempts()
+    live = _throttled(40.0).begin().advance(20.0)
+    with pytest.raises(ValueError, match="simulation is at"):
+        live.end_fault(0, 19.0)  # the past is simulated already
+    assert live.end_fault(0, 25.0)
+    assert not live.end_fault(0, 30.0)  # over by then
+    ended = live.advance(math.inf).attempts()
+    assert all(np.array_equal(scheduled[k], ended[k], equal_nan=True) for k in scheduled)
+    assert (scheduled["end"] > 30).any()  # the run goes on after the heal

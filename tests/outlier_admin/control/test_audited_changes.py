@@ -18,7 +18,7 @@ from outlier_admin.control.actions import (
     do_unretire_node,
 )
 from outlier_admin.control.models import AuditEvent
-from outlier_admin.fleet.models import Node
+from outlier_admin.fleet.models import Node, ThresholdChange
 from outlier_admin.ingest.models import IngestSource
 
 pytestmark = pytest.mark.django_db
@@ -90,13 +90,28 @@ def test_demo_rerun_unretires_and_moves_its_nodes_through_actions(roles):
     from outlier_admin.demo.runner import ACTOR, seed
 
     addresses = {(g, i): f"127.0.{g + 1}.{i + 1}:8000" for g in (0, 1) for i in range(32)}
-    seed(SimpleNamespace(small_policy="approval"), addresses, "pw-demo-12345")
+    seed(SimpleNamespace(small_policy="approval", canary_interval_s=None), addresses, "pw-demo-12345")
     node = Node.objects.get(group__name=LARGE, name=node_name(0, 3))
     do_retire_node(node, actor="test", reason="simulated loss")
     moved = {**addresses, (0, 4): "127.0.9.9:8000"}
-    seed(SimpleNamespace(small_policy="approval"), moved, "pw-demo-12345")
+    seed(SimpleNamespace(small_policy="approval", canary_interval_s=None), moved, "pw-demo-12345")
     assert not Node.objects.get(pk=node.pk).retired
     assert Node.objects.get(group__name=LARGE, name=node_name(0, 4)).address == "127.0.9.9:8000"
     by_action = {a: AuditEvent.objects.filter(action=a, actor=ACTOR).count()
                  for a in ("node.unretire", "node.update", "user.roles")}
     assert by_action == {"node.unretire": 1, "node.update": 1, "user.roles": 1}
+    assert not ThresholdChange.objects.exists()  # DEMO_CANARY_INTERVAL_S unset: the groups' own
+
+
+def test_demo_canary_interval_is_a_threshold_change_of_both_groups_once(roles):
+    from outlier_admin.demo.fleet import LARGE, SMALL
+    from outlier_admin.demo.runner import ACTOR, seed
+
+    addresses = {(g, i): f"127.0.{g + 1}.{i + 1}:8000" for g in (0, 1) for i in range(32)}
+    cfg = SimpleNamespace(small_policy="approval", canary_interval_s=2.0)
+    groups = seed(cfg, addresses, "pw-demo-12345")
+    assert [g.thresholds().canary_interval_s for g in groups] == [2.0, 2.0]
+    seed(cfg, addresses, "pw-demo-12345")  # a re-run with the same value changes nothing
+    changes = ThresholdChange.objects.filter(actor=ACTOR).order_by("group__name")
+    assert [(c.group.name, c.diff) for c in changes] == sorted(
+        (name, {"canary_interval_s": [10.0, 2.0]}) for name in (LARGE, SMALL))

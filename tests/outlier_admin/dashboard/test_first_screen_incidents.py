@@ -61,3 +61,23 @@ def test_the_first_screen_tells_the_incident_once_and_labels_a_false_cut(fleet, 
     folded = page.split('<details id="incident-probes">')[1].split("</details>")[0]
     assert folded.count('class="probe"') == 3 and folded.count('<td class="num limit">1.40</td>') == 3
     assert "7 canary cycle transitions" in folded  # three due + failed, and the last due
+
+
+def test_a_fault_the_demo_healed_early_ends_at_its_heal(fleet):
+    from outlier_admin.dashboard.firstscreen import injected_faults
+
+    slow, now = fleet["nodes"][5], timezone.now()
+    starts, ends, healed = now - timedelta(minutes=2), now + timedelta(minutes=2), now - timedelta(seconds=30)
+    audit("demo.fault", "system:demo", node=slow, reason="injected by the demo",
+          detail={"kind": "thermal_throttle", "starts_at": starts.timestamp(), "ends_at": ends.timestamp()})
+    # Not this fault's heals: another kind's, and one from before it started (an earlier run's).
+    for kind, at in (("pcie_downgrade", now - timedelta(minutes=1)), ("thermal_throttle", starts - timedelta(seconds=1))):
+        audit("demo.heal", "system:demo", node=slow, reason="healed by the demo",
+              detail={"kind": kind, "node": slow.name, "healed_at": at.timestamp()})
+    [fault] = injected_faults()
+    assert fault.ends_at.timestamp() == ends.timestamp()
+    audit("demo.heal", "system:demo", node=slow, reason="healed by the demo (DEMO_HEAL_AFTER_PROBES)",
+          detail={"kind": "thermal_throttle", "node": slow.name, "healed_at": healed.timestamp()})
+    [fault] = injected_faults()
+    assert fault.ends_at.timestamp() == healed.timestamp()
+    assert fault.covers(healed - timedelta(seconds=1)) and not fault.covers(now)  # an incident after it is not the demo's

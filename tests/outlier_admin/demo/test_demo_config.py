@@ -29,6 +29,22 @@ def test_env_overrides_and_clear_errors():
         DemoConfig.from_env({"DEMO_SMALL_POLICY": "yolo"})
 
 
+def test_the_heal_after_failed_probes_is_a_whole_number_of_probes():
+    assert DemoConfig.from_env({}).heal_after_probes is None
+    assert DemoConfig.from_env({"DEMO_HEAL_AFTER_PROBES": "4"}).heal_after_probes == 4
+    for bad in ("0", "2.5", "some"):
+        with pytest.raises(DemoConfigError, match="DEMO_HEAL_AFTER_PROBES"):
+            DemoConfig.from_env({"DEMO_HEAL_AFTER_PROBES": bad})
+
+
+def test_the_canary_interval_is_the_groups_own_unless_set_within_the_thresholds_range():
+    assert DemoConfig.from_env({}).canary_interval_s is None
+    assert DemoConfig.from_env({"DEMO_CANARY_INTERVAL_S": "2"}).canary_interval_s == 2.0
+    for bad in ("0.01", "7200", "-1", "often"):
+        with pytest.raises(DemoConfigError, match="DEMO_CANARY_INTERVAL_S"):
+            DemoConfig.from_env({"DEMO_CANARY_INTERVAL_S": bad})
+
+
 def test_scenario_is_two_groups_of_32_and_8_with_the_two_faults():
     scn = demo_scenario(DemoConfig.from_env({"DEMO_FAULT_AT_S": "10", "DEMO_HEAL_AT_S": "100"}))
     assert [(g.name, g.nodes) for g in scn.groups] == [(LARGE, 32), (SMALL, 8)]
