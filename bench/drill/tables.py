@@ -63,6 +63,11 @@ TARGETS: dict[str, dict[str, float]] = {
 P99_MIN_REQUESTS = 300
 
 
+def short_label(gateway: str) -> str:
+    """A router's name without its defence's settings (``HAProxy``, ``Caddy 2.11``)."""
+    return LABELS.get(gateway, gateway).split(" `")[0].split(",")[0]
+
+
 def stats(values: list[float | None]) -> dict[str, Any] | None:
     """Median, range and count of the values that exist (``None``: a run where it did not happen)."""
     got = [v for v in values if v is not None]
@@ -225,7 +230,7 @@ def paired_table(found: dict[tuple[str, str, str], list[dict[str, Any]]]) -> lis
 
             shares = [f"{100 * (figure(a, 'client_share') or 0):.1f} %, {100 * (figure(b, 'client_share') or 0):.1f} %"
                       for a, b in pairs]
-            lines.append(f"| `{fault}` | {LABELS.get(gw, gw).split(' `')[0].split(',')[0]} | {len(pairs)} | "
+            lines.append(f"| `{fault}` | {short_label(gw)} | {len(pairs)} | "
                          f"{_pair_ratio(pairs, 'p99')} | {_pair_ratio(pairs, 'p95')} | {_pair_ratio(pairs, 'harmed')} | "
                          f"{'; '.join(shares)} |")
     return [*lines, ""] if rows else []
@@ -250,7 +255,7 @@ def work_table(st: dict[tuple[str, str, str], dict[str, Any]], found: dict[tuple
                 if s is None:
                     continue
                 rows += 1
-                lines.append(f"| `{fault}` | {LABELS.get(gw, gw).split(' `')[0].split(',')[0]} | "
+                lines.append(f"| `{fault}` | {short_label(gw)} | "
                              f"{'**on**' if arm == 'on' else 'alone'} | {s['runs']} | {fmt(s['faulty_n'], digits=0)}, "
                              f"{fmt(s['faulty_p50'])} | {fmt(s['peers_p50'])} | {fmt(s['busy_after'], pct=True)} | "
                              f"{fmt(s['harmed'], pct=True)} |")
@@ -337,7 +342,7 @@ def targets_table(st: dict[tuple[str, str, str], dict[str, Any]], found: dict[tu
                              fmt(wt, pct=True) + (f" (<= {100 * wt_t:.0f} %)" if wt_t is not None else ""))
             split = (f"{fmt(on['tok_before_cut'], digits=0)} / {fmt(on['tok_after_cut'], digits=0)}"
                      if on["tok_before_cut"] else "-")
-            lines.append(f"| `{fault}` | {LABELS.get(gw, gw).split(' `')[0].split(',')[0]} | {share_txt} | {split} | {harm} | {p99} | "
+            lines.append(f"| `{fault}` | {short_label(gw)} | {share_txt} | {split} | {harm} | {p99} | "
                          f"{vs_floor} | {hq_txt} | {hc_txt} | {q_txt} | {fmt(on['cut_busy'], digits=1)} | {wt_txt} |")
     if not rows:
         return []

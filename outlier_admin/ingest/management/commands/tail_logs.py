@@ -140,7 +140,7 @@ def follow(one_pass: Callable[[], None], interval_s: float, say: Callable[[str],
             failed += 1
             if isinstance(exc, DB_OUTAGE_ERRORS):
                 connection.close()  # a broken PostgreSQL connection is not reused by the next pass
-            wait = min(max(wait * 2, interval_s), MAX_BACKOFF_S)
+            wait = min(wait * 2, MAX_BACKOFF_S)
             say(f"tail_logs: the pass failed ({type(exc).__name__}: {exc}); trying again in {wait:g} s from the "
                 "checkpoint (nothing past it was taken)")
         else:
