@@ -119,7 +119,7 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from detector.engines.llamacpp import Slot, slots_row
+from detector.engines.llamacpp import MAX_CARRY, Slot, slots_row
 
 #: The layout of a progress row; rows of 5 (decode only, written before the prefill columns existed)
 #: are still read, their missing columns ``None``.
@@ -244,6 +244,9 @@ class EngineCounters:
     decoding: float | None = None
     engine: str | None = None
     slots: tuple[Slot, ...] | None = None
+    #: With ``slots``: the balance of the finished-request counters not yet in a row (tokens, ms;
+    #: :func:`detector.engines.llamacpp.slots_row`); ``None`` reads as nothing owed.
+    slots_carry: tuple[float, float] | None = None
 
     def to_list(self) -> list[Any]:
         """The values in field order (how the scraper keeps the previous scrape; JSON-able)."""
@@ -264,6 +267,13 @@ class EngineCounters:
         if kw.get("slots") is not None:  # a slot of an older layout has no counted tokens and ms
             kw["slots"] = tuple((int(a), int(b), int(c), int(d), int(e), float(f))
                                 for a, b, c, d, e, f in (list(slot) + [0, 0.0][len(slot) - 4:] for slot in kw["slots"]))
+        carry = kw.get("slots_carry")
+        if carry is not None:
+            if (not isinstance(carry, list | tuple) or len(carry) != 2
+                    or any(isinstance(v, bool) or not isinstance(v, int | float) for v in carry)
+                    or not all(abs(v) <= m for v, m in zip(carry, MAX_CARRY, strict=True))):
+                raise ValueError("stored slots_carry is not a bounded (tokens, ms) pair")
+            kw["slots_carry"] = (float(carry[0]), float(carry[1]))
         return cls(**kw)
 
 
@@ -478,10 +488,11 @@ def advance(node: str, prev: tuple[float, EngineCounters] | None, ts: float,
         prefills = prefill_ms = prefill_tokens = None
         if cur.slots is not None and before.slots is not None:
             finished = _delta(before, cur, "gen_tokens"), _delta(before, cur, "gen_s")
-            tokens, token_ms, prefills, prefill_ms, prefill_tokens, carried = slots_row(
+            tokens, token_ms, prefills, prefill_ms, prefill_tokens, carried, carry = slots_row(
                 before.slots, cur.slots, interval_ms, prefill_work, _delta(before, cur, "prompt_s"),
-                None if None in finished else (finished[0], finished[1] * 1000.0))  # type: ignore[operator]
-            keep = replace(cur, slots=carried)
+                None if None in finished else (finished[0], finished[1] * 1000.0),  # type: ignore[operator]
+                before.slots_carry or (0.0, 0.0))
+            keep = replace(cur, slots=carried, slots_carry=carry)
             running = float(len(cur.slots))
         elif cur.slots is None and before.slots is None:
             tokens, token_ms = _finished_decode(before, cur)

@@ -30,6 +30,15 @@ decode when it ends. Each slot of a snapshot carries what the rows already count
 is the rest: the requests /slots never saw decoding, and the ends of the others. It joins the row, so
 every token is counted once: live while the request runs, the remainder when it ends.
 
+**A balance, never clipped.** The two reads of a scrape are not one instant: ``/metrics`` is read,
+then ``/slots``. A request that ends between the two is gone from the snapshot while the counters do
+not hold it yet; the rest of that interval is then negative (what the rows counted of it, less
+nothing), and dropping it would count the request's live part again when the counters show its end
+at the next scrape (seen on a real server: 127 tokens for two requests of 48). The rest is kept as a
+signed balance (``carry``, tokens and ms) and the row takes it only when both are positive: summed
+over the scrapes, every token is counted exactly once whatever the order of the reads, only its
+interval may be the next one. A restart (the counters go down) starts a fresh balance.
+
 The page is untrusted: :func:`slots_from_json` refuses a document that is not a list of slot
 objects, has more than :data:`MAX_SLOTS` slots or duplicate ids, or a count outside its bound
 (:class:`SlotsError`, with the reason). Pure (stdlib only).
@@ -115,14 +124,22 @@ def parse_slots(text: str | bytes) -> tuple[Slot, ...]:
     return slots_from_json(data)
 
 
+#: Neither part of a balance (tokens, ms) grows past what a full server could owe: every slot's
+#: whole context, at an hour a token. A larger one is a page that lies; the balance starts afresh.
+MAX_CARRY = (float(MAX_SLOTS * MAX_SLOT_TOKENS), float(MAX_SLOTS * MAX_SLOT_TOKENS) * 3.6e6)
+
+
 def slots_row(before: tuple[Slot, ...], now: tuple[Slot, ...], interval_ms: float, prompt_tokens: float | None,
               prompt_s: float | None, finished: tuple[float, float] | None = None,
-              ) -> tuple[float, float, float | None, float | None, float | None, tuple[Slot, ...]]:
-    """``(tokens, token_ms, prefills, prefill_ms, prefill_tokens, now')`` between two snapshots;
-    ``now'`` is ``now`` with each slot's counted tokens and ms carried (keep it as the next ``before``).
+              carry: tuple[float, float] = (0.0, 0.0),
+              ) -> tuple[float, float, float | None, float | None, float | None, tuple[Slot, ...], tuple[float, float]]:
+    """``(tokens, token_ms, prefills, prefill_ms, prefill_tokens, now', carry')`` between two
+    snapshots; ``now'`` is ``now`` with each slot's counted tokens and ms carried (keep it as the next
+    ``before``), ``carry'`` the balance of the finished counters not yet in a row (keep it too).
 
     Decode: see the module docstring; ``finished`` is the interval's ``(Δtokens, Δms)`` of the
-    finished-request counters (``None``: unknown, the rest of ended requests is then not counted).
+    finished-request counters (``None``: unknown, the rest of ended requests is then not counted),
+    ``carry`` the balance the previous row left.
     Prefill: ``prompt_tokens`` and ``prompt_s`` are the interval's deltas of
     ``llamacpp:prompt_tokens_total`` / ``prompt_seconds_total`` (``None``: unknown). The tasks that
     finished their prompt in the interval as /slots shows them (generating now, and new or still in
@@ -147,13 +164,19 @@ def slots_row(before: tuple[Slot, ...], now: tuple[Slot, ...], interval_ms: floa
             done_tokens += prompt
         carried.append((sid, task, decoded, prompt, c_tokens, c_ms))
     if finished is not None:
-        # The tasks left in `prev` ended: the counters hold their whole decode, the rows had part of it.
-        rest_tokens = finished[0] - sum(c_tokens for _d, c_tokens, _m in prev.values())
-        rest_ms = finished[1] - sum(c_ms for _d, _t, c_ms in prev.values())
+        # The tasks left in `prev` ended: the counters hold their whole decode (or will, at the next
+        # scrape, when one ended between the /metrics and the /slots read), the rows had part of it.
+        rest_tokens = carry[0] + finished[0] - sum(c_tokens for _d, c_tokens, _m in prev.values())
+        rest_ms = carry[1] + finished[1] - sum(c_ms for _d, _t, c_ms in prev.values())
         if rest_tokens > 0 and rest_ms > 0:
             tokens += rest_tokens
             token_ms += rest_ms
+            carry = (0.0, 0.0)
+        elif abs(rest_tokens) <= MAX_CARRY[0] and abs(rest_ms) <= MAX_CARRY[1]:
+            carry = (float(rest_tokens), float(rest_ms))
+        else:
+            carry = (0.0, 0.0)
     out = tuple(carried)
     if prompt_tokens is None or prompt_s is None or done_tokens != prompt_tokens:
-        return float(tokens), token_ms, None, None, None, out
-    return float(tokens), token_ms, float(done), prompt_s * 1000.0, float(done_tokens), out
+        return float(tokens), token_ms, None, None, None, out, carry
+    return float(tokens), token_ms, float(done), prompt_s * 1000.0, float(done_tokens), out, carry

@@ -96,9 +96,10 @@ def test_a_llamacpp_node_is_read_through_its_slots(llamacpp, redis_client):
     # finished-request counters add only the rest when it ends.
     stored = orjson.loads(redis_client.hget(keys.itl("g"), t.node))
     interval_ms = row["interval_s"] * 1000.0
-    assert stored[-2] == "llamacpp"
-    assert stored[-1][0][:5] == [0, 4, 165, 90, 6] and stored[-1][0][5] == pytest.approx(interval_ms)
-    assert stored[-1][1] == [1, 5, 5, 90, 0, 0.0]
+    assert stored[-3] == "llamacpp"
+    assert stored[-2][0][:5] == [0, 4, 165, 90, 6] and stored[-2][0][5] == pytest.approx(interval_ms)
+    assert stored[-2][1] == [1, 5, 5, 90, 0, 0.0]
+    assert stored[-1] == [0.0, 0.0]  # no request ended: the finished counters owe nothing
     again = Scraper(redis_client).read_prev([t])[("g", t.node)][1].slots
     assert again[1] == (1, 5, 5, 90, 0, 0.0) and again[0][:5] == (0, 4, 165, 90, 6)
 
