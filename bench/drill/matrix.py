@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -191,10 +192,23 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-new", type=int, default=None,
                     help="stop after this many new runs (exit 0), exit 3 when the plan is complete: a shell loop "
                          "that starts the matrix again after each run picks up the tree's code as it is then")
-    ap.add_argument("--until", default=None, help="start no run after this UTC time (HH:MM)")
+    ap.add_argument("--until", default=None, type=_until,
+                    help="start no run after this UTC time: YYYY-MM-DDTHH:MM, or HH:MM today")
     ap.add_argument("--out", default="docs/drill-matrix.json")
     ap.add_argument("--raw-dir", default="reports/drill-raw")
     return ap
+
+
+def _until(text: str) -> datetime:
+    """``--until``: a UTC time, a full one or ``HH:MM`` today. A bare hour past midnight would be
+    ambiguous to a loop that starts a fresh process every run (``23:10 >= 01:05``): give the date."""
+    try:
+        if len(text) == 5:
+            clock = datetime.strptime(text, "%H:%M")
+            return datetime.now(UTC).replace(hour=clock.hour, minute=clock.minute, second=0, microsecond=0)
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M").replace(tzinfo=UTC)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not YYYY-MM-DDTHH:MM or HH:MM (UTC)") from None
 
 
 def _cells(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[str, bool, str]]:
@@ -272,8 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             key = cell_key(*cell)
             if done_runs(load_matrix(out), key) >= k:
                 continue
-            if args.until and time.strftime("%H:%M", time.gmtime()) >= args.until:
-                print(f"[matrix] {args.until} UTC reached, stopping before {key} run {k}")
+            if args.until and datetime.now(UTC) >= args.until:
+                print(f"[matrix] {args.until:%Y-%m-%d %H:%M} UTC reached, stopping before {key} run {k}")
                 return 3
             if args.max_new is not None and new >= args.max_new:
                 return 0

@@ -34,3 +34,16 @@ def test_a_failed_run_counts_as_tried_and_a_probed_alone_run_does_not():
             {"cell": "caddy:on:quota:0.5", "figures": {}, "config": {"weights": True}}]
     assert done_runs({"runs": runs}, "caddy:off:quota:0.5") == 1
     assert done_runs({"runs": runs}, "caddy:on:quota:0.5") == 1
+
+
+def test_until_takes_a_full_utc_time_or_an_hour_today_and_refuses_anything_else():
+    from datetime import UTC, datetime
+
+    from bench.drill.matrix import _until
+
+    assert _until("2026-12-07T01:05") == datetime(2026, 12, 7, 1, 5, tzinfo=UTC)
+    today = _until("01:05")
+    assert (today.date(), today.hour, today.minute) == (datetime.now(UTC).date(), 1, 5)
+    for bad in ("1:05", "25:00", "2026-12-07 01:05", "tomorrow"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _until(bad)
