@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.django_db, pytest.mark.services]
 
 
 class Engine(BaseHTTPRequestHandler):
-    """Answers request ``k`` of a probe after ``0.3 + 0.05 k`` s; ``fail_k`` gets a 500."""
+    """Answers request ``k`` of a probe after ``0.3 + 0.1 k`` s with ``max_tokens - k`` tokens (which
+    answer a probe kept is then read off its tokens, not off a wall clock); ``fail_k`` gets a 500."""
 
     lock = threading.Lock()
     running = peak = 0
@@ -38,12 +39,12 @@ class Engine(BaseHTTPRequestHandler):
             cls.bodies.append(body)
             cls.running += 1
             cls.peak = max(cls.peak, cls.running)
-        time.sleep(0.3 + 0.05 * k)
+        time.sleep(0.3 + 0.1 * k)
         with cls.lock:
             cls.running -= 1
         status = 500 if k == cls.fail_k else 200
         payload = json.dumps({"choices": [{"text": "1, 2"}], "usage": {
-            "prompt_tokens": len(body["prompt"].split()), "completion_tokens": body["max_tokens"]}}).encode()
+            "prompt_tokens": len(body["prompt"].split()), "completion_tokens": body["max_tokens"] - k}}).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
@@ -72,9 +73,10 @@ def test_a_probe_sends_the_peers_batch_at_once_and_keeps_the_median_answer(node,
     prompts = [b["prompt"] for b in Engine.bodies]
     assert len(set(prompts)) == 8 and all(len(p.split()) == 200 and p.endswith(PROMPT) for p in prompts)
     assert {b["max_tokens"] for b in Engine.bodies} == {50}
-    # Answers after 0.30 .. 0.65 s: the stored one is the upper median, request 4's 0.50 s.
-    assert probe.ok and (probe.prompt_tokens, probe.completion_tokens) == (200, 50)
-    assert 500 <= probe.total_ms < 550, probe.total_ms
+    # Answers after 0.3 .. 1.0 s, 0.1 s apart: the stored one is the upper median, request 4's (46 tokens,
+    # no sooner than its 0.7 s), not the first or the last answer.
+    assert probe.ok and (probe.prompt_tokens, probe.completion_tokens) == (200, 46)
+    assert probe.total_ms >= 700.0, probe.total_ms
 
 
 def test_a_probe_with_one_request_failed_is_failed(node, redis_client):
