@@ -85,12 +85,14 @@ def test_a_dead_node_never_delays_the_others(page_server, redis_client):
     asyncio.run(run_for(scraper, [*healthy, dead], 2.5))
 
     # 10 slots in 2.5 s at 250 ms: every healthy node is scraped at (nearly) every slot, whatever
-    # the dead one does (its own timeouts make it skip two slots of three).
-    for t in healthy:
-        assert scraper.stats.by_node[("g", t.node)] >= 8, t
-    assert ("g", dead.node) not in scraper.stats.by_node
+    # the dead one does (its own timeouts make it skip two slots of three: ~3 attempts). Lockstep would
+    # scrape a healthy node once per dead attempt; the count is read against the dead node's own
+    # attempts, not a wall clock, so a loaded host that slows every scrape cannot fail it.
     timeouts = failures("g", dead.node, "timeout") - before
     assert timeouts >= 2 and scraper.stats.failures == {"timeout": timeouts}
+    for t in healthy:
+        assert scraper.stats.by_node[("g", t.node)] >= timeouts + 2, (t, timeouts)
+    assert ("g", dead.node) not in scraper.stats.by_node
     # Kept as rejected input once a minute, not at every failure.
     bad = RejectedInput.objects.get()
     assert (bad.source, bad.reason, bad.raw) == (f"metrics:g/{dead.node}", "scrape_failed", dead.url)
@@ -100,7 +102,7 @@ def test_a_dead_node_never_delays_the_others(page_server, redis_client):
     # by 50 tokens at 20 ms and one 2,000-token prefill per request).
     rows = [row for _id, fields in redis_client.xrange(keys.stream("g"))
             for row in orjson.loads(fields[b"progress"])]
-    assert len(rows) >= 3 * 4 and {row[0] for row in rows} == {t.node for t in healthy}
+    assert len(rows) >= 3 * (timeouts + 1) and {row[0] for row in rows} == {t.node for t in healthy}
     one = dict(zip(ROW_FIELDS, rows[-1], strict=True))
     assert one["tokens"] % 50 == 0 and one["token_ms"] == pytest.approx(one["tokens"] * 20.0)
     assert one["prefills"] >= 1 and one["running"] == 12
