@@ -24,6 +24,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -387,6 +388,44 @@ def drill_table(matrix: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _counted(matrix: dict[str, Any]) -> list[dict[str, Any]]:
+    return [run for runs in cells(matrix).values() for run in runs]
+
+
+def boot_letters(matrix: dict[str, Any]) -> dict[str, str]:
+    """Each boot of the host a run was made on, lettered A, B, ... in the order of its first run (a
+    restart can bring another machine: a reader sees which runs share one)."""
+    first: dict[str, float] = {}
+    for run in _counted(matrix):
+        boot = run.get("host", {}).get("boot") or "unknown"
+        first[boot] = min(first.get(boot, float("inf")), run.get("started_at") or 0.0)
+    return {boot: chr(ord("A") + i) if i < 26 else f"#{i + 1}"
+            for i, boot in enumerate(sorted(first, key=lambda b: first[b]))}
+
+
+def _made_on(runs: list[dict[str, Any]], letters: dict[str, str]) -> str:
+    """``A 2, B 1``: how many of a cell's runs were made on each boot."""
+    n: dict[str, int] = defaultdict(int)
+    for run in runs:
+        n[letters[run.get("host", {}).get("boot") or "unknown"]] += 1
+    return ", ".join(f"{k} {v}" for k, v in sorted(n.items()))
+
+
+def _boots_legend(matrix: dict[str, Any], letters: dict[str, str]) -> str:
+    first: dict[str, tuple[float, str]] = {}
+    for run in _counted(matrix):
+        boot = run.get("host", {}).get("boot") or "unknown"
+        at = (run.get("started_at") or 0.0, (run.get("source") or {}).get("commit", "")[:7])
+        first[boot] = min(first.get(boot, at), at)
+    parts = []
+    for boot, letter in sorted(letters.items(), key=lambda kv: kv[1]):
+        at, commit = first[boot]
+        when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(at)) if at else "?"
+        name = boot[:8] if len(boot) == 36 else boot  # a boot_id, or the label of runs made before it was kept
+        parts.append(f"{letter} = `{name}` (first run {when} UTC{f', at {commit}' if commit else ''})")
+    return "Boots of the host: " + "; ".join(parts) + "."
+
+
 def readme_summary(matrix: dict[str, Any]) -> str:
     """The README's lines: each router alone and with outlier-admin on top (``quota:0.2``)."""
     found = cells(matrix)
@@ -397,20 +436,25 @@ def readme_summary(matrix: dict[str, Any]) -> str:
              "runs; where the ranges overlap, \"no difference\"; *run for run*: on top / alone over the pairs of "
              "runs with the same seed on the same boot of the host (the host changed across a restart). Method, "
              "every figure and the targets: [docs/peers.md](docs/peers.md).", "",
-             "| router | runs alone / on top | P99 after the onset, alone -> on top (s) | on top vs alone | "
-             "P99 run for run (pairs) | throttled server's share of the tokens after the onset, alone -> on top |",
-             "|---|---|---|---|---|---|"]
+             "| router | runs alone / on top | made on (boot: runs), alone / on top | P99 after the onset, alone -> on top (s) "
+             "| on top vs alone | P99 run for run (pairs) | throttled server's share of the tokens after the onset, "
+             "alone -> on top |",
+             "|---|---|---|---|---|---|---|"]
+    letters = boot_letters(matrix)
     for gw in _gateways(found):
         off, on = st.get((gw, "off", fault)), st.get((gw, "on", fault))
         if off is None:
             continue
         label = LABELS.get(gw, gw).split(",")[0]
         runs = f"{off['runs']} / {on['runs'] if on else 0}"
+        made = f"{_made_on(found[(gw, 'off', fault)], letters)} / {_made_on(found.get((gw, 'on', fault), []), letters) or '-'}"
         p99 = f"{fmt(off['p99'])} -> {fmt(on['p99']) if on else 'not run'}"
         share = f"{fmt(off['client_share'], pct=True)} -> {fmt(on['client_share'], pct=True) if on else 'not run'}"
         pairs = _pairs(found, gw, fault)
         paired = f"{_pair_ratio(pairs, 'p99')} ({len(pairs)})" if pairs else "-"
-        lines.append(f"| {label} | {runs} | {p99} | {compare(on['p99'], off['p99']) if on else '-'} | {paired} | {share} |")
+        lines.append(f"| {label} | {runs} | {made} | {p99} | {compare(on['p99'], off['p99']) if on else '-'} | {paired} "
+                     f"| {share} |")
+    lines += ["", _boots_legend(matrix, letters)]
     return "\n".join(lines) + "\n"
 
 

@@ -62,3 +62,24 @@ def test_the_2x_faults_targets_are_judged_quarantine_in_every_run_and_no_flap_ov
     row = next(line for line in targets_table({k: cell_stats(v) for k, v in found.items()}, found) if "`quota:0.5`" in line)
     assert "1 (0-2) (<= 1) **missed**" in row and "46.0 % (5.0 %-87.0 %) (<= 50 %) **missed**" in row
     assert "67.4 [1/2 runs] (<= 30) **missed**" in row
+
+
+def test_the_readme_says_on_which_boot_of_the_host_each_cells_runs_were_made():
+    """A restart can bring another machine: the summary letters the boots in the order of their first
+    run and counts each cell's runs per boot, with the legend beneath."""
+    from bench.drill.tables import readme_summary
+
+    def run(weights: bool, boot: str, at: float) -> dict:
+        r = _run(weights, harmed=0.1, quarantine=8.0, weight=0.05, healthy_cut=0)
+        r["config"]["fault"] = "quota:0.2"
+        r["host"] = {"boot": boot}
+        r["started_at"], r["source"] = at, {"commit": "abcdef0123"}
+        return r
+
+    later, earlier = "c63d722e-3c93-441d-a5d9-4c6ff65ac6de", "before-2026-12-06T16:30Z"
+    text = readme_summary({"runs": [run(False, later, 2e9), run(True, later, 2e9 + 200),
+                                    run(False, earlier, 1.7e9), run(True, later, 2e9 + 400)]})
+    row = next(line for line in text.splitlines() if line.startswith("| nginx round robin"))
+    assert "| A 1, B 1 / B 2 |" in row
+    assert ("Boots of the host: A = `before-2026-12-06T16:30Z` (first run 2023-11-14 22:13 UTC, at abcdef0); "
+            "B = `c63d722e` (first run 2033-05-18 03:33 UTC, at abcdef0).") in text
