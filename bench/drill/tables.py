@@ -412,17 +412,24 @@ def _made_on(runs: list[dict[str, Any]], letters: dict[str, str]) -> str:
 
 
 def _boots_legend(matrix: dict[str, Any], letters: dict[str, str]) -> str:
+    """When each boot's first run was made and at which commit, and how busy the same fleet at the same
+    rate kept that machine's two cores before the onset (the median over its runs): the headroom a
+    cut eats into differs by machine."""
     first: dict[str, tuple[float, str]] = {}
+    busy: dict[str, list[float | None]] = defaultdict(list)
     for run in _counted(matrix):
         boot = run.get("host", {}).get("boot") or "unknown"
         at = (run.get("started_at") or 0.0, (run.get("source") or {}).get("commit", "")[:7])
         first[boot] = min(first.get(boot, at), at)
+        busy[boot].append(figure(run, "busy_before"))
     parts = []
     for boot, letter in sorted(letters.items(), key=lambda kv: kv[1]):
         at, commit = first[boot]
         when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(at)) if at else "?"
         name = boot[:8] if len(boot) == 36 else boot  # a boot_id, or the label of runs made before it was kept
-        parts.append(f"{letter} = `{name}` (first run {when} UTC{f', at {commit}' if commit else ''})")
+        b = stats(busy[boot])
+        load = f", fleet busy before the onset {fmt(b, pct=True, digits=0)}" if b else ""
+        parts.append(f"{letter} = `{name}` (first run {when} UTC{f', at {commit}' if commit else ''}{load})")
     return "Boots of the host: " + "; ".join(parts) + "."
 
 

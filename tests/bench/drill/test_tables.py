@@ -74,6 +74,7 @@ def test_the_readme_says_on_which_boot_of_the_host_each_cells_runs_were_made():
         r["config"]["fault"] = "quota:0.2"
         r["host"] = {"boot": boot}
         r["started_at"], r["source"] = at, {"commit": "abcdef0123"}
+        r["figures"]["fleet_busy_before"] = 0.4 if boot == earlier else 0.7
         return r
 
     later, earlier = "c63d722e-3c93-441d-a5d9-4c6ff65ac6de", "before-2026-12-06T16:30Z"
@@ -81,5 +82,7 @@ def test_the_readme_says_on_which_boot_of_the_host_each_cells_runs_were_made():
                                     run(False, earlier, 1.7e9), run(True, later, 2e9 + 400)]})
     row = next(line for line in text.splitlines() if line.startswith("| nginx round robin"))
     assert "| A 1, B 1 / B 2 |" in row
-    assert ("Boots of the host: A = `before-2026-12-06T16:30Z` (first run 2023-11-14 22:13 UTC, at abcdef0); "
-            "B = `c63d722e` (first run 2033-05-18 03:33 UTC, at abcdef0).") in text
+    # With how busy the same fleet and rate kept each machine before the onset: its headroom.
+    assert ("Boots of the host: A = `before-2026-12-06T16:30Z` (first run 2023-11-14 22:13 UTC, at abcdef0, fleet "
+            "busy before the onset 40.0 %); B = `c63d722e` (first run 2033-05-18 03:33 UTC, at abcdef0, fleet busy "
+            "before the onset 70.0 %).") in text
