@@ -388,49 +388,41 @@ def drill_table(matrix: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _counted(matrix: dict[str, Any]) -> list[dict[str, Any]]:
-    return [run for runs in cells(matrix).values() for run in runs]
+def _boot(run: dict[str, Any]) -> str:
+    return run.get("host", {}).get("boot") or "unknown"
 
 
-def boot_letters(matrix: dict[str, Any]) -> dict[str, str]:
-    """Each boot of the host a run was made on, lettered A, B, ... in the order of its first run (a
-    restart can bring another machine: a reader sees which runs share one)."""
-    first: dict[str, float] = {}
-    for run in _counted(matrix):
-        boot = run.get("host", {}).get("boot") or "unknown"
-        first[boot] = min(first.get(boot, float("inf")), run.get("started_at") or 0.0)
-    return {boot: chr(ord("A") + i) if i < 26 else f"#{i + 1}"
-            for i, boot in enumerate(sorted(first, key=lambda b: first[b]))}
-
-
-def _made_on(runs: list[dict[str, Any]], letters: dict[str, str]) -> str:
-    """``A 2, B 1``: how many of a cell's runs were made on each boot."""
-    n: dict[str, int] = defaultdict(int)
-    for run in runs:
-        n[letters[run.get("host", {}).get("boot") or "unknown"]] += 1
-    return ", ".join(f"{k} {v}" for k, v in sorted(n.items()))
-
-
-def _boots_legend(matrix: dict[str, Any], letters: dict[str, str]) -> str:
-    """When each boot's first run was made and at which commit, and how busy the same fleet at the same
-    rate kept that machine's two cores before the onset (the median over its runs): the headroom a
-    cut eats into differs by machine."""
+def boots(found: dict[tuple[str, str, str], list[dict[str, Any]]]) -> dict[str, tuple[str, str]]:
+    """Each boot of the host a counted run was made on, lettered A, B, ... in the order of its first
+    run (a restart can bring another machine: a reader sees which runs share one), mapped to
+    ``(letter, legend)``. The legend says when its first run was made and at which commit, and how
+    busy the same fleet at the same rate kept that machine's two cores before the onset (the median
+    over its runs): the headroom a cut eats into differs by machine."""
     first: dict[str, tuple[float, str]] = {}
     busy: dict[str, list[float | None]] = defaultdict(list)
-    for run in _counted(matrix):
-        boot = run.get("host", {}).get("boot") or "unknown"
-        at = (run.get("started_at") or 0.0, (run.get("source") or {}).get("commit", "")[:7])
-        first[boot] = min(first.get(boot, at), at)
-        busy[boot].append(figure(run, "busy_before"))
-    parts = []
-    for boot, letter in sorted(letters.items(), key=lambda kv: kv[1]):
+    for runs in found.values():
+        for run in runs:
+            at = (run.get("started_at") or 0.0, (run.get("source") or {}).get("commit", "")[:7])
+            first[_boot(run)] = min(first.get(_boot(run), at), at)
+            busy[_boot(run)].append(figure(run, "busy_before"))
+    legend = {}
+    for i, boot in enumerate(sorted(first, key=lambda b: first[b])):
+        letter = chr(ord("A") + i) if i < 26 else f"#{i + 1}"
         at, commit = first[boot]
         when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(at)) if at else "?"
         name = boot[:8] if len(boot) == 36 else boot  # a boot_id, or the label of runs made before it was kept
         b = stats(busy[boot])
-        load = f", fleet busy before the onset {fmt(b, pct=True, digits=0)}" if b else ""
-        parts.append(f"{letter} = `{name}` (first run {when} UTC{f', at {commit}' if commit else ''}{load})")
-    return "Boots of the host: " + "; ".join(parts) + "."
+        load = f", fleet busy before the onset {fmt(b, pct=True)}" if b else ""
+        legend[boot] = letter, f"{letter} = `{name}` (first run {when} UTC{f', at {commit}' if commit else ''}{load})"
+    return legend
+
+
+def _made_on(runs: list[dict[str, Any]], legend: dict[str, tuple[str, str]]) -> str:
+    """``A 2, B 1``: how many of a cell's runs were made on each boot (``legend``: :func:`boots`)."""
+    n: dict[str, int] = defaultdict(int)
+    for run in runs:
+        n[legend[_boot(run)][0]] += 1
+    return ", ".join(f"{k} {v}" for k, v in sorted(n.items()))
 
 
 def readme_summary(matrix: dict[str, Any]) -> str:
@@ -447,21 +439,21 @@ def readme_summary(matrix: dict[str, Any]) -> str:
              "| on top vs alone | P99 run for run (pairs) | throttled server's share of the tokens after the onset, "
              "alone -> on top |",
              "|---|---|---|---|---|---|---|"]
-    letters = boot_letters(matrix)
+    legend = boots(found)
     for gw in _gateways(found):
         off, on = st.get((gw, "off", fault)), st.get((gw, "on", fault))
         if off is None:
             continue
         label = LABELS.get(gw, gw).split(",")[0]
         runs = f"{off['runs']} / {on['runs'] if on else 0}"
-        made = f"{_made_on(found[(gw, 'off', fault)], letters)} / {_made_on(found.get((gw, 'on', fault), []), letters) or '-'}"
+        made = f"{_made_on(found[(gw, 'off', fault)], legend)} / {_made_on(found.get((gw, 'on', fault), []), legend) or '-'}"
         p99 = f"{fmt(off['p99'])} -> {fmt(on['p99']) if on else 'not run'}"
         share = f"{fmt(off['client_share'], pct=True)} -> {fmt(on['client_share'], pct=True) if on else 'not run'}"
         pairs = _pairs(found, gw, fault)
         paired = f"{_pair_ratio(pairs, 'p99')} ({len(pairs)})" if pairs else "-"
         lines.append(f"| {label} | {runs} | {made} | {p99} | {compare(on['p99'], off['p99']) if on else '-'} | {paired} "
                      f"| {share} |")
-    lines += ["", _boots_legend(matrix, letters)]
+    lines += ["", "Boots of the host: " + "; ".join(text for _, text in legend.values()) + "."]
     return "\n".join(lines) + "\n"
 
 
