@@ -45,6 +45,18 @@ module decides, in this order at every evaluation:
    is a real request, so it streams rows like any other, and its answer enters as a completed request
    (:meth:`detector.operator.NodeActions.record_probe`). It is judged like every other sample: a node
    that is fast again under the probe is restored, a slow one quarantined.
+
+   **Release probes** for a held cut. A DEGRADED node under the quarantine line that no detector
+   accuses, cut for ``degrade_exit_dwell_s``, is probed at its peers' load once per that time
+   (``release_at`` marks the probe asked for). Cut to the floor weight, a node runs a batch far under
+   its peers', and the decode curve reads such a row through a part of it the healthy rows no longer
+   measure: a healthy llama.cpp server behind nginx, cut 25.6 s before the fault by a decode Z of
+   4.2, read Z 1.1 to 3.0 for 150 s at 5 % of its share, never under the exit line for 30 s in a
+   row, so never given back (``docs/peers.md``, the weight hold). Its own rows cannot
+   clear it; a probe at its peers' batch can. Judged as a quarantined node's probe is
+   (:meth:`detector.operator.NodeActions.record_probe`): a pass starts the stepwise restore, whose
+   steps judge the node at a quarter, half and all of its share (a node slow at load is quarantined
+   at the step that shows it); a slow answer leaves it held, and its rows count like any others.
 """
 
 from __future__ import annotations
@@ -291,18 +303,27 @@ def restore(a: NodeArrays, t: Thresholds, now: float, judged: np.ndarray, failin
     a.flaps[long_ok] = 0
 
 
-def probes_due(a: NodeArrays, t: Thresholds, now: float, moves: Moves, strong: np.ndarray) -> np.ndarray:
-    """Step 7: quarantined nodes whose probe is due move to PROBING, and degraded nodes at quarantine
-    strength (``strong``) with no sample for ``quarantine_persistence_s`` get a confirmation probe (see
-    the module docstring); returns the due mask."""
+def probes_due(a: NodeArrays, t: Thresholds, now: float, moves: Moves, strong: np.ndarray,
+               accused: np.ndarray) -> np.ndarray:
+    """Step 7: quarantined nodes whose probe is due move to PROBING; degraded nodes at quarantine
+    strength (``strong``) with no sample for ``quarantine_persistence_s`` get a confirmation probe, and
+    degraded nodes under it that no detector ``accused``, cut for ``degrade_exit_dwell_s``, a release
+    probe (see the module docstring); returns the due mask."""
     due = _PROBED[a.state] & (a.next_probe <= now)
     moves(due & (a.state == S.QUARANTINED), S.PROBING, Reason.PROBE_DUE)
     a.next_probe[due] = now + t.canary_interval_s
+    deg = a.state == S.DEGRADED
     with np.errstate(invalid="ignore"):
         starved = ~(now - a.last_seen < t.quarantine_persistence_s)
-        confirm = (a.state == S.DEGRADED) & strong & starved & ~(a.next_probe > now)
+        free = ~(a.next_probe > now)
+        confirm = deg & strong & starved & free
+        release = deg & ~strong & ~accused & (now - a.cut_at >= t.degrade_exit_dwell_s - 1e-9) & free
     a.next_probe[confirm] = now + t.quarantine_persistence_s
-    return due | confirm
+    a.next_probe[release] = now + t.degrade_exit_dwell_s
+    # Only a node still degraded can be released; a release asked for and then overtaken by a
+    # confirmation (the node grew strong) is a confirmation.
+    a.release_at = np.where(release, now, np.where(deg & ~confirm, a.release_at, np.nan))
+    return due | confirm | release
 
 
 def end_of_tick(a: NodeArrays, now: float) -> None:

@@ -90,7 +90,7 @@ def evaluate(a: NodeArrays, t: Thresholds, now: float, view: PeerView, detectors
     due = np.zeros(len(a), dtype=bool)
     if judged is not None:
         ejection.restore(a, t, now, judged=judged, failing=ungated, over_d=lines.over_d, moves=moves)
-        due = ejection.probes_due(a, t, now, moves, strong=lines.over_q)
+        due = ejection.probes_due(a, t, now, moves, strong=lines.over_q, accused=ej.cause >= 0)
     ejection.end_of_tick(a, now)
     safeguard = Safeguard(limit=ejection.cap(t, len(a)), counted=int(_COUNTED[a.state].sum()),
                           held=int(ej.blocked.sum()))

@@ -23,7 +23,9 @@ Columns, by the part of the detector that owns them:
   node's deciding signal last went under the exit line and stayed there; NaN: it is not under it),
   ``cut_weight`` (the least weight, a fraction of base, a degraded node's deciding Z has allowed in its
   current stretch of DEGRADED: its weight never rises above it before it leaves,
-  :func:`detector.weights.hold_cut`; NaN: not degraded);
+  :func:`detector.weights.hold_cut`; NaN: not degraded), ``release_at`` (when a release probe of a
+  held DEGRADED node was asked for and not yet answered: :func:`detector.ejection.probes_due`; NaN:
+  none);
 - the engine: ``heavy_since``, ``heavy_last`` (the first and last row of the node's current episode
   of rows with more prompt work per decode token than the decode curve covers; NaN: none),
   ``preempted_at`` (the last row in which the node preempted a request; NaN: none seen),
@@ -122,6 +124,7 @@ class NodeArrays:
     stall_from: Annotated[np.ndarray, Column(np.float64, NAN)]
     clear_since: Annotated[np.ndarray, Column(np.float64, NAN)]
     cut_weight: Annotated[np.ndarray, Column(np.float64, NAN)]
+    release_at: Annotated[np.ndarray, Column(np.float64, NAN)]
     heavy_since: Annotated[np.ndarray, Column(np.float64, NAN)]
     heavy_last: Annotated[np.ndarray, Column(np.float64, NAN)]
     preempted_at: Annotated[np.ndarray, Column(np.float64, NAN)]

@@ -61,18 +61,24 @@ class NodeActions:
         """Judge one canary probe of a ``PROBING``/``QUARANTINED`` node; returns whether it passed.
         ``canary_passes`` in a row start a stepwise restore with fresh statistics.
 
-        A confirmation probe of a ``DEGRADED`` node (:func:`detector.ejection.probes_due`) is not a
-        verdict but a sample: its answer enters as a completed request of the node (``None``). A probe
-        that failed is not an error of the node here: the error detectors count the gateway's own. A
-        probe answered once the node is in none of these states is no verdict either (``None``)."""
+        A probe of a ``DEGRADED`` node (:func:`detector.ejection.probes_due`) enters as a completed
+        request of the node. A confirmation probe is no verdict (``None``); a release probe of a held
+        cut (``release_at`` set) is judged against the same limit, and a pass starts the stepwise
+        restore with fresh statistics. A probe that failed is not an error of the node here (the error
+        detectors count the gateway's own) and releases nothing. A probe answered once the node is in
+        none of these states is no verdict either (``None``)."""
         i, a = self.index_of(node), self.a
         src = NodeState(int(a.state[i]))
         if src == S.DEGRADED:
-            if ok and total_ms is not None and math.isfinite(total_ms) and total_ms > 0:
+            answered = ok and total_ms is not None and math.isfinite(total_ms) and total_ms > 0
+            release, a.release_at[i] = math.isfinite(a.release_at[i]), math.nan
+            verdict = self._judge_release(i, now, prompt_tokens, completion_tokens, ttft_ms, total_ms) \
+                if release and answered else None
+            if answered:
                 self.ingest(SampleBatch.from_columns(
                     node=[node], ts=[now], prompt_tokens=[prompt_tokens], completion_tokens=[completion_tokens],
                     total_ms=[total_ms], ttft_ms=[math.nan if ttft_ms is None else ttft_ms], status=[200]))
-            return None
+            return verdict
         if src not in (S.PROBING, S.QUARANTINED):
             # Answered after the node left the canary's states (restored, released, proposed): no
             # verdict on it, so no "probe failed" beneath an incident the probe never judged.
@@ -94,6 +100,26 @@ class NodeActions:
             if src == S.PROBING:
                 self._set(i, S.QUARANTINED, now, Reason.PROBE_FAILED, text)
         return passed
+
+    def _judge_release(self, i: int, now: float, prompt_tokens: float, completion_tokens: float,
+                       ttft_ms: float | None, total_ms: float | None) -> bool:
+        """A held cut's release probe (:mod:`detector.ejection`, step 7): within the canary's limit, the
+        node starts the stepwise restore with fresh statistics (the EMA that held it was read at a
+        batch far under its peers'), and counts a flap: a cut it comes back from this way doubles the
+        evidence its next one needs, as any other."""
+        value = self.probe_value(prompt_tokens, completion_tokens, ttft_ms, total_ms)
+        rule = self.probe_limit()
+        if not (math.isfinite(value) and value <= rule.limit):
+            return False
+        a = self.a
+        self._forget(i)
+        a.flaps[i] += 1
+        a.step[i] = 0
+        a.step_started[i] = now
+        self._set(i, S.RECOVERING, now, Reason.PROBES_PASSED,
+                  f"release probe at the peers' load {fmt(value, rule.unit)}, {rule.words()}: "
+                  "the cut is given back step by step")
+        return True
 
     # ---------------------------------------------------------------------------- operator actions
     def approve(self, node: str, now: float) -> None:

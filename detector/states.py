@@ -11,6 +11,8 @@
                             │       │  └──────────┘               │
                             │       └─────────────────────────────┘ (probe interval doubles)
     operators: FORCED_QUARANTINE, FORCED_ACTIVE (optional expiry), release -> HEALTHY
+    DEGRADED ──► RECOVERING: a held cut whose release probe, at its peers' load, passed
+
 
 What a state means for traffic is one table, :data:`contract.traffic.TRAFFIC` (with the states
 themselves, :class:`~contract.traffic.NodeState`: the gateway side reads them without the detector),
@@ -93,6 +95,7 @@ ALLOWED_EDGES: frozenset[tuple[NodeState, NodeState]] = frozenset(
         (S.DEGRADED, S.HEALTHY),
         (S.DEGRADED, S.QUARANTINED),
         (S.DEGRADED, S.PENDING_APPROVAL),
+        (S.DEGRADED, S.RECOVERING),  # a held cut that passed a release probe (ejection.probes_due)
         (S.PENDING_APPROVAL, S.QUARANTINED),
         (S.PENDING_APPROVAL, S.HEALTHY),
         (S.PENDING_APPROVAL, S.DEGRADED),

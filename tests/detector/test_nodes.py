@@ -12,7 +12,7 @@ from detector.nodes import FIELDS, Column, NodeArrays
 def test_fields_are_the_annotated_columns_in_order():
     hints = typing.get_type_hints(NodeArrays, include_extras=True)
     assert list(FIELDS) == list(hints)
-    assert len(FIELDS) == 55
+    assert len(FIELDS) == 56
     for name, hint in hints.items():
         assert typing.get_origin(hint) is typing.Annotated, name
         assert typing.get_args(hint)[0] is np.ndarray, name
