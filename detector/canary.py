@@ -3,7 +3,10 @@
 A probe of a quarantined node is sent at its healthy peers' load (the batch a node in service runs,
 each request of their median size: ``outlier_admin.control.probe_load``) and read on the ``norm``
 scale: its latency over what the group's cost model, fitted on the healthy peers' requests,
-expects for its tokens (``x expected``; 1.0 = as a healthy peer answers). It passes at or under::
+expects for its tokens (``x expected``; 1.0 = as a healthy peer answers). A group whose logs carry
+no token counts has no cost model; there the probe is read on decode, its time per output token over
+the peers' decode baseline, the same ``x expected`` (``detector.operator.NodeActions.probe_value``).
+It passes at or under::
 
     limit   = min(healthy + canary_tolerance_sigma * sigma, quarantine_materiality * healthy)
     healthy = max(baseline, 1.0)      (learned normalisation; seed: baseline)

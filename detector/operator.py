@@ -46,14 +46,38 @@ class NodeActions:
         return self.a.position(node)
 
     # ------------------------------------------------------------------------------ canary probes
+    def _decode_scale(self) -> float:
+        """The peers' decode baseline when probes are read on decode, else NaN.
+
+        A probe is read on ``norm`` (its latency over the group's cost model). A group whose logs
+        carry no token counts (an nginx or HAProxy access log) has no cost model, and every probe
+        read "unknown" and failed: in the real drill no canary or release probe of a llama.cpp
+        server ever passed, so a quarantined server stayed out until an operator released it. Its
+        engines' rows still give the peers' decode time per output token, and a probe's answer
+        gives its own (the engine's timings: ``outlier_admin.control.canary``); sent at the peers'
+        batch (``outlier_admin.control.probe_load``), the ratio of the two is the same "x expected"."""
+        if self.thresholds.normalization != "learned" or self.signals.fit_norm is not None:
+            return math.nan
+        base = self._last.of("decode").baseline
+        return base if math.isfinite(base) and base > 0 else math.nan
+
     def probe_limit(self) -> ProbeLimit:
         """The pass limit of a probe now (:func:`detector.canary.probe_limit`: the rule and its reasons),
-        from the peers' ``norm`` reference as the last evaluation left it."""
+        from the peers' reference as the last evaluation left it: ``norm``, or decode relative to its
+        baseline where probes are read on decode (:meth:`_decode_scale`)."""
+        base = self._decode_scale()
+        if math.isfinite(base):
+            ref = self._last.of("decode")
+            return probe_limit(1.0, ref.spread / base, ref.request_sd / base, self.thresholds)
         ref = self._last.of("norm")
         return probe_limit(ref.baseline, ref.spread, ref.request_sd, self.thresholds)
 
     def probe_value(self, prompt_tokens: float, completion_tokens: float, ttft_ms: float | None,
                     total_ms: float | None) -> float:
+        """A probe's answer on the scale :meth:`probe_limit` states (NaN when unknown)."""
+        base = self._decode_scale()
+        if math.isfinite(base):
+            return self.signals.probe_value(prompt_tokens, completion_tokens, ttft_ms, total_ms, "decode") / base
         return self.signals.probe_value(prompt_tokens, completion_tokens, ttft_ms, total_ms)
 
     def record_probe(self, node: str, now: float, prompt_tokens: float, completion_tokens: float,

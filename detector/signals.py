@@ -248,15 +248,16 @@ class SignalModel:
             return np.where(pred > 0, at_ref / pred, np.nan)
 
     def probe_value(self, prompt_tokens: float, completion_tokens: float, ttft_ms: float | None,
-                    total_ms: float | None) -> float:
-        """A canary probe's latency on the scale it is judged on (``norm``); NaN when unknown."""
+                    total_ms: float | None, signal: str = "norm") -> float:
+        """A canary probe's ``signal`` (``norm``: its latency over the cost model; ``decode``: its
+        time per output token); NaN when unknown."""
         if total_ms is None or not math.isfinite(total_ms):
             return math.nan
         b = SampleBatch.from_columns(
             node=["probe"], ts=[0.0], prompt_tokens=[prompt_tokens], completion_tokens=[completion_tokens],
             total_ms=[total_ms], ttft_ms=[np.nan if ttft_ms is None else ttft_ms], status=[200],
         )
-        return float(self.per_request(b)["norm"][0])
+        return float(self.per_request(b)[signal][0])
 
     def sample_weights(self, s: str, b: SampleBatch) -> np.ndarray | None:
         """Per-request EMA weights of signal ``s``: ``latency_weight`` for latency-only records of

@@ -17,10 +17,15 @@ TICK = 0.25
 PROMPT, COMPLETION = 10, 32
 
 
-def step(gd, fleet, t, *, silent=()):
-    """One tick of the gateway's log: every node's requests but the silent ones'."""
-    b = fleet.batch(t - TICK, TICK)
-    gd.ingest(b.take(~np.isin(b.node, [fleet.nodes[i] for i in silent])))
+def step(gd, fleet, t, *, silent=(), rows=False):
+    """One tick: every node's requests in the gateway's log (``rows``: its engine's progress rows
+    instead, a group whose log carries no token counts) but the silent ones'."""
+    if rows:
+        b = fleet.progress(t, TICK, running=True)
+        gd.ingest_progress(b.take(np.array([i for i in range(fleet.n) if i not in silent])))
+    else:
+        b = fleet.batch(t - TICK, TICK)
+        gd.ingest(b.take(~np.isin(b.node, [fleet.nodes[i] for i in silent])))
     return gd.evaluate(t)
 
 
@@ -31,7 +36,7 @@ def answer(fleet, i, factor=1.0):
     return ttft, ttft + COMPLETION * fleet.decode_ms * f
 
 
-def held_cut(seed):
+def held_cut(seed, rows=False):
     """Node 3 read 1.3x slow until it was cut (within 10 s; under quarantine strength: 1.5x), then was back to its
     peers' speed, but cut to the floor weight it streams nothing its EMA could clear on."""
     fleet = Fleet(8, seed=seed)
@@ -39,11 +44,11 @@ def held_cut(seed):
     t = 0.0
     for _ in range(160):
         t += TICK
-        step(gd, fleet, t)
+        step(gd, fleet, t, rows=rows)
     fleet.slow[3] = 1.3
     for _ in range(40):
         t += TICK
-        ev = step(gd, fleet, t)
+        ev = step(gd, fleet, t, rows=rows)
         if ev.states[3] == NodeState.DEGRADED:
             break
     assert ev.states[3] == NodeState.DEGRADED
@@ -51,12 +56,12 @@ def held_cut(seed):
     return fleet, gd, t
 
 
-def until_release_due(gd, fleet, t, node):
+def until_release_due(gd, fleet, t, node, rows=False):
     """Ticks with the node silent until its release probe is due; every tick it stays held."""
     cut_at = float(gd.a.cut_at[3])
     for _ in range(round(2 * gd.thresholds.degrade_exit_dwell_s / TICK)):
         t += TICK
-        ev = step(gd, fleet, t, silent={3})
+        ev = step(gd, fleet, t, silent={3}, rows=rows)
         assert ev.states[3] == NodeState.DEGRADED
         assert ev.weights[3] < ev.base_weights[3]
         if node in ev.probes_due:
@@ -111,3 +116,22 @@ def test_a_probe_asked_as_a_confirmation_never_releases_a_cut():
     ttft, total = answer(fleet, 3)
     assert gd.record_probe(node, t, PROMPT, COMPLETION, ttft, total, True) is None
     assert gd.a.state[3] == NodeState.DEGRADED
+
+
+def test_where_the_log_carries_no_tokens_a_probe_is_read_on_decode_and_can_release():
+    """No cost model (no token counts): every probe read "unknown" and failed, so in the real drill no
+    held cut and no quarantined server was ever given back. Its engine's rows give the peers' time per
+    output token, and the probe's answer its own."""
+    fleet, gd, t = held_cut(seed=34, rows=True)
+    assert gd.signals.fit_norm is None
+    node = fleet.nodes[3]
+    t, _ = until_release_due(gd, fleet, t, node, rows=True)
+    slow_ttft, slow_total = answer(fleet, 3, factor=2.0)
+    assert gd.probe_value(PROMPT, COMPLETION, slow_ttft, slow_total) > gd.probe_limit().limit
+    assert gd.record_probe(node, t, PROMPT, COMPLETION, slow_ttft, slow_total, True) is False
+    t, _ = until_release_due(gd, fleet, t, node, rows=True)
+    ttft, total = answer(fleet, 3)
+    value = gd.probe_value(PROMPT, COMPLETION, ttft, total)
+    assert 0.9 < value <= gd.probe_limit().limit  # its own decode over the peers': about 1x expected
+    assert gd.record_probe(node, t, PROMPT, COMPLETION, ttft, total, True) is True
+    assert gd.a.state[3] == NodeState.RECOVERING
