@@ -1,6 +1,8 @@
-"""Canary probes: one synthetic completion request to a quarantined/probing node, or to a degraded
+"""Canary probes: one synthetic completion request to a quarantined/probing node, to a degraded
 node at quarantine strength that has no samples to confirm it with (a confirmation probe: its answer
-is a sample of the node, not a verdict; ``detector.ejection.probes_due``).
+is a sample of the node, not a verdict), or to a degraded node held cut for the exit dwell with no
+detector accusing it (a release probe: a pass gives the cut back step by step;
+``detector.ejection.probes_due``).
 
 ``POST <address>/v1/completions`` with a fixed prompt and ``max_tokens`` (``CANARY_MAX_TOKENS``),
 timeout ``CANARY_TIMEOUT_S``. The probe is stored as :class:`CanaryProbe`; the next tick feeds it to

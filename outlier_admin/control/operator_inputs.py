@@ -124,7 +124,8 @@ def apply(gd: GroupDetector, group: ModelGroup, now: float) -> tuple[list, list,
             pr.node.name, pr.at.timestamp(), pr.prompt_tokens, pr.completion_tokens,
             pr.ttft_ms, pr.total_ms, pr.ok,
         )
-        # A confirmation probe of a degraded node is a sample, not a verdict: it has no limit.
+        # A confirmation probe of a degraded node is a sample, not a verdict: it has no limit (a
+        # release probe of a held cut is a verdict, and has one).
         pr.limit = limit if pr.passed is not None and math.isfinite(limit) else None
         # Stored on the scale the detector judged it on, beside the verdict (NULL if not computable).
         value = gd.probe_value(pr.prompt_tokens, pr.completion_tokens, pr.ttft_ms, pr.total_ms) if pr.ok else None
