@@ -418,11 +418,18 @@ def boots(found: dict[tuple[str, str, str], list[dict[str, Any]]]) -> dict[str, 
 
 
 def _made_on(runs: list[dict[str, Any]], legend: dict[str, tuple[str, str]]) -> str:
-    """``A 2, B 1``: how many of a cell's runs were made on each boot (``legend``: :func:`boots`)."""
+    """``A 2 at 8cd4bb4, B 1 at 8ae8a83``: how many of a cell's runs were made on each boot
+    (``legend``: :func:`boots`) and at which commits (in the order of the runs): a cell whose runs
+    are not at the tree that published it says so."""
     n: dict[str, int] = defaultdict(int)
-    for run in runs:
-        n[legend[_boot(run)][0]] += 1
-    return ", ".join(f"{k} {v}" for k, v in sorted(n.items()))
+    commits: dict[str, list[str]] = defaultdict(list)
+    for run in sorted(runs, key=lambda r: r.get("started_at") or 0.0):
+        k = legend[_boot(run)][0]
+        n[k] += 1
+        commit = (run.get("source") or {}).get("commit", "")[:7] or "unknown"
+        if commit not in commits[k]:
+            commits[k].append(commit)
+    return ", ".join(f"{k} {v} at {' '.join(commits[k])}" for k, v in sorted(n.items()))
 
 
 def readme_summary(matrix: dict[str, Any]) -> str:
@@ -435,7 +442,7 @@ def readme_summary(matrix: dict[str, Any]) -> str:
              "runs; where the ranges overlap, \"no difference\"; *run for run*: on top / alone over the pairs of "
              "runs with the same seed on the same boot of the host (the host changed across a restart). Method, "
              "every figure and the targets: [docs/peers.md](docs/peers.md).", "",
-             "| router | runs alone / on top | made on (boot: runs), alone / on top | P99 after the onset, alone -> on top (s) "
+             "| router | runs alone / on top | made on (boot: runs at commits), alone / on top | P99 after the onset, alone -> on top (s) "
              "| on top vs alone | P99 run for run (pairs) | throttled server's share of the tokens after the onset, "
              "alone -> on top |",
              "|---|---|---|---|---|---|---|"]

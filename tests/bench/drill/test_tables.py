@@ -66,7 +66,7 @@ def test_the_2x_faults_targets_are_judged_quarantine_in_every_run_and_no_flap_ov
 
 def test_the_readme_says_on_which_boot_of_the_host_each_cells_runs_were_made():
     """A restart can bring another machine: the summary letters the boots in the order of their first
-    run and counts each cell's runs per boot, with the legend beneath."""
+    run and counts each cell's runs per boot, at the commits they ran at, with the legend beneath."""
     from bench.drill.tables import readme_summary
 
     def run(weights: bool, boot: str, at: float) -> dict:
@@ -81,7 +81,7 @@ def test_the_readme_says_on_which_boot_of_the_host_each_cells_runs_were_made():
     text = readme_summary({"runs": [run(False, later, 2e9), run(True, later, 2e9 + 200),
                                     run(False, earlier, 1.7e9), run(True, later, 2e9 + 400)]})
     row = next(line for line in text.splitlines() if line.startswith("| nginx round robin"))
-    assert "| A 1, B 1 / B 2 |" in row
+    assert "| A 1 at abcdef0, B 1 at abcdef0 / B 2 at abcdef0 |" in row
     # With how busy the same fleet and rate kept each machine before the onset: its headroom.
     assert ("Boots of the host: A = `before-2026-12-06T16:30Z` (first run 2023-11-14 22:13 UTC, at abcdef0, fleet "
             "busy before the onset 40.0 %); B = `c63d722e` (first run 2033-05-18 03:33 UTC, at abcdef0, fleet busy "
