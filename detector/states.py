@@ -13,7 +13,6 @@
     operators: FORCED_QUARANTINE, FORCED_ACTIVE (optional expiry), release -> HEALTHY
     DEGRADED ──► RECOVERING: a held cut whose release probe, at its peers' load, passed
 
-
 What a state means for traffic is one table, :data:`contract.traffic.TRAFFIC` (with the states
 themselves, :class:`~contract.traffic.NodeState`: the gateway side reads them without the detector),
 re-exported here as the detector's vocabulary.

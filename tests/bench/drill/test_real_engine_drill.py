@@ -65,15 +65,16 @@ def test_throttled_llama_server_is_cut_and_quarantined_and_no_healthy_one_is(red
     peers = [r["latency_s"] for r in result["requests"]
              if r["served_by"] in healthy and r["sent_at"] >= result["fault"]["onset"] and r["outcome"] == "ok"]
     assert peers, result["figures"]
+    # The kernel's own count says whether the fault took: the periods the server wanted more CPU than
+    # its quota gave. (The weights may move the traffic off it before it answers any request sent
+    # after the onset: CI once saw a cut at +0.8 s, from a request in flight at the onset.)
+    throttling = result["fault"]["throttling"]
+    assert throttling and throttling["throttled_periods"] > 0, result["fault"]
     if slow:
-        assert statistics.median(slow) > 2 * statistics.median(peers), (slow, peers)
-    else:
-        # The weights moved the traffic off the throttled server before it answered any request sent
-        # after the onset (CI once saw a cut at +0.8 s, from a request in flight at the onset): then
-        # the kernel's own count says whether the fault took, the periods the server wanted more CPU
-        # than its quota gave.
-        throttling = result["fault"]["throttling"]
-        assert throttling and throttling["throttled_periods"] > 0, result["fault"]
+        # Slower than its peers, by how much depends on the host: on a machine where four servers
+        # already queue at 2 requests/s (healthy requests 9-13 s, one CI run) a 5x server's one request
+        # read 20 s, under the 2x this asserted on a quieter host.
+        assert statistics.median(slow) > statistics.median(peers), (slow, peers)
 
     # The target.
     assert f["onset_to_first_cut_s"] is not None, f"the throttled server was never cut: {f}"
