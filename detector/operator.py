@@ -114,10 +114,7 @@ class NodeActions:
         if passed:
             a.passes[i] += 1
             if a.passes[i] >= self.thresholds.canary_passes:
-                self._forget(i)
-                a.step[i] = 0
-                a.step_started[i] = now
-                self._set(i, S.RECOVERING, now, Reason.PROBES_PASSED, text)
+                self._start_restore(i, now, text)
         else:
             a.passes[i] = 0
             a.next_probe[i] = now + self.thresholds.canary_interval_s
@@ -135,15 +132,17 @@ class NodeActions:
         rule = self.probe_limit()
         if not (math.isfinite(value) and value <= rule.limit):
             return False
-        a = self.a
-        self._forget(i)
-        a.flaps[i] += 1
-        a.step[i] = 0
-        a.step_started[i] = now
-        self._set(i, S.RECOVERING, now, Reason.PROBES_PASSED,
-                  f"release probe at the peers' load {fmt(value, rule.unit)}, {rule.words()}: "
-                  "the cut is given back step by step")
+        self.a.flaps[i] += 1
+        self._start_restore(i, now, f"release probe at the peers' load {fmt(value, rule.unit)}, "
+                                    f"{rule.words()}: the cut is given back step by step")
         return True
+
+    def _start_restore(self, i: int, now: float, text: str) -> None:
+        """Node ``i`` passed its probes: the stepwise restore starts, with fresh statistics."""
+        self._forget(i)
+        self.a.step[i] = 0
+        self.a.step_started[i] = now
+        self._set(i, S.RECOVERING, now, Reason.PROBES_PASSED, text)
 
     # ---------------------------------------------------------------------------- operator actions
     def approve(self, node: str, now: float) -> None:

@@ -392,6 +392,11 @@ def _boot(run: dict[str, Any]) -> str:
     return run.get("host", {}).get("boot") or "unknown"
 
 
+def _commit(run: dict[str, Any]) -> str:
+    """The short commit a run was made at ("" when it was not recorded)."""
+    return (run.get("source") or {}).get("commit", "")[:7]
+
+
 def boots(found: dict[tuple[str, str, str], list[dict[str, Any]]]) -> dict[str, tuple[str, str]]:
     """Each boot of the host a counted run was made on, lettered A, B, ... in the order of its first
     run (a restart can bring another machine: a reader sees which runs share one), mapped to
@@ -402,7 +407,7 @@ def boots(found: dict[tuple[str, str, str], list[dict[str, Any]]]) -> dict[str, 
     busy: dict[str, list[float | None]] = defaultdict(list)
     for runs in found.values():
         for run in runs:
-            at = (run.get("started_at") or 0.0, (run.get("source") or {}).get("commit", "")[:7])
+            at = (run.get("started_at") or 0.0, _commit(run))
             first[_boot(run)] = min(first.get(_boot(run), at), at)
             busy[_boot(run)].append(figure(run, "busy_before"))
     legend = {}
@@ -426,7 +431,7 @@ def _made_on(runs: list[dict[str, Any]], legend: dict[str, tuple[str, str]]) -> 
     for run in sorted(runs, key=lambda r: r.get("started_at") or 0.0):
         k = legend[_boot(run)][0]
         n[k] += 1
-        commit = (run.get("source") or {}).get("commit", "")[:7] or "unknown"
+        commit = _commit(run) or "unknown"
         if commit not in commits[k]:
             commits[k].append(commit)
     return ", ".join(f"{k} {v} at {' '.join(commits[k])}" for k, v in sorted(n.items()))
